@@ -1,0 +1,1 @@
+"""FlashInfer kernel binaries of one release. This skeleton holds none yet."""

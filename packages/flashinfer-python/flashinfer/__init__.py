@@ -1,0 +1,75 @@
+"""FlashInfer: GPU kernels for LLM serving.
+
+``import flashinfer`` is cheap: it imports neither torch nor TVM-FFI and touches no file. Each
+op's submodule (and torch with it) is imported on first use of one of its names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+try:
+    from ._build_meta import __git_commit__, __version__
+except ImportError:  # a source tree that was never built
+    __version__ = "0.0.0+unknown"
+    __git_commit__ = "unknown"
+
+__git_version__ = __git_commit__
+
+# public name -> submodule that defines it
+_OPS = {
+    "tutorial": ["scale"],
+    "norm": [
+        "rmsnorm",
+        "fused_add_rmsnorm",
+        "gemma_rmsnorm",
+        "gemma_fused_add_rmsnorm",
+        "layernorm",
+    ],
+    "activation": ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"],
+    "rope": [
+        "apply_rope",
+        "apply_rope_inplace",
+        "apply_rope_pos_ids",
+        "apply_rope_pos_ids_inplace",
+        "apply_llama31_rope",
+        "apply_llama31_rope_inplace",
+        "apply_llama31_rope_pos_ids",
+        "apply_llama31_rope_pos_ids_inplace",
+        "apply_rope_with_cos_sin_cache",
+        "apply_rope_with_cos_sin_cache_inplace",
+    ],
+    "quantization": ["packbits", "segment_packbits"],
+}
+_LAZY_NAMES = {name: module for module, names in _OPS.items() for name in names}
+_SUBMODULES = {
+    "activation",
+    "aot",
+    "api_logging",
+    "exceptions",
+    "jit",
+    "knobs",
+    "norm",
+    "quantization",
+    "rope",
+    "testing",
+    "utils",
+}
+
+__all__ = sorted(_LAZY_NAMES) + ["__version__", "__git_commit__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module 'flashinfer' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_NAMES) | _SUBMODULES)

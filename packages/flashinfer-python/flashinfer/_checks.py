@@ -1,0 +1,89 @@
+"""Argument checks shared by the public ops.
+
+Each raises ``ValueError`` naming the argument, what was expected and what was received. Ops run
+their shape/dtype checks first and the device check last, so every check can be exercised on CPU
+tensors without a GPU, and nothing compiles before the arguments are known to be good.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _names(dtypes: Iterable[torch.dtype]) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(x: object, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def check_cuda(x: torch.Tensor, name: str) -> None:
+    if x.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {x.device}")
+
+
+def check_same_device(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str) -> None:
+    if a.device != b.device:
+        raise ValueError(f"{b_name} must be on {a.device} like {a_name}, got {b.device}")
+
+
+def check_dtype(x: torch.Tensor, name: str, allowed: Sequence[torch.dtype]) -> None:
+    if x.dtype not in allowed:
+        raise ValueError(f"{name} must be {_names(allowed)}, got {str(x.dtype).replace('torch.', '')}")
+
+
+def check_same_dtype(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str) -> None:
+    if a.dtype != b.dtype:
+        raise ValueError(f"{b_name} must have the dtype of {a_name} ({a.dtype}), got {b.dtype}")
+
+
+def check_ndim(x: torch.Tensor, name: str, allowed: Sequence[int]) -> None:
+    if x.dim() not in allowed:
+        want = " or ".join(f"{n}-D" for n in allowed)
+        raise ValueError(f"{name} must be {want}, got shape {tuple(x.shape)}")
+
+
+def check_shape(x: torch.Tensor, name: str, shape: Sequence[int]) -> None:
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
+
+
+def check_last_dim_contiguous(x: torch.Tensor, name: str) -> None:
+    if x.dim() > 0 and x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(
+            f"{name} must be contiguous in its last dimension, got strides {tuple(x.stride())}"
+        )
+
+
+def check_out(
+    out: torch.Tensor,
+    name: str,
+    *,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    """Check a caller-given output tensor against the shape, dtype and device it must have."""
+    check_tensor(out, name)
+    check_shape(out, name, shape)
+    if out.dtype != dtype:
+        raise ValueError(f"{name} must have dtype {dtype}, got {out.dtype}")
+    if out.device != device:
+        raise ValueError(f"{name} must be on {device}, got {out.device}")
+
+
+def resolve_pdl(enable_pdl: Optional[bool], device: torch.device) -> bool:
+    """``None`` means on iff the device supports Programmatic Dependent Launch (SM90+)."""
+    if enable_pdl is None:
+        from .utils import device_support_pdl
+
+        return device_support_pdl(device)
+    return bool(enable_pdl)

@@ -1,0 +1,243 @@
+"""Every environment variable FlashInfer reads, declared once, typed, read on access.
+
+No other module reads ``os.environ``. A knob is a descriptor on a group class: reading it parses
+the environment at that moment (so a variable set after ``import flashinfer`` still counts),
+assigning to it overrides the environment in code, and ``del`` drops the override. A value that
+does not parse raises :class:`~flashinfer.exceptions.KnobError` naming the variable.
+
+>>> from flashinfer import knobs
+>>> knobs.jit.nvcc_threads
+1
+>>> with knobs.jit.scope():
+...     knobs.jit.nvcc_threads = 4   # restored when the block ends
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+from pathlib import Path
+from typing import Any, Callable, Generic, Iterator, Optional, Sequence, TypeVar, Union
+
+from .exceptions import KnobError
+
+T = TypeVar("T")
+_UNSET: Any = object()
+
+
+class _Knob(Generic[T]):
+    """One environment variable (or the first set of several aliases) with a parser."""
+
+    def __init__(
+        self,
+        names: Union[str, Sequence[str]],
+        default: Union[T, Callable[[], T]],
+        parse: Callable[[str, str], T],
+        doc: str = "",
+    ):
+        self.names = (names,) if isinstance(names, str) else tuple(names)
+        self.default = default
+        self.parse = parse
+        self.__doc__ = doc
+        self.attr = ""
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    def raw(self) -> Optional[tuple[str, str]]:
+        """The (name, value) of the first alias that is set and non-empty, else None."""
+        for name in self.names:
+            value = os.environ.get(name)
+            if value is not None and value.strip() != "":
+                return name, value
+        return None
+
+    def get(self, overrides: dict[str, Any]) -> T:
+        if self.attr in overrides:
+            return overrides[self.attr]
+        found = self.raw()
+        if found is None:
+            return self.default() if callable(self.default) else self.default
+        return self.parse(*found)
+
+    def __get__(self, group: Any, owner: type) -> Any:
+        if group is None:
+            return self
+        return self.get(group._overrides)
+
+    def __set__(self, group: Any, value: T) -> None:
+        group._overrides[self.attr] = value
+
+    def __delete__(self, group: Any) -> None:
+        group._overrides.pop(self.attr, None)
+
+
+def _parse_str(name: str, value: str) -> str:
+    return value
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise KnobError(name, value, "one of 1/0/true/false/yes/no/on/off")
+
+
+def _parse_int(name: str, value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise KnobError(name, value, "an integer") from None
+
+
+def _parse_positive_int(name: str, value: str) -> int:
+    n = _parse_int(name, value)
+    if n < 1:
+        raise KnobError(name, value, "a positive integer")
+    return n
+
+
+def _parse_flags(name: str, value: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(value))
+    except ValueError as e:
+        raise KnobError(name, value, f"shell-quoted flags ({e})") from None
+
+
+def _parse_path(name: str, value: str) -> Path:
+    return Path(value).expanduser()
+
+
+def env_str(names, default: Optional[str] = None, doc: str = "") -> _Knob[Optional[str]]:
+    return _Knob(names, default, _parse_str, doc)
+
+
+def env_bool(names, default: bool = False, doc: str = "") -> _Knob[bool]:
+    return _Knob(names, default, _parse_bool, doc)
+
+
+def env_int(names, default: Optional[int] = None, doc: str = "", positive: bool = False):
+    return _Knob(names, default, _parse_positive_int if positive else _parse_int, doc)
+
+
+def env_flags(names, doc: str = "") -> _Knob[tuple[str, ...]]:
+    return _Knob(names, (), _parse_flags, doc)
+
+
+def env_path(names, default, doc: str = "") -> _Knob[Path]:
+    return _Knob(names, default, _parse_path, doc)
+
+
+class KnobGroup:
+    """A set of related knobs; one instance per group lives in this module."""
+
+    def __init__(self) -> None:
+        self._overrides: dict[str, Any] = {}
+
+    @classmethod
+    def knobs(cls) -> dict[str, _Knob]:
+        return {k: v for k, v in vars(cls).items() if isinstance(v, _Knob)}
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator["KnobGroup"]:
+        """Restore every override of this group when the block ends (for tests)."""
+        saved = dict(self._overrides)
+        try:
+            yield self
+        finally:
+            self._overrides.clear()
+            self._overrides.update(saved)
+
+
+class JitKnobs(KnobGroup):
+    cuda_arch_list = env_str(
+        "FLASHINFER_CUDA_ARCH_LIST", doc='Target archs, e.g. "8.0 9.0a"; default: visible GPUs.'
+    )
+    nvcc = env_str("FLASHINFER_NVCC", doc="The nvcc binary to use.")
+    cuda_home = env_str(("CUDA_HOME", "CUDA_PATH"), doc="CUDA toolkit root.")
+    cxx = env_str("CXX", doc="Host C++ compiler nvcc uses and links with.")
+    nvcc_launcher = env_flags("FLASHINFER_NVCC_LAUNCHER", doc="Prefix for nvcc (e.g. ccache).")
+    cxx_launcher = env_flags("FLASHINFER_CXX_LAUNCHER", doc="Prefix for the host compiler.")
+    nvcc_threads = env_int("FLASHINFER_NVCC_THREADS", 1, "nvcc --threads.", positive=True)
+    max_jobs = env_int("MAX_JOBS", None, "Parallel compile jobs (ninja -j).", positive=True)
+    extra_cflags = env_flags("FLASHINFER_EXTRA_CFLAGS", doc="Extra host compiler flags.")
+    extra_cudaflags = env_flags("FLASHINFER_EXTRA_CUDAFLAGS", doc="Extra nvcc flags.")
+    extra_ldflags = env_flags("FLASHINFER_EXTRA_LDFLAGS", doc="Extra linker flags.")
+    verbose = env_bool("FLASHINFER_JIT_VERBOSE", doc="Print the build commands and output.")
+    debug = env_bool("FLASHINFER_JIT_DEBUG", doc="Build with -g -G -O0.")
+    lineinfo = env_bool("FLASHINFER_JIT_LINEINFO", doc="Build with -lineinfo.")
+    disable_jit = env_bool("FLASHINFER_DISABLE_JIT", doc="Never compile; missing module raises.")
+
+
+class CacheKnobs(KnobGroup):
+    workspace_base = env_path(
+        "FLASHINFER_WORKSPACE_BASE", Path.home, "Base dir; the cache is <base>/.cache/flashinfer."
+    )
+
+
+class LoggingKnobs(KnobGroup):
+    level = env_int("FLASHINFER_LOGLEVEL", 0, "API logging: 0 off, 1 names, 3 args, 5 stats.")
+    dest = env_str("FLASHINFER_LOGDEST", "stdout", "stdout, stderr, or a path (%i = pid).")
+    python_level = env_str("FLASHINFER_LOGGING_LEVEL", None, "Python logger level name.")
+
+
+class ArtifactKnobs(KnobGroup):
+    cubin_dir = env_path(
+        "FLASHINFER_CUBIN_DIR",
+        lambda: cache.workspace_base / ".cache" / "flashinfer" / "cubins",
+        "Local store of downloaded kernel binaries.",
+    )
+    repository = env_str("FLASHINFER_CUBINS_REPOSITORY", None, "Ordered artifact repositories.")
+    no_download = env_bool("FLASHINFER_NO_DOWNLOAD", doc="Never download kernel binaries.")
+    checksum_disabled = env_bool("FLASHINFER_CUBIN_CHECKSUM_DISABLED")
+    disable_version_check = env_bool("FLASHINFER_DISABLE_VERSION_CHECK")
+
+
+class NormKnobs(KnobGroup):
+    use_cuda_norm = env_bool(
+        "FLASHINFER_USE_CUDA_NORM", doc="Accepted for compatibility; our norm kernels are CUDA."
+    )
+
+
+jit = JitKnobs()
+cache = CacheKnobs()
+logging = LoggingKnobs()
+artifacts = ArtifactKnobs()
+norm = NormKnobs()
+
+GROUPS: dict[str, KnobGroup] = {
+    "jit": jit,
+    "cache": cache,
+    "logging": logging,
+    "artifacts": artifacts,
+    "norm": norm,
+}
+
+
+def all_env_vars() -> list[str]:
+    """Every environment variable name FlashInfer reads."""
+    return [name for g in GROUPS.values() for k in g.knobs().values() for name in k.names]
+
+
+def env_snapshot() -> dict[str, Optional[str]]:
+    """The raw value of every variable we read (None where unset), for show-config."""
+    return {name: os.environ.get(name) for name in all_env_vars()}
+
+
+# Variables that change the compiled binary. They are not hashed by name: their *effect*
+# (arch list, flags, the compiler's identity) is part of the JIT cache key.
+CACHE_INVALIDATING = (
+    "FLASHINFER_CUDA_ARCH_LIST",
+    "FLASHINFER_NVCC",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CXX",
+    "FLASHINFER_EXTRA_CFLAGS",
+    "FLASHINFER_EXTRA_CUDAFLAGS",
+    "FLASHINFER_EXTRA_LDFLAGS",
+    "FLASHINFER_JIT_DEBUG",
+    "FLASHINFER_JIT_LINEINFO",
+)

@@ -1,0 +1,46 @@
+"""Hatch hooks shared in spirit by the three packages: the version comes from the monorepo's
+``version.txt`` (or the copy an sdist carries), and the build writes ``_build_meta.py`` with the
+version and git commit so the installed package knows both without reading files at import."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+from hatchling.metadata.plugin.interface import MetadataHookInterface
+
+HERE = Path(__file__).resolve().parent
+
+
+def read_version(root: Path) -> str:
+    for candidate in (root / "version.txt", root.parent.parent / "version.txt"):
+        if candidate.is_file():
+            return candidate.read_text().strip()
+    raise FileNotFoundError(f"version.txt not found next to {root} nor at the monorepo root")
+
+
+def git_commit(root: Path) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+class CustomMetadataHook(MetadataHookInterface):
+    def update(self, metadata: dict) -> None:
+        metadata["version"] = read_version(Path(self.root))
+
+
+class CustomBuildHook(BuildHookInterface):
+    def initialize(self, version: str, build_data: dict) -> None:
+        root = Path(self.root)
+        meta = root / "flashinfer" / "_build_meta.py"
+        meta.write_text(
+            '"""Written by hatch_build.py at build time."""\n'
+            f'__version__ = "{read_version(root)}"\n'
+            f'__git_commit__ = "{git_commit(root)}"\n'
+        )

@@ -1,0 +1,1 @@
+#define TOY_VALUE 1
