@@ -1,0 +1,115 @@
+"""Benchmark harness: ceilings measured in the same run, then every case, into one JSON.
+
+Method (device README's METHOD.md): measure the two ceilings first (a large device-to-device
+copy counting bytes read + written; an 8192³ bf16 matmul), warm up, take the median of many
+CUDA-event timings, random inputs only (never zeros), inputs far larger than L2.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from flashinfer.testing import bench_gpu_time
+
+
+@dataclass
+class Case:
+    """One timed configuration.
+
+    ``bytes_moved`` is the least traffic the op needs (each input read once, each output
+    written once); ``flops`` its arithmetic; ``baseline_us`` a published figure to compare with
+    (FlashInfer's, same device class) and ``target`` what the issue asks for.
+    """
+
+    name: str
+    fn: Callable[[], Any]
+    bytes_moved: int = 0
+    flops: float = 0.0
+    baseline_us: Optional[float] = None
+    target: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _median_ms(fn: Callable[[], Any], repeat_ms: float = 300.0) -> tuple[float, float, float]:
+    times = sorted(bench_gpu_time(fn, dry_run_time_ms=50, repeat_time_ms=repeat_ms,
+                                  cold_l2_cache=True))
+    times = [t for t in times if t > 0]
+    if not times:
+        raise RuntimeError("every timing was zero")
+    pick = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
+    return statistics.median(times), pick(0.1), pick(0.9)
+
+
+def measure_ceilings() -> dict:
+    """Copy bandwidth (GB/s, read+write) and bf16 matmul rate (TFLOP/s) on this device."""
+    n = 1 << 30  # 1 GiB each way, 20x the H100's L2
+    src = torch.randint(0, 127, (n,), dtype=torch.int8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms, _, _ = _median_ms(lambda: dst.copy_(src))
+    del src, dst
+    m = 8192
+    a = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
+    mm_ms, _, _ = _median_ms(lambda: a @ b)
+    return {
+        "copy_GBps": 2 * n / (copy_ms * 1e-3) / 1e9,
+        "copy_bytes": 2 * n,
+        "bf16_matmul_TFLOPs": 2 * m**3 / (mm_ms * 1e-3) / 1e12,
+        "matmul_shape": [m, m, m],
+    }
+
+
+def run_cases(cases: list[Case], ceilings: dict) -> list[dict]:
+    rows = []
+    for case in cases:
+        med, p10, p90 = _median_ms(case.fn)
+        row: dict[str, Any] = {
+            "name": case.name,
+            "median_us": round(med * 1e3, 2),
+            "p10_us": round(p10 * 1e3, 2),
+            "p90_us": round(p90 * 1e3, 2),
+        }
+        if case.bytes_moved:
+            gbps = case.bytes_moved / (med * 1e-3) / 1e9
+            row.update(bytes=case.bytes_moved, GBps=round(gbps, 1),
+                       pct_of_copy=round(100 * gbps / ceilings["copy_GBps"], 1))
+        if case.flops:
+            tflops = case.flops / (med * 1e-3) / 1e12
+            row.update(flops=case.flops, TFLOPs=round(tflops, 1),
+                       pct_of_matmul=round(100 * tflops / ceilings["bf16_matmul_TFLOPs"], 1))
+        if case.baseline_us:
+            row.update(baseline_us=case.baseline_us,
+                       speedup_vs_baseline=round(case.baseline_us / (med * 1e3), 3))
+        if case.target:
+            row["target"] = case.target
+        row.update(case.extra)
+        rows.append(row)
+        print(f"{case.name:<58} {row['median_us']:>10.1f} us  "
+              f"{row.get('pct_of_copy', row.get('pct_of_matmul', '')):>6}%", flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def device_info() -> dict:
+    p = torch.cuda.get_device_properties(0)
+    return {
+        "name": p.name,
+        "sm_count": p.multi_processor_count,
+        "capability": f"{p.major}.{p.minor}",
+        "memory_GiB": round(p.total_memory / 2**30, 1),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+
+
+def write(path: Path, payload: dict) -> None:
+    payload.setdefault("date", datetime.datetime.now(datetime.timezone.utc).isoformat())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1) + "\n")

@@ -1,0 +1,27 @@
+"""The repository's own promises: README's first two commands, CI calling the second, one
+version everywhere."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_commands() -> list[str]:
+    block = re.search(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_ci_runs_the_readme_test_command():
+    main_job, test_cmd = _readme_commands()[:2]
+    assert "nox -s tests" in test_cmd and main_job != test_cmd
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert test_cmd in [line.strip() for line in ci]
+
+
+def test_one_version():
+    version = (ROOT / "version.txt").read_text().strip()
+    assert re.fullmatch(r"\d+\.\d+\.\d+([.-]?\w+)?", version)
+    for pyproject in ROOT.glob("packages/*/pyproject.toml"):
+        assert 'dynamic = ["version"' in pyproject.read_text(), pyproject
+        assert version not in pyproject.read_text(), f"{pyproject} spells the version"
