@@ -37,7 +37,7 @@ def tests(session: nox.Session) -> None:
         "import flashinfer, sys; f = flashinfer.__file__; "
         "sys.exit(0 if 'site-packages' in f else f'flashinfer imported from {f}, not the wheel')",
     )
-    session.run("pytest", "tests", *session.posargs)
+    session.run("pytest", *(session.posargs or ["tests"]))
 
 
 @nox.session

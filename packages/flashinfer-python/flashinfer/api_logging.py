@@ -72,7 +72,7 @@ def flashinfer_api(func: F) -> F:
         try:
             result = func(*args, **kwargs)
         except Exception as e:
-            _log(lambda: [f"{name} raised {type(e).__name__}: {e}"])
+            _log(_format_error, name, e)
             raise
         if level >= 3:
             _log(_format_result, name, level, result)
@@ -119,6 +119,10 @@ def _format_result(name: str, level: int, result: Any) -> List[str]:
     return [f"{name} output: {_format_value(result, level)}"]
 
 
+def _format_error(name: str, error: Exception) -> List[str]:
+    return [f"{name} raised {type(error).__name__}: {error}"]
+
+
 def _format_value(value: Any, level: int, depth: int = 0) -> str:
     try:
         if isinstance(value, torch.Tensor):
@@ -128,7 +132,9 @@ def _format_value(value: Any, level: int, depth: int = 0) -> str:
             if len(value) > _MAX_ITEMS:
                 items.append(f"... ({len(value)} items)")
             text = ", ".join(items)
-            return f"[{text}]" if isinstance(value, list) else f"({text}{',' if len(value) == 1 else ''})"
+            if isinstance(value, list):
+                return f"[{text}]"
+            return f"({text},)" if len(value) == 1 else f"({text})"
         if isinstance(value, dict) and depth < 2:
             items = [
                 f"{k!r}: {_format_value(v, level, depth + 1)}"
@@ -244,7 +250,9 @@ class _Sink:
                 self._file = open(path, "a", buffering=1, encoding="utf-8")
             except OSError as e:
                 self._dest = "stderr"
-                sys.stderr.write(f"[FlashInfer] cannot open log file {path!r} ({e}); using stderr\n")
+                sys.stderr.write(
+                    f"[FlashInfer] cannot open log file {path!r} ({e}); logging to stderr\n"
+                )
 
     def close(self) -> None:
         if self._file is not None:

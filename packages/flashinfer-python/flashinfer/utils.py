@@ -133,8 +133,8 @@ def supported_compute_capability(supported_ccs: Iterable[int]) -> Callable[[Call
     >>> @supported_compute_capability([80, 90])
     ... def _fa3_check(q, k, v, backend):
     ...     return q.shape[-1] <= 256
-    >>> _fa3_check.is_compute_capability_supported(90), _fa3_check.is_compute_capability_supported(75)
-    (True, False)
+    >>> [_fa3_check.is_compute_capability_supported(cc) for cc in (90, 75)]
+    [True, False]
     """
     try:
         ccs = list(supported_ccs)
@@ -147,7 +147,9 @@ def supported_compute_capability(supported_ccs: Iterable[int]) -> Callable[[Call
         if isinstance(cc, bool):
             raise TypeError(f"supported_ccs[{i}] must be an integer, got bool: {cc!r}")
         if not isinstance(cc, int):
-            raise TypeError(f"supported_ccs[{i}] must be an integer, got {type(cc).__name__}: {cc!r}")
+            raise TypeError(
+                f"supported_ccs[{i}] must be an integer, got {type(cc).__name__}: {cc!r}"
+            )
     ccs_set = set(ccs)
 
     def decorator(check: Callable) -> Callable:
@@ -252,7 +254,9 @@ def backend_requirement(
 
         def is_backend_supported(backend: str, cc: Optional[int] = None) -> bool:
             if not backend_checks:
-                raise ValueError(f"Invalid is_backend_supported call: no backend choices for {name}")
+                raise ValueError(
+                    f"Invalid is_backend_supported call: no backend choices for {name}"
+                )
             if backend not in backend_checks:
                 return False
             return cc is None or _supports_cc(backend_checks[backend], cc)
@@ -293,7 +297,7 @@ def backend_requirement(
             bound = sig.bind(*args, **kwargs)
             bound.apply_defaults()
             cargs, ckwargs = _split_bound(bound)
-            cc = _device_cc(bound.arguments.values())
+            cc = _device_cc(cargs + tuple(ckwargs.values()))
             backend = bound.arguments.get("backend")
 
             if not backend_checks:
@@ -341,7 +345,7 @@ def backend_requirement(
             bound.apply_defaults()
             if bound.arguments.get("backend") == "auto":
                 cargs, ckwargs = _split_bound(bound)
-                cc = _device_cc(bound.arguments.values())
+                cc = _device_cc(cargs + tuple(ckwargs.values()))
                 wrapper.suitable_auto_backends = rank_auto_backends(cc, cargs, ckwargs)
 
         has_backend_param = "backend" in sig.parameters
