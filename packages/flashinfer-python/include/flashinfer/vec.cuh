@@ -7,6 +7,27 @@
 
 namespace flashinfer {
 
+/// The integer type of one access of `Bytes` bytes. Copying through it keeps loads and stores
+/// one instruction wide: a struct of __half copied member-wise compiles to 2-byte stores.
+template <int Bytes>
+struct Word;
+template <>
+struct Word<16> {
+  using type = int4;
+};
+template <>
+struct Word<8> {
+  using type = int2;
+};
+template <>
+struct Word<4> {
+  using type = int;
+};
+template <>
+struct Word<2> {
+  using type = short;
+};
+
 /*!
  * @brief N elements of T moved as one aligned access (16 bytes when N * sizeof(T) == 16).
  * @tparam T element type (float, __half, __nv_bfloat16)
@@ -14,21 +35,25 @@ namespace flashinfer {
  */
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec {
-  static_assert((sizeof(T) * N & (sizeof(T) * N - 1)) == 0, "Vec size must be a power of two bytes");
+  static_assert(sizeof(T) * N <= 16 && (sizeof(T) * N & (sizeof(T) * N - 1)) == 0,
+                "Vec must be 2, 4, 8 or 16 bytes");
+  using W = typename Word<sizeof(T) * N>::type;
   T data[N];
 
-  __device__ __forceinline__ static Vec load(const T* ptr) { return *reinterpret_cast<const Vec*>(ptr); }
+  __device__ __forceinline__ static Vec load(const T* ptr) {
+    Vec v;
+    *reinterpret_cast<W*>(v.data) = *reinterpret_cast<const W*>(ptr);
+    return v;
+  }
   // Streaming load: data read once should not evict what is reused (weights).
   __device__ __forceinline__ static Vec load_stream(const T* ptr) {
     Vec v;
-    if constexpr (sizeof(Vec) == 16) {
-      *reinterpret_cast<int4*>(&v) = __ldcs(reinterpret_cast<const int4*>(ptr));
-    } else {
-      v = load(ptr);
-    }
+    *reinterpret_cast<W*>(v.data) = __ldcs(reinterpret_cast<const W*>(ptr));
     return v;
   }
-  __device__ __forceinline__ void store(T* ptr) const { *reinterpret_cast<Vec*>(ptr) = *this; }
+  __device__ __forceinline__ void store(T* ptr) const {
+    *reinterpret_cast<W*>(ptr) = *reinterpret_cast<const W*>(data);
+  }
   __device__ __forceinline__ T& operator[](int i) { return data[i]; }
   __device__ __forceinline__ const T& operator[](int i) const { return data[i]; }
 };
