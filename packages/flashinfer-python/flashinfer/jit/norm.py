@@ -1,0 +1,8 @@
+"""Build spec of the norm module (rmsnorm, gemma_rmsnorm, fused_add_rmsnorm,
+gemma_fused_add_rmsnorm, layernorm: one translation unit)."""
+
+from .core import JitSpec
+
+
+def gen_norm_module() -> JitSpec:
+    return JitSpec(name="norm", sources=("norm.cu",))
