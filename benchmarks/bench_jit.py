@@ -22,6 +22,19 @@ print(time.perf_counter() - t)
 """
 
 
+_HOST = """
+import time, torch, flashinfer
+x = torch.randn(1, 128, dtype=torch.bfloat16, device="cuda")
+w = torch.randn(128, dtype=torch.bfloat16, device="cuda")
+def per_call_us(fn, n=3000):
+    for _ in range(100): fn()
+    torch.cuda.synchronize(); t = time.perf_counter()
+    for _ in range(n): fn()
+    torch.cuda.synchronize(); return (time.perf_counter() - t) / n * 1e6
+print(per_call_us(lambda: flashinfer.rmsnorm(x, w)), per_call_us(lambda: torch.mul(x, 2.0)))
+"""
+
+
 def _seconds(code: str, env: dict) -> float:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if out.returncode != 0:
@@ -39,6 +52,11 @@ def measure() -> dict:
         warm = _seconds(_FIRST_CALL.format(op=op), env)
         result[f"first_call_{module}_cold_compile_s"] = round(cold, 2)
         result[f"first_call_{module}_warm_disk_cache_s"] = round(warm, 3)
+    out = subprocess.run([sys.executable, "-c", _HOST], capture_output=True, text=True, env=env)
+    if out.returncode == 0:
+        ours, torch_mul = map(float, out.stdout.split()[-2:])
+        result["host_us_per_call_rmsnorm_1x128"] = round(ours, 2)
+        result["host_us_per_call_torch_mul_1x128"] = round(torch_mul, 2)
     result["cores"] = os.cpu_count()
     return result
 
