@@ -55,13 +55,16 @@ def _median_ms(
     return statistics.median(times), pick(0.1), pick(0.9)
 
 
+def _copy_ms(n: int) -> float:
+    src = torch.randint(0, 127, (n,), dtype=torch.int8, device="cuda")
+    dst = torch.empty_like(src)
+    return _median_ms(lambda: dst.copy_(src))[0]
+
+
 def measure_ceilings() -> dict:
     """Copy bandwidth (GB/s, read+write) and bf16 matmul rate (TFLOP/s) on this device."""
     n = 1 << 30  # 1 GiB each way, 20x the H100's L2
-    src = torch.randint(0, 127, (n,), dtype=torch.int8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_ms, _, _ = _median_ms(lambda: dst.copy_(src))
-    del src, dst
+    copy_ms = _copy_ms(n)
     m = 8192
     a = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")

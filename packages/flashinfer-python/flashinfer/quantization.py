@@ -7,7 +7,7 @@ time in a batch (``segment_packbits``).
 from __future__ import annotations
 
 import functools
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 

@@ -397,7 +397,7 @@ def _error_lines(output: str) -> list[str]:
             line.startswith("ninja:")
         ):
             keep.append(line.strip())
-    return keep or [l.strip() for l in output.splitlines() if l.startswith("FAILED")]
+    return keep or [ln.strip() for ln in output.splitlines() if ln.startswith("FAILED")]
 
 
 # ----------------------------------------------------------------------------------------------
