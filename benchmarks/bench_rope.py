@@ -80,6 +80,24 @@ def cases() -> list[Case]:
             lambda q2=q2, k2=k2: flashinfer.apply_rope_pos_ids(q2, k2, pos),
             bytes_moved=_bytes(q2, k2, pos_bytes)))
 
+    # Head counts that do not fill whole warps of head rows (28/4, Qwen2-7B-like), and few
+    # heads (8/1: 14-token tiles), at the same order of bytes.
+    for nnz3, hq3, hk3 in ((16384, 28, 4), (65536, 8, 1)):
+        q3, k3 = _qk(nnz3, hq3, hk3, d)
+        pos3 = torch.randint(0, 131072, (nnz3,), dtype=torch.int32, device="cuda")
+        out.append(Case(
+            f"apply_rope_pos_ids bf16 {nnz3}x{hq3}/{hk3}x{d}",
+            lambda q3=q3, k3=k3, pos3=pos3: flashinfer.apply_rope_pos_ids(q3, k3, pos3),
+            bytes_moved=_bytes(q3, k3, pos3.numel() * pos3.element_size())))
+
+    # Scalar fallback (a head stride of d + 1 elements rules out 16-byte accesses).
+    qs = torch.randn(nnz, hq, d + 1, dtype=torch.bfloat16, device="cuda")[..., :d]
+    ks = torch.randn(nnz, hk, d + 1, dtype=torch.bfloat16, device="cuda")[..., :d]
+    out.append(Case(
+        f"apply_rope_pos_ids_inplace (scalar path) bf16 {nnz}x{hq}/{hk}x{d}",
+        lambda: flashinfer.apply_rope_pos_ids_inplace(qs, ks, pos),
+        bytes_moved=_bytes(qs, ks, pos_bytes)))
+
     # Decode-sized batch: latency bound.
     qd, kd = _qk(64, hq, hk, d)
     posd = pos[:64].contiguous()

@@ -409,6 +409,28 @@ def test_llama31_defaults_match_signature():
     assert not torch.equal(plain[0], default[0])
 
 
+# ---- tilings of the kernel (plan_tiles in rope.cuh; numbers for a 132-SM GPU) ------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nnz,hq,hk,d,rotary_dim,layout", [
+    (1601, 32, 8, 128, None, "contiguous"),   # 3 whole tokens per block, last tile partial
+    (2000, 28, 4, 128, None, "contiguous"),   # warps of 4 head rows straddle q/k and tokens
+    (600, 130, 2, 128, None, "contiguous"),   # 1056 items per token: 2 blocks per token
+    (70, 160, 8, 128, 64, "contiguous"),      # few tokens, many heads: 7 chunks per token
+    (140_000, 1, 1, 16, None, "contiguous"),  # 256-token tiles (shared-memory cap)
+    (1700, 5, 3, 136, 128, "contiguous"),     # one pass-through vector per head
+    (1700, 6, 2, 192, 64, "contiguous"),
+    (1601, 32, 8, 128, 64, "packed_qkv"),
+    (300, 32, 8, 128, None, "odd_stride"),    # scalar path: 2560 items per token, 3 chunks
+])
+@pytest.mark.parametrize("interleave", [False, True])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_pos_ids_tilings(nnz, hq, hk, d, rotary_dim, layout, interleave, inplace):
+    check_pos_ids_case(nnz, hq, hk, d, rotary_dim, interleave, torch.bfloat16, torch.int32,
+                       layout, inplace, max_pos=100_000)
+
+
 # ---- indptr / offsets ------------------------------------------------------------------------
 
 
@@ -513,6 +535,14 @@ def test_indptr_equals_pos_ids():
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("interleave", [False, True])
+def test_indptr_tiles_straddle_requests(interleave):
+    # 3-token tiles that cross request boundaries, with requests of 1 and 0 tokens among them.
+    check_indptr_case([500, 1, 0, 700, 2, 399], [7, 3, 0, 99999, 5, 250], 32, 8, 128, None,
+                      interleave, torch.bfloat16, torch.int32, "contiguous", False)
+
+
 # ---- cos/sin cache ---------------------------------------------------------------------------
 
 
@@ -606,6 +636,23 @@ def test_cos_sin_cache_out_of_range_positions_unrotated():
     q_out, k_out = rope.apply_rope_with_cos_sin_cache(pos, q, k, 64, cache)
     assert torch.equal(q_out[1:], q[1:]) and torch.equal(k_out[1:], k[1:])
     assert not torch.equal(q_out[0], q[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("nnz,hq,hk,head_size,rotary_dim", [
+    (1601, 32, 8, 128, 128), (70, 160, 8, 128, 64), (1700, 6, 2, 192, 64)])
+def test_cos_sin_cache_tilings(is_neox, nnz, hq, hk, head_size, rotary_dim):
+    torch.manual_seed(nnz)
+    max_pos = 4096
+    cache = make_cache(max_pos, rotary_dim)
+    pos = torch.randint(0, max_pos, (nnz,), device="cuda")
+    query = torch.randn(nnz, hq * head_size, dtype=torch.float16, device="cuda")
+    key = torch.randn(nnz, hk * head_size, dtype=torch.float16, device="cuda")
+    q_out, k_out = rope.apply_rope_with_cos_sin_cache(pos, query, key, head_size, cache, is_neox)
+    for got, x in ((q_out, query), (k_out, key)):
+        want = ref_cache_rope(x.reshape(nnz, -1, head_size), pos, cache, is_neox)
+        assert_rope_close(got.reshape(nnz, -1, head_size), want, rotary_dim)
 
 
 # ---- misc --------------------------------------------------------------------------------------

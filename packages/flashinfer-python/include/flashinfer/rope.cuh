@@ -6,21 +6,36 @@
 // pass through (copied when out of place). NeoX pairs channel i with i + rotary_dim/2; GPT-J
 // ("interleave") pairs 2i with 2i+1. Pair i of token t rotates by the angle pos_t * freq_i.
 //
-// Work decomposition. A work item is (token, head group, unit). A rotary unit is two N-wide
-// vectors of one head row: `lo` at channel u*N and `hi` at channel rotary_dim/2 + u*N; both
-// layouts fit this addressing (for GPT-J each vector holds N/2 whole pairs), so the threads of
-// a warp read contiguous 128-byte runs in either mode. The thread computes the N angles of its
-// unit once (one accurate sincos each) and reuses them for every head of its group (about 8
-// heads, q heads then k heads), with kHeadBatch heads' loads in flight. The kernel is a copy
-// with a few FMAs per element, so it runs at memory bandwidth when accesses are 16 bytes wide
-// and enough of them are in flight; any other layout takes the same code with N = 1.
+// The op is a copy with a few FMAs per element, so the kernel is laid out like a copy kernel:
+// consecutive threads touch consecutive memory, every thread has all its loads in flight
+// before it waits on one, and the grid is many small one-shot blocks.
 //
-// Positions. pos_ids: one load per item. indptr/offsets: a binary search of indptr per item
-// (log2(batch) loads that hit L1/L2, overlapped with the item's first q/k loads); cheaper than
-// a second kernel and its scratch buffer, and nothing to allocate under CUDA graphs.
+// Work items. A rotary unit is two N-wide vectors of one head row, `lo` at channel u*N and `hi`
+// at channel rotary_dim/2 + u*N (for GPT-J each vector holds N/2 whole pairs; with N == 1 a
+// GPT-J unit is the pair (2u, 2u+1)); out of place, a pass-through unit copies two vectors of
+// [rotary_dim, D) split the same way. The items of a token are numbered q head 0 unit 0, unit
+// 1, ..., then q head 1, ..., q head Hq-1, then the k heads alike. Thread t of a block takes
+// items t, t + kThreads, ...: one warp instruction reads the lo vectors of whole head rows and
+// the next their hi vectors (for D = 128: four rows, 4 x 128-byte runs each), and each pass
+// of a block sweeps whole head rows in memory order, as a copy would, whatever the head count.
+//
+// Tiles. A block takes a tile of whole tokens (about kThreads * kItemsPerThread items), or a
+// chunk of one token when a token alone has more items or there are too few tokens to fill the
+// GPU (plan_tiles). Each thread issues the loads of all its items (kItemsPerThread, 2 x 16
+// bytes each) first; while they are in flight the block computes the cos/sin of its tokens'
+// pairs once into shared memory (one accurate sincos or one cache read per token and pair,
+// shared by all heads), then each thread rotates and stores. With 16-byte vectors (N = 8)
+// every access is a whole 16-byte word; other layouts (odd strides, rotary halves not a
+// multiple of 8) take the same code with N = 1.
+//
+// Positions. pos_ids: one load per token, prefetched to L1 before the item loads. indptr/
+// offsets: a binary search of indptr per token and pair (log2(batch) loads that hit L1,
+// overlapped with the item loads); cheaper than a second kernel and its scratch buffer, and
+// nothing to allocate under CUDA graphs.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -84,28 +99,94 @@ struct RopeArgs {
 
 namespace detail {
 
+// ---------------------------------------------------------------------------------------------
+// Launch geometry. The numbers are for the H100 (132 SMs, ~3 TB/s of read+write, ~1 us of
+// loaded DRAM latency); they only need to be generous elsewhere.
+// ---------------------------------------------------------------------------------------------
+
 inline constexpr int kThreads = 256;
-// 4 blocks of 256 threads per SM (half the SM's threads) caps registers at 64/thread. With
-// kHeadBatch = 2 a thread has 4 x 16 B loads in flight, 64 KB per SM: ~5x the ~12 KB of reads
-// per SM that cover ~1 us of loaded DRAM latency at ~3 TB/s. (kHeadBatch = 4 spills at 64.)
+// Items per thread, all loaded before any is used: 2 * 4 = 8 independent 16-byte loads in
+// flight, 32 KB per block. With 64 registers (kMinBlocksPerSM) 4 blocks fit per SM, up to
+// 128 KB in flight per SM, several times what Little's law asks (1.5 TB/s of reads x ~1 us /
+// 132 SMs ~ 12 KB): one-shot blocks spend part of their life computing and storing, and the
+// other blocks' loads must cover that.
+inline constexpr int kItemsPerThread = 4;
+inline constexpr int kBlockItems = kThreads * kItemsPerThread;
 inline constexpr int kMinBlocksPerSM = 4;
-inline constexpr int kHeadBatch = 2;
-// Head groups. A thread visits the heads of its group one batch after another, one DRAM
-// latency (~1 us loaded) per batch, so a group of all 40 heads of a 32/8 model is a ~20 us
-// chain: when the grid is a little over one wave, the last blocks run that chain nearly alone
-// (up to +18% at 16k tokens). Groups of about kHeadsPerGroup heads keep the chain at ~4
-// batches and the tail at a few percent, while the angles are still reused over 8 heads (the
-// recomputed sincos is < 10% of the issue slots of a kernel that is far from compute bound).
-inline constexpr int kHeadsPerGroup = 8;
-// Few tokens (decode): split heads further until the grid has this many threads per SM.
-inline constexpr int kTargetThreadsPerSM = 512;
+// Shared memory for one tile's cos/sin: at most this many (token, pair) entries, 8 bytes each
+// (16 KB), so 4 blocks per SM leave most of the SM's shared memory to L1. Only tiles of many
+// small tokens (a few heads) reach it; they then hold fewer tokens.
+inline constexpr int kMaxTilePairs = 2048;
+// A token's items are numbered in 32 bits (FastDiv below needs dividends < 2^31); heads past
+// this many items per token go to further launches (only tokens of 4+ GB reach it).
+inline constexpr int64_t kMaxItemsPerToken = int64_t{1} << 30;
+inline constexpr int64_t kMaxGridBlocks = (int64_t{1} << 31) - 1;  // gridDim.x limit
+inline constexpr int kWarpSize = 32;
+static_assert(kBlockItems % kWarpSize == 0, "a block's items must be whole warps");
+
+/*!
+ * @brief Division by a runtime constant d >= 1 with a multiply and a shift, for dividends
+ *        n < 2^31 (a 32-bit division is a ~20-instruction sequence; the kernel does two per
+ *        item). Granlund & Montgomery, "Division by invariant integers using multiplication"
+ *        (1994), Thm 4.2 with N = 31: for l = ceil(log2 d) and m = floor(2^(31+l) / d) + 1,
+ *        floor(n / d) = floor(n * m / 2^(31+l)); m < 2^32 when d >= 2. d == 1 is special-cased.
+ */
+struct FastDiv {
+  uint32_t d = 1;
+  uint32_t mul = 0;    // 0 encodes d == 1
+  uint32_t shift = 0;  // l - 1: __umulhi already shifts by 32
+
+  FastDiv() = default;
+  explicit FastDiv(uint32_t divisor) : d(divisor) {
+    if (divisor <= 1) return;
+    uint32_t l = 0;
+    while ((uint64_t{1} << l) < divisor) ++l;
+    mul = static_cast<uint32_t>((uint64_t{1} << (31 + l)) / divisor + 1);
+    shift = l - 1;
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return mul == 0 ? n : __umulhi(n, mul) >> shift;
+  }
+};
+
+/// How a launch covers (tokens x items per token): tiles of `tile_tokens` whole tokens, each
+/// split into `chunks` blocks of `chunk_items` items (chunks > 1 only when tile_tokens == 1).
+struct TilePlan {
+  int64_t tile_tokens;
+  int64_t chunks;
+  int64_t chunk_items;
+};
+
+/*!
+ * @brief Tiling for `nnz` tokens of `items_per_token` items on `num_sms` SMs (pure host policy).
+ *
+ * Worked example (Llama-3-8B, 32 q + 8 k heads x 128, 16-byte vectors, 16384 tokens): 8 items
+ * per head row, 320 per token; 3 tokens (960 items) per block, 5462 blocks, ~10 waves of 528
+ * resident blocks. 64 tokens (decode): 5 chunks of 64 items per token, 320 blocks.
+ */
+inline TilePlan plan_tiles(int64_t nnz, int64_t items_per_token, int64_t half_rotary,
+                           int num_sms) {
+  const int64_t target_blocks = int64_t{num_sms} * kMinBlocksPerSM;  // one full wave
+  int64_t tile_tokens = kBlockItems / items_per_token;                // whole tokens per block
+  tile_tokens = std::min<int64_t>(tile_tokens, kMaxTilePairs / half_rotary);
+  tile_tokens = std::min<int64_t>(tile_tokens, nnz / target_blocks);  // few tokens: spread out
+  if (tile_tokens > 1) return {tile_tokens, 1, tile_tokens * items_per_token};
+  // One token per tile, split when it does not fit one block, or into more, smaller blocks
+  // when there are fewer tokens than a wave of blocks (decode: latency bound, use every SM).
+  const int64_t chunks = std::max(ceil_div(items_per_token, kBlockItems),
+                                  ceil_div(target_blocks, nnz));
+  // Whole warps per chunk so warps stay aligned to the item order; <= kBlockItems still.
+  const int64_t chunk_items = ceil_div(ceil_div(items_per_token, chunks), kWarpSize) * kWarpSize;
+  return {1, ceil_div(items_per_token, chunk_items), chunk_items};
+}
 
 /// Kernel parameters, passed as a __grid_constant__ so the frequency table is indexed in the
 /// constant bank instead of being copied to local memory.
-template <typename T, typename IdType, PosMode kMode>
+template <typename T, typename IdType, PosMode kMode_>
 struct Params {
+  static constexpr PosMode kMode = kMode_;
   static constexpr int kTableSize = kMode == PosMode::kCosSinCache ? 1 : kMaxRotaryDim / 2;
-  const T* q;
+  const T* q;  // first head of this launch (heads may be split over launches)
   const T* k;
   T* q_out;
   T* k_out;
@@ -117,18 +198,18 @@ struct Params {
   const float* cache;
   int64_t cache_stride;
   int64_t max_pos;
-  int64_t token_begin;   // first token of this launch
-  uint32_t num_items;    // tokens of this launch * num_groups * units_total (< 2^31)
-  uint32_t units_total;  // num_rot_units + num_copy_units
-  uint32_t num_groups;
-  int num_q_heads;
-  int num_k_heads;
-  int half_rotary;       // rotary_dim / 2
-  int q_per_group;       // q heads per head group
-  int k_per_group;       // k heads per head group
-  int num_rot_units;     // rotary units per head
-  int num_copy_units;    // pass-through units per head (0 in place)
-  int num_copy_vecs;     // (head_dim - rotary_dim) / N
+  int64_t nnz;
+  int64_t token_begin;       // first token of this launch
+  uint32_t tile_tokens;      // TilePlan
+  uint32_t chunk_items;
+  FastDiv chunks;            // blocks per tile
+  FastDiv items_per_token;   // (q heads + k heads of this launch) * units_per_head
+  uint32_t q_items;          // q heads of this launch * units_per_head: q items come first
+  FastDiv units_per_head;    // num_rot_units + num_copy_units
+  int half_rotary;           // rotary_dim / 2
+  int num_rot_units;         // rotary units per head
+  int num_copy_units;        // pass-through units per head (0 in place)
+  int num_copy_vecs;         // (head_dim - rotary_dim) / N
   float freq[kTableSize];
 };
 
@@ -147,15 +228,8 @@ __device__ __forceinline__ void store_vec(T* ptr, const Vec<T, N>& v) {
   }
 }
 
-/// Channel of the `lo` vector of rotary unit `u` (the `hi` vector is at +half_rotary, except
-/// for GPT-J with N == 1, where a unit is the pair (2u, 2u+1)).
-template <int N, bool kInterleave>
-__device__ __forceinline__ int lo_channel(int u) {
-  return (kInterleave && N == 1) ? 2 * u : u * N;
-}
-template <int N, bool kInterleave>
-__device__ __forceinline__ int hi_channel(int u, int half_rotary) {
-  return (kInterleave && N == 1) ? 2 * u + 1 : half_rotary + u * N;
+__device__ __forceinline__ void prefetch_l1(const void* ptr) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(ptr));
 }
 
 /// Pair index of angle slot j of rotary unit u. NeoX (and GPT-J with N == 1): slot j rotates
@@ -170,15 +244,56 @@ __device__ __forceinline__ int pair_index(int u, int j, int half_rotary) {
   }
 }
 
+/// The two vectors of unit u of a head row: channels `a` and `b` (b only when `has_b`).
+struct UnitChannels {
+  int a;
+  int b;
+  bool has_b;
+  bool rotary;  // a rotary unit (a = lo, b = hi), else a pass-through copy
+};
+
+template <int N, bool kInterleave, typename P>
+__device__ __forceinline__ UnitChannels unit_channels(const P& p, int u) {
+  if (u < p.num_rot_units) {
+    if constexpr (kInterleave && N == 1) return {2 * u, 2 * u + 1, true, true};
+    return {u * N, p.half_rotary + u * N, true, true};
+  }
+  // Pass-through unit c copies vectors c and c + num_copy_units of [rotary_dim, head_dim),
+  // mirroring the lo/hi split so a warp's accesses stay contiguous runs.
+  const int c = u - p.num_rot_units;
+  const int a = 2 * p.half_rotary + c * N;
+  return {a, a + p.num_copy_units * N, c + p.num_copy_units < p.num_copy_vecs, false};
+}
+
+/// Where item `l` (< items of the block's tile) lives: token of the tile, q or k, head, unit.
+struct Item {
+  uint32_t token;  // within the tile
+  uint32_t head;   // within q or k (of this launch)
+  int unit;
+  bool is_q;
+};
+
+template <typename P>
+__device__ __forceinline__ Item locate(const P& p, uint32_t l) {
+  Item it;
+  it.token = p.items_per_token.div(l);
+  uint32_t r = l - it.token * p.items_per_token.d;
+  it.is_q = r < p.q_items;
+  if (!it.is_q) r -= p.q_items;
+  it.head = p.units_per_head.div(r);
+  it.unit = static_cast<int>(r - it.head * p.units_per_head.d);
+  return it;
+}
+
 /*!
  * @brief sin and cos of an fp32 angle to ~2e-7 absolute, for angles up to ~1e9 rad.
  *
  * The angle is fl(float(pos) * freq): the frequency is rounded to float once (on the host),
  * the product once; that is the fp32 math of the contract. Positions reach 1e5+, so the angle
  * does too, where the fast __sincosf has no usable accuracy. sincosf is accurate there but
- * inlines a Payne-Hanek slow path per call (local memory, ~10 extra registers each, spills
- * with 8 calls per thread). Instead: a/pi in double (relative error 1e-16), reduced exactly
- * modulo 2, then sincospif, whose own reduction is exact and needs no slow path.
+ * inlines a Payne-Hanek slow path per call (local memory, ~10 extra registers each). Instead:
+ * a/pi in double (relative error 1e-16), reduced exactly modulo 2, then sincospif, whose own
+ * reduction is exact and needs no slow path.
  */
 __device__ __forceinline__ void accurate_sincos(float angle, float* s, float* c) {
   double t = static_cast<double>(angle) * 0.31830988618379067154;  // 1/pi
@@ -188,10 +303,9 @@ __device__ __forceinline__ void accurate_sincos(float angle, float* s, float* c)
 
 /// Position of `token`, or false when the token belongs to no request (kIndptr only: rows
 /// outside [indptr[0], indptr[batch_size]) are left unrotated).
-template <typename T, typename IdType, PosMode kMode>
-__device__ __forceinline__ bool token_position(const Params<T, IdType, kMode>& p, int64_t token,
-                                               int64_t* pos) {
-  if constexpr (kMode == PosMode::kIndptr) {
+template <typename P>
+__device__ __forceinline__ bool token_position(const P& p, int64_t token, int64_t* pos) {
+  if constexpr (P::kMode == PosMode::kIndptr) {
     const int64_t first = static_cast<int64_t>(__ldg(p.indptr));
     const int64_t last = static_cast<int64_t>(__ldg(p.indptr + p.batch_size));
     if (token < first || token >= last) return false;
@@ -212,151 +326,160 @@ __device__ __forceinline__ bool token_position(const Params<T, IdType, kMode>& p
   } else {
     *pos = static_cast<int64_t>(__ldg(p.pos_ids + token));
     // A position outside the cache would read out of bounds; such rows are left unrotated.
-    if constexpr (kMode == PosMode::kCosSinCache) return *pos >= 0 && *pos < p.max_pos;
+    if constexpr (P::kMode == PosMode::kCosSinCache) return *pos >= 0 && *pos < p.max_pos;
     return true;
   }
 }
 
+/// cos and sin of pair i of `token`; the identity rotation (exact: x*1 - y*0 == x) for
+/// tokens without a position.
+template <typename P>
+__device__ __forceinline__ float2 pair_cos_sin(const P& p, int64_t token, int i) {
+  int64_t pos = 0;
+  if (!token_position(p, token, &pos)) return make_float2(1.f, 0.f);
+  float c, s;
+  if constexpr (P::kMode == PosMode::kCosSinCache) {
+    const float* row = p.cache + pos * p.cache_stride;
+    c = __ldg(row + i);
+    s = __ldg(row + p.half_rotary + i);
+  } else {
+    accurate_sincos(static_cast<float>(pos) * p.freq[i], &s, &c);
+  }
+  return make_float2(c, s);
+}
+
+/// Rotate unit (lo, hi) by the angles of its N slots (see pair_index).
+template <typename T, int N, bool kInterleave>
+__device__ __forceinline__ void rotate_unit(Vec<T, N>& lo, Vec<T, N>& hi, const float* c,
+                                            const float* s) {
+  if constexpr (!kInterleave || N == 1) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float x = to_float(lo[j]), y = to_float(hi[j]);
+      lo[j] = from_float<T>(x * c[j] - y * s[j]);
+      hi[j] = from_float<T>(y * c[j] + x * s[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+      const float x0 = to_float(lo[2 * j]), y0 = to_float(lo[2 * j + 1]);
+      lo[2 * j] = from_float<T>(x0 * c[j] - y0 * s[j]);
+      lo[2 * j + 1] = from_float<T>(y0 * c[j] + x0 * s[j]);
+      const float x1 = to_float(hi[2 * j]), y1 = to_float(hi[2 * j + 1]);
+      const float c1 = c[N / 2 + j], s1 = s[N / 2 + j];
+      hi[2 * j] = from_float<T>(x1 * c1 - y1 * s1);
+      hi[2 * j + 1] = from_float<T>(y1 * c1 + x1 * s1);
+    }
+  }
+}
+
 /*!
- * @brief Rotate (and for out of place, copy the pass-through channels of) q and k.
+ * @brief Rotate (and for out of place, copy the pass-through channels of) q and k, one tile
+ *        (or one chunk of a token) per block.
  * @tparam N elements per vector access: 8 (16 bytes) when every pointer and stride allows it,
  *         else 1.
  */
 template <typename T, typename IdType, int N, bool kInterleave, PosMode kMode>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
     RopeKernel(const __grid_constant__ Params<T, IdType, kMode> p) {
-  static_assert(N == 1 || N % 2 == 0,
-                "vector width must be 1 or even (GPT-J pairs must not straddle vectors)");
+  static_assert(N == 1 || N % 4 == 0,
+                "vector width must be 1 or a multiple of 4 (GPT-J pairs must not straddle "
+                "vectors; angles are read from shared memory 4 at a time)");
   using V = Vec<T, N>;
+  // cos then sin of each tile token's pairs: [token][2][half_rotary] floats. float4 so the
+  // rotation can read 4 angles per access.
+  extern __shared__ float4 smem[];
+  float* cos_sin = reinterpret_cast<float*>(smem);
+  const int half = p.half_rotary;
+
   pdl_wait();
-  // 32-bit item math: 64-bit division is a subroutine call whose register convention made
-  // the 16-byte variants spill; the host splits launches so items fit in 31 bits.
-  const uint32_t item = blockIdx.x * kThreads + threadIdx.x;
-  if (item < p.num_items) {
-    const int unit = static_cast<int>(item % p.units_total);
-    const uint32_t rest = item / p.units_total;
-    const int group = static_cast<int>(rest % p.num_groups);
-    const int64_t token = p.token_begin + rest / p.num_groups;
+  const uint32_t tile = p.chunks.div(blockIdx.x);
+  const uint32_t chunk = blockIdx.x - tile * p.chunks.d;
+  const int64_t token0 = p.token_begin + static_cast<int64_t>(tile) * p.tile_tokens;
+  const uint32_t num_tokens =
+      static_cast<uint32_t>(min(static_cast<int64_t>(p.tile_tokens), p.nnz - token0));
+  const uint32_t begin = chunk * p.chunk_items;
+  const uint32_t end = min(begin + p.chunk_items, num_tokens * p.items_per_token.d);
 
-    const int hq0 = group * p.q_per_group;
-    const int hk0 = group * p.k_per_group;
-    const int nq = max(0, min(p.num_q_heads - hq0, p.q_per_group));
-    const int nk = max(0, min(p.num_k_heads - hk0, p.k_per_group));
-    const int num_slots = nq + nk;
-    // Slot s < nq is q head hq0 + s, slot s >= nq is k head hk0 + s - nq.
-    const T* q_in = p.q + token * p.q_sn + hq0 * p.q_sh;
-    const T* k_in = p.k + token * p.k_sn + hk0 * p.k_sh;
-    T* q_o = p.q_out + token * p.qo_sn + hq0 * p.qo_sh;
-    T* k_o = p.k_out + token * p.ko_sn + hk0 * p.ko_sh;
-    auto src_row = [&](int s) { return s < nq ? q_in + s * p.q_sh : k_in + (s - nq) * p.k_sh; };
-    auto dst_row = [&](int s) { return s < nq ? q_o + s * p.qo_sh : k_o + (s - nq) * p.ko_sh; };
+  auto src_row = [&](const Item& it) {
+    const int64_t t = token0 + it.token;
+    return it.is_q ? p.q + t * p.q_sn + it.head * p.q_sh : p.k + t * p.k_sn + it.head * p.k_sh;
+  };
+  auto dst_row = [&](const Item& it) {
+    const int64_t t = token0 + it.token;
+    return it.is_q ? p.q_out + t * p.qo_sn + it.head * p.qo_sh
+                   : p.k_out + t * p.ko_sn + it.head * p.ko_sh;
+  };
 
-    if (unit < p.num_rot_units) {
-      const int lo_c = lo_channel<N, kInterleave>(unit);
-      const int hi_c = hi_channel<N, kInterleave>(unit, p.half_rotary);
-      V lo[kHeadBatch], hi[kHeadBatch];
-      auto load_batch = [&](int s0) {
+  // 0. The tile's positions, needed in step 2, start towards L1 now: their DRAM latency (and,
+  //    with a cos/sin cache, that of the cache rows they select) then overlaps the item loads
+  //    instead of following them.
+  if constexpr (kMode != PosMode::kIndptr) {
+    if (threadIdx.x < num_tokens) prefetch_l1(p.pos_ids + token0 + threadIdx.x);
+  }
+
+  // 1. Every load of this thread, before anything waits on one. Item i of the thread is
+  //    begin + threadIdx.x + i * kThreads: each pass of the block is one contiguous stretch.
+  V a[kItemsPerThread], b[kItemsPerThread];
 #pragma unroll
-        for (int i = 0; i < kHeadBatch; ++i) {
-          if (s0 + i < num_slots) {
-            const T* row = src_row(s0 + i);
-            lo[i] = load_vec<T, N>(row + lo_c);
-            hi[i] = load_vec<T, N>(row + hi_c);
+  for (int i = 0; i < kItemsPerThread; ++i) {
+    const uint32_t l = begin + threadIdx.x + i * kThreads;
+    if (l < end) {
+      const Item it = locate(p, l);
+      const UnitChannels ch = unit_channels<N, kInterleave>(p, it.unit);
+      const T* row = src_row(it);
+      a[i] = load_vec<T, N>(row + ch.a);
+      if (ch.has_b) b[i] = load_vec<T, N>(row + ch.b);
+    }
+  }
+
+  // 2. While they are in flight: cos/sin of the tile's (token, pair)s, once each.
+  const uint32_t num_pairs = num_tokens * half;
+  for (uint32_t j = threadIdx.x; j < num_pairs; j += kThreads) {
+    const uint32_t t = j / half;  // runs about once per thread: a plain division is fine
+    const int i = static_cast<int>(j - t * half);
+    const float2 cs = pair_cos_sin(p, token0 + t, i);
+    float* row = cos_sin + t * 2 * half;
+    row[i] = cs.x;
+    row[half + i] = cs.y;
+  }
+  __syncthreads();
+
+  // 3. Rotate and store.
+#pragma unroll
+  for (int i = 0; i < kItemsPerThread; ++i) {
+    const uint32_t l = begin + threadIdx.x + i * kThreads;
+    if (l < end) {
+      const Item it = locate(p, l);
+      const UnitChannels ch = unit_channels<N, kInterleave>(p, it.unit);
+      if (ch.rotary) {
+        const float* c_row = cos_sin + it.token * 2 * half;
+        const float* s_row = c_row + half;
+        float c[N], s[N];
+        if constexpr (N % 4 == 0) {
+          // Slots 4g..4g+3 are 4 consecutive pairs (see pair_index), 16-byte aligned because
+          // half_rotary is a multiple of N.
+#pragma unroll
+          for (int g = 0; g < N / 4; ++g) {
+            const int pi = pair_index<N, kInterleave>(it.unit, 4 * g, half);
+            const float4 c4 = *reinterpret_cast<const float4*>(c_row + pi);
+            const float4 s4 = *reinterpret_cast<const float4*>(s_row + pi);
+            c[4 * g] = c4.x, c[4 * g + 1] = c4.y, c[4 * g + 2] = c4.z, c[4 * g + 3] = c4.w;
+            s[4 * g] = s4.x, s[4 * g + 1] = s4.y, s[4 * g + 2] = s4.z, s[4 * g + 3] = s4.w;
           }
-        }
-      };
-      // The first loads do not depend on the position: issue them before the lookup and the
-      // sincos so their latency overlaps.
-      load_batch(0);
-
-      float cos_v[N], sin_v[N];
-      int64_t pos = 0;
-      const bool rotate = token_position(p, token, &pos);
-      if constexpr (kMode == PosMode::kCosSinCache) {
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          cos_v[j] = 1.f;
-          sin_v[j] = 0.f;
-        }
-        if (rotate) {
-          const float* cs = p.cache + pos * p.cache_stride;
+        } else {
 #pragma unroll
           for (int j = 0; j < N; ++j) {
-            const int pi = pair_index<N, kInterleave>(unit, j, p.half_rotary);
-            cos_v[j] = __ldg(cs + pi);
-            sin_v[j] = __ldg(cs + p.half_rotary + pi);
+            const int pi = pair_index<N, kInterleave>(it.unit, j, half);
+            c[j] = c_row[pi];
+            s[j] = s_row[pi];
           }
         }
-      } else {
-        const float fpos = static_cast<float>(pos);
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const float angle = fpos * p.freq[pair_index<N, kInterleave>(unit, j, p.half_rotary)];
-          accurate_sincos(angle, &sin_v[j], &cos_v[j]);
-          // Identity rotation (exact: x*1 - y*0 == x) for rows outside every request.
-          cos_v[j] = rotate ? cos_v[j] : 1.f;
-          sin_v[j] = rotate ? sin_v[j] : 0.f;
-        }
+        rotate_unit<T, N, kInterleave>(a[i], b[i], c, s);
       }
-
-      for (int s0 = 0;;) {
-#pragma unroll
-        for (int i = 0; i < kHeadBatch; ++i) {
-          if (s0 + i < num_slots) {
-            if constexpr (!kInterleave || N == 1) {
-#pragma unroll
-              for (int j = 0; j < N; ++j) {
-                const float x = to_float(lo[i][j]), y = to_float(hi[i][j]);
-                lo[i][j] = from_float<T>(x * cos_v[j] - y * sin_v[j]);
-                hi[i][j] = from_float<T>(y * cos_v[j] + x * sin_v[j]);
-              }
-            } else {
-#pragma unroll
-              for (int j = 0; j < N / 2; ++j) {
-                const float x0 = to_float(lo[i][2 * j]), y0 = to_float(lo[i][2 * j + 1]);
-                lo[i][2 * j] = from_float<T>(x0 * cos_v[j] - y0 * sin_v[j]);
-                lo[i][2 * j + 1] = from_float<T>(y0 * cos_v[j] + x0 * sin_v[j]);
-                const float x1 = to_float(hi[i][2 * j]), y1 = to_float(hi[i][2 * j + 1]);
-                const float c1 = cos_v[N / 2 + j], s1 = sin_v[N / 2 + j];
-                hi[i][2 * j] = from_float<T>(x1 * c1 - y1 * s1);
-                hi[i][2 * j + 1] = from_float<T>(y1 * c1 + x1 * s1);
-              }
-            }
-            T* row = dst_row(s0 + i);
-            store_vec<T, N>(row + lo_c, lo[i]);
-            store_vec<T, N>(row + hi_c, hi[i]);
-          }
-        }
-        s0 += kHeadBatch;
-        if (s0 >= num_slots) break;
-        load_batch(s0);
-      }
-    } else {
-      // Pass-through unit c copies vectors c and c + num_copy_units of the channels
-      // [rotary_dim, head_dim), mirroring the lo/hi split so warps stay coalesced.
-      const int c = unit - p.num_rot_units;
-      const int a_c = 2 * p.half_rotary + c * N;
-      const bool has_b = c + p.num_copy_units < p.num_copy_vecs;
-      const int b_c = a_c + p.num_copy_units * N;
-      for (int s0 = 0; s0 < num_slots; s0 += kHeadBatch) {
-        V a[kHeadBatch], b[kHeadBatch];
-#pragma unroll
-        for (int i = 0; i < kHeadBatch; ++i) {
-          if (s0 + i < num_slots) {
-            const T* row = src_row(s0 + i);
-            a[i] = load_vec<T, N>(row + a_c);
-            if (has_b) b[i] = load_vec<T, N>(row + b_c);
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < kHeadBatch; ++i) {
-          if (s0 + i < num_slots) {
-            T* row = dst_row(s0 + i);
-            store_vec<T, N>(row + a_c, a[i]);
-            if (has_b) store_vec<T, N>(row + b_c, b[i]);
-          }
-        }
-      }
+      T* row = dst_row(it);
+      store_vec<T, N>(row + ch.a, a[i]);
+      if (ch.has_b) store_vec<T, N>(row + ch.b, b[i]);
     }
   }
   pdl_launch_dependents();
@@ -380,10 +503,6 @@ inline int64_t norm_stride(int64_t size, int64_t stride) { return size <= 1 ? 0 
 template <typename T, typename IdType, int N, bool kInterleave, PosMode kMode>
 cudaError_t Launch(const RopeArgs<T, IdType>& a, bool enable_pdl, cudaStream_t stream) {
   Params<T, IdType, kMode> p{};
-  p.q = a.q;
-  p.k = a.k;
-  p.q_out = a.q_out;
-  p.k_out = a.k_out;
   p.q_sn = norm_stride(a.nnz, a.q_stride_n);
   p.q_sh = norm_stride(a.num_q_heads, a.q_stride_h);
   p.k_sn = norm_stride(a.nnz, a.k_stride_n);
@@ -399,8 +518,7 @@ cudaError_t Launch(const RopeArgs<T, IdType>& a, bool enable_pdl, cudaStream_t s
   p.cache = a.cos_sin_cache;
   p.cache_stride = a.cache_stride;
   p.max_pos = a.max_pos;
-  p.num_q_heads = static_cast<int>(a.num_q_heads);
-  p.num_k_heads = static_cast<int>(a.num_k_heads);
+  p.nnz = a.nnz;
   p.half_rotary = static_cast<int>(a.rotary_dim / 2);
   if constexpr (kMode != PosMode::kCosSinCache) {
     for (int64_t i = 0; i < a.rotary_dim / 2; ++i) {
@@ -411,7 +529,8 @@ cudaError_t Launch(const RopeArgs<T, IdType>& a, bool enable_pdl, cudaStream_t s
   p.num_rot_units = (kInterleave && N == 1) ? p.half_rotary : p.half_rotary / N;
   p.num_copy_vecs = static_cast<int>((a.head_dim - a.rotary_dim) / N);
   p.num_copy_units = in_place ? 0 : (p.num_copy_vecs + 1) / 2;
-  p.units_total = static_cast<uint32_t>(p.num_rot_units + p.num_copy_units);
+  const int64_t units_per_head = p.num_rot_units + p.num_copy_units;  // <= head_dim
+  p.units_per_head = FastDiv(static_cast<uint32_t>(units_per_head));
 
   int device = 0, num_sms = 0;
   cudaError_t status = cudaGetDevice(&device);
@@ -419,33 +538,40 @@ cudaError_t Launch(const RopeArgs<T, IdType>& a, bool enable_pdl, cudaStream_t s
   status = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
   if (status != cudaSuccess) return status;
 
-  // Head groups (see kHeadsPerGroup): about 8 heads each, more groups when there are too few
-  // tokens to fill the GPU, never more groups than heads.
-  const int64_t max_heads = a.num_q_heads > a.num_k_heads ? a.num_q_heads : a.num_k_heads;
-  const int64_t base_items = a.nnz * p.units_total;
-  const int64_t target = static_cast<int64_t>(num_sms) * kTargetThreadsPerSM;
-  const int64_t by_size = ceil_div(a.num_q_heads + a.num_k_heads, kHeadsPerGroup);
-  const int64_t by_occupancy = ceil_div(target, base_items);
-  int64_t groups = by_size > by_occupancy ? by_size : by_occupancy;
-  groups = groups < 1 ? 1 : (groups > max_heads ? max_heads : groups);
-  p.q_per_group = static_cast<int>(ceil_div(a.num_q_heads, groups));
-  p.k_per_group = static_cast<int>(ceil_div(a.num_k_heads, groups));
-  // With rounded-up group sizes fewer groups may cover all heads.
-  const int64_t gq = p.q_per_group > 0 ? ceil_div(a.num_q_heads, p.q_per_group) : 0;
-  const int64_t gk = p.k_per_group > 0 ? ceil_div(a.num_k_heads, p.k_per_group) : 0;
-  p.num_groups = static_cast<uint32_t>(gq > gk ? gq : gk);
+  // Heads h0.. of the list "q heads, then k heads", as many per launch as keep a token's items
+  // below kMaxItemsPerToken (one launch unless a token has over 2^30 units).
+  const int64_t total_heads = a.num_q_heads + a.num_k_heads;
+  const int64_t heads_per_launch = kMaxItemsPerToken / units_per_head;
+  for (int64_t h0 = 0; h0 < total_heads; h0 += heads_per_launch) {
+    const int64_t h1 = std::min(total_heads, h0 + heads_per_launch);
+    const int64_t q0 = std::min(h0, a.num_q_heads), q1 = std::min(h1, a.num_q_heads);
+    const int64_t k0 = std::max(h0, a.num_q_heads) - a.num_q_heads;
+    const int64_t k1 = std::max(h1, a.num_q_heads) - a.num_q_heads;
+    // (A slice without q or k heads never reads that pointer; keep it in bounds anyway.)
+    p.q = q1 > q0 ? a.q + q0 * p.q_sh : a.q;
+    p.q_out = q1 > q0 ? a.q_out + q0 * p.qo_sh : a.q_out;
+    p.k = k1 > k0 ? a.k + k0 * p.k_sh : a.k;
+    p.k_out = k1 > k0 ? a.k_out + k0 * p.ko_sh : a.k_out;
+    const int64_t items_per_token = (h1 - h0) * units_per_head;
+    p.items_per_token = FastDiv(static_cast<uint32_t>(items_per_token));
+    p.q_items = static_cast<uint32_t>((q1 - q0) * units_per_head);
 
-  // One thread per item, at most 2^31 items per launch (a token's items never straddle two).
-  const int64_t items_per_token = static_cast<int64_t>(p.units_total) * p.num_groups;
-  const int64_t max_tokens = (int64_t{1} << 31) / items_per_token;
-  for (int64_t begin = 0; begin < a.nnz; begin += max_tokens) {
-    const int64_t tokens = a.nnz - begin < max_tokens ? a.nnz - begin : max_tokens;
-    p.token_begin = begin;
-    p.num_items = static_cast<uint32_t>(tokens * items_per_token);
-    status = launch_kernel(RopeKernel<T, IdType, N, kInterleave, kMode>,
-                           dim3(static_cast<unsigned>(ceil_div(p.num_items, kThreads))),
-                           dim3(kThreads), 0, stream, enable_pdl, p);
-    if (status != cudaSuccess) return status;
+    const TilePlan plan = plan_tiles(a.nnz, items_per_token, p.half_rotary, num_sms);
+    p.tile_tokens = static_cast<uint32_t>(plan.tile_tokens);
+    p.chunk_items = static_cast<uint32_t>(plan.chunk_items);
+    p.chunks = FastDiv(static_cast<uint32_t>(plan.chunks));
+    const size_t smem = static_cast<size_t>(plan.tile_tokens) * 2 * p.half_rotary * sizeof(float);
+    // Tiles per launch: gridDim.x is at most 2^31 - 1 blocks.
+    const int64_t num_tiles = ceil_div(a.nnz, plan.tile_tokens);
+    const int64_t max_tiles = kMaxGridBlocks / plan.chunks;
+    for (int64_t t0 = 0; t0 < num_tiles; t0 += max_tiles) {
+      p.token_begin = t0 * plan.tile_tokens;
+      const int64_t blocks = std::min(max_tiles, num_tiles - t0) * plan.chunks;
+      status = launch_kernel(RopeKernel<T, IdType, N, kInterleave, kMode>,
+                             dim3(static_cast<unsigned>(blocks)), dim3(kThreads), smem, stream,
+                             enable_pdl, p);
+      if (status != cudaSuccess) return status;
+    }
   }
   return cudaSuccess;
 }
