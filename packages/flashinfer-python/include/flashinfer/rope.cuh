@@ -104,15 +104,32 @@ namespace detail {
 // loaded DRAM latency); they only need to be generous elsewhere.
 // ---------------------------------------------------------------------------------------------
 
-inline constexpr int kThreads = 256;
+// The FLASHINFER_ROPE_* macros exist for benchmarks/tune_rope.py, which compiles variants
+// side by side on the GPU; the defaults are the values its measurements chose.
+#ifndef FLASHINFER_ROPE_THREADS
+#define FLASHINFER_ROPE_THREADS 256
+#endif
+#ifndef FLASHINFER_ROPE_ITEMS_PER_THREAD
+#define FLASHINFER_ROPE_ITEMS_PER_THREAD 4
+#endif
+#ifndef FLASHINFER_ROPE_MIN_BLOCKS_PER_SM
+#define FLASHINFER_ROPE_MIN_BLOCKS_PER_SM 4
+#endif
+#ifndef FLASHINFER_ROPE_STREAMING_LOADS
+#define FLASHINFER_ROPE_STREAMING_LOADS 1
+#endif
+#ifndef FLASHINFER_ROPE_STREAMING_STORES
+#define FLASHINFER_ROPE_STREAMING_STORES 1
+#endif
+inline constexpr int kThreads = FLASHINFER_ROPE_THREADS;
 // Items per thread, all loaded before any is used: 2 * 4 = 8 independent 16-byte loads in
 // flight, 32 KB per block. With 64 registers (kMinBlocksPerSM) 4 blocks fit per SM, up to
 // 128 KB in flight per SM, several times what Little's law asks (1.5 TB/s of reads x ~1 us /
 // 132 SMs ~ 12 KB): one-shot blocks spend part of their life computing and storing, and the
 // other blocks' loads must cover that.
-inline constexpr int kItemsPerThread = 4;
+inline constexpr int kItemsPerThread = FLASHINFER_ROPE_ITEMS_PER_THREAD;
 inline constexpr int kBlockItems = kThreads * kItemsPerThread;
-inline constexpr int kMinBlocksPerSM = 4;
+inline constexpr int kMinBlocksPerSM = FLASHINFER_ROPE_MIN_BLOCKS_PER_SM;
 // Shared memory for one tile's cos/sin: at most this many (token, pair) entries, 8 bytes each
 // (16 KB), so 4 blocks per SM leave most of the SM's shared memory to L1. Only tiles of many
 // small tokens (a few heads) reach it; they then hold fewer tokens.
@@ -215,13 +232,14 @@ struct Params {
 
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> load_vec(const T* ptr) {
-  return Vec<T, N>::load_stream(ptr);
+  if constexpr (FLASHINFER_ROPE_STREAMING_LOADS) return Vec<T, N>::load_stream(ptr);
+  return Vec<T, N>::load(ptr);
 }
 
 // Each output element is written once and not read again by this kernel: stream it.
 template <typename T, int N>
 __device__ __forceinline__ void store_vec(T* ptr, const Vec<T, N>& v) {
-  if constexpr (sizeof(Vec<T, N>) == 16) {
+  if constexpr (sizeof(Vec<T, N>) == 16 && FLASHINFER_ROPE_STREAMING_STORES) {
     __stcs(reinterpret_cast<int4*>(ptr), *reinterpret_cast<const int4*>(&v));
   } else {
     v.store(ptr);
