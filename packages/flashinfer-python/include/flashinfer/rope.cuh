@@ -115,11 +115,17 @@ namespace detail {
 #ifndef FLASHINFER_ROPE_MIN_BLOCKS_PER_SM
 #define FLASHINFER_ROPE_MIN_BLOCKS_PER_SM 4
 #endif
+// Measured on the H100 (benchmarks/NOTES.md): evict-first (.cs) loads and stores cost ~4%
+// of bandwidth here, so plain accesses are the default.
 #ifndef FLASHINFER_ROPE_STREAMING_LOADS
-#define FLASHINFER_ROPE_STREAMING_LOADS 1
+#define FLASHINFER_ROPE_STREAMING_LOADS 0
+#endif
+// 0: no hint; 128 or 256: ask L2 to fetch that many bytes around each load.
+#ifndef FLASHINFER_ROPE_L2_PREFETCH
+#define FLASHINFER_ROPE_L2_PREFETCH 0
 #endif
 #ifndef FLASHINFER_ROPE_STREAMING_STORES
-#define FLASHINFER_ROPE_STREAMING_STORES 1
+#define FLASHINFER_ROPE_STREAMING_STORES 0
 #endif
 inline constexpr int kThreads = FLASHINFER_ROPE_THREADS;
 // Items per thread, all loaded before any is used: 2 * 4 = 8 independent 16-byte loads in
@@ -232,11 +238,26 @@ struct Params {
 
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> load_vec(const T* ptr) {
+  if constexpr (sizeof(Vec<T, N>) == 16 && FLASHINFER_ROPE_L2_PREFETCH != 0) {
+    int4 r;
+#if FLASHINFER_ROPE_L2_PREFETCH == 256
+    asm("ld.global.L2::256B.v4.s32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(ptr));
+#else
+    asm("ld.global.L2::128B.v4.s32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(ptr));
+#endif
+    Vec<T, N> v;
+    *reinterpret_cast<int4*>(v.data) = r;
+    return v;
+  }
   if constexpr (FLASHINFER_ROPE_STREAMING_LOADS) return Vec<T, N>::load_stream(ptr);
   return Vec<T, N>::load(ptr);
 }
 
-// Each output element is written once and not read again by this kernel: stream it.
+// Each output element is written once; .cs (evict-first) stores measured slower (see above).
 template <typename T, int N>
 __device__ __forceinline__ void store_vec(T* ptr, const Vec<T, N>& v) {
   if constexpr (sizeof(Vec<T, N>) == 16 && FLASHINFER_ROPE_STREAMING_STORES) {
