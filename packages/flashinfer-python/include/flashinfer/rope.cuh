@@ -107,13 +107,13 @@ namespace detail {
 // The FLASHINFER_ROPE_* macros exist for benchmarks/tune_rope.py, which compiles variants
 // side by side on the GPU; the defaults are the values its measurements chose.
 #ifndef FLASHINFER_ROPE_THREADS
-#define FLASHINFER_ROPE_THREADS 256
+#define FLASHINFER_ROPE_THREADS 128
 #endif
 #ifndef FLASHINFER_ROPE_ITEMS_PER_THREAD
 #define FLASHINFER_ROPE_ITEMS_PER_THREAD 4
 #endif
 #ifndef FLASHINFER_ROPE_MIN_BLOCKS_PER_SM
-#define FLASHINFER_ROPE_MIN_BLOCKS_PER_SM 4
+#define FLASHINFER_ROPE_MIN_BLOCKS_PER_SM 8
 #endif
 // Measured on the H100 (benchmarks/NOTES.md): evict-first (.cs) loads and stores cost ~4%
 // of bandwidth here, so plain accesses are the default.
@@ -122,22 +122,24 @@ namespace detail {
 #endif
 // 0: no hint; 128 or 256: ask L2 to fetch that many bytes around each load.
 #ifndef FLASHINFER_ROPE_L2_PREFETCH
-#define FLASHINFER_ROPE_L2_PREFETCH 0
+#define FLASHINFER_ROPE_L2_PREFETCH 256
 #endif
 #ifndef FLASHINFER_ROPE_STREAMING_STORES
 #define FLASHINFER_ROPE_STREAMING_STORES 0
 #endif
 inline constexpr int kThreads = FLASHINFER_ROPE_THREADS;
-// Items per thread, all loaded before any is used: 2 * 4 = 8 independent 16-byte loads in
-// flight, 32 KB per block. With 64 registers (kMinBlocksPerSM) 4 blocks fit per SM, up to
+// Items per thread, all loaded before any is used: up to 2 * 4 = 8 independent 16-byte loads
+// in flight, 16 KB per block. With 64 registers (kMinBlocksPerSM) 8 blocks fit per SM, up to
 // 128 KB in flight per SM, several times what Little's law asks (1.5 TB/s of reads x ~1 us /
 // 132 SMs ~ 12 KB): one-shot blocks spend part of their life computing and storing, and the
-// other blocks' loads must cover that.
+// other blocks' loads must cover that. Measured (benchmarks/NOTES.md): 128-thread blocks at 8
+// per SM beat 256 x 4 by ~1% and 64 x 16 by ~0.5%; 2 items per thread and fewer blocks per SM
+// with more registers were slower.
 inline constexpr int kItemsPerThread = FLASHINFER_ROPE_ITEMS_PER_THREAD;
 inline constexpr int kBlockItems = kThreads * kItemsPerThread;
 inline constexpr int kMinBlocksPerSM = FLASHINFER_ROPE_MIN_BLOCKS_PER_SM;
 // Shared memory for one tile's cos/sin: at most this many (token, pair) entries, 8 bytes each
-// (16 KB), so 4 blocks per SM leave most of the SM's shared memory to L1. Only tiles of many
+// (16 KB), so 8 blocks per SM leave ~100 KB of the SM's 228 KB to L1. Only tiles of many
 // small tokens (a few heads) reach it; they then hold fewer tokens.
 inline constexpr int kMaxTilePairs = 2048;
 // A token's items are numbered in 32 bits (FastDiv below needs dividends < 2^31); heads past
@@ -184,8 +186,9 @@ struct TilePlan {
  * @brief Tiling for `nnz` tokens of `items_per_token` items on `num_sms` SMs (pure host policy).
  *
  * Worked example (Llama-3-8B, 32 q + 8 k heads x 128, 16-byte vectors, 16384 tokens): 8 items
- * per head row, 320 per token; 3 tokens (960 items) per block, 5462 blocks, ~10 waves of 528
- * resident blocks. 64 tokens (decode): 5 chunks of 64 items per token, 320 blocks.
+ * per head row, 320 per token; one token per 512-item block (2.5 items per thread), 16384
+ * blocks, ~15.5 waves of 1056 resident blocks. 64 tokens (decode): chunks of 32 items, 640
+ * blocks.
  */
 inline TilePlan plan_tiles(int64_t nnz, int64_t items_per_token, int64_t half_rotary,
                            int num_sms) {
