@@ -5,8 +5,8 @@
 set -uo pipefail
 commit=${1:?commit}; shift
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl || exit 1
-export FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws MAX_JOBS=16
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl || exit 1
+export FLASHINFER_WORKSPACE_BASE=$(mktemp -d /tmp/fi-ws.XXXX) MAX_JOBS=16
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee $OUT/gpu.txt
 python3 -c "import flashinfer, torch; print(flashinfer.__file__, flashinfer.__version__, torch.__version__)"
 ( time python3 -m flashinfer.aot --jobs 5 ) 2>&1 | tee $OUT/aot.log
