@@ -58,3 +58,17 @@ def test_env_list_wins_over_detection(monkeypatch):
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "8.0")
     monkeypatch.setattr(archs, "detect_archs", lambda: [Arch(9, 0, "a")])
     assert [str(a) for a in archs.requested_archs()] == ["8.0"]
+
+
+def test_registered_modules_declare_their_archs(monkeypatch):
+    from flashinfer import aot
+    from flashinfer.jit.core import plan_build
+
+    for spec in aot.registered_specs():
+        assert spec.supported_major_versions, spec.name
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "7.5 9.0a")
+    plan = plan_build(aot.registered_specs()[0])
+    assert [str(a) for a in plan.archs] == ["9.0a"]  # sm_75 filtered out
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "7.0 7.5")
+    with pytest.raises(NoSupportedArchError, match="7.5"):
+        plan_build(aot.registered_specs()[0])

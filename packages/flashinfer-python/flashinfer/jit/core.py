@@ -45,6 +45,10 @@ logger = logging.getLogger("flashinfer.jit")
 #: What happened to modules in this process: "built", "loaded_disk", "loaded_aot".
 stats: Counter = Counter()
 
+#: Compute capability majors the elementwise/row kernels are built and tested for: bf16
+#: arithmetic and 16-byte vector paths assume sm_80+ (Ampere, Ada, Hopper, Blackwell, Thor).
+SM80_AND_NEWER = (8, 9, 10, 11, 12)
+
 _loaded: dict[str, Any] = {}
 _loaded_lock = threading.Lock()
 
