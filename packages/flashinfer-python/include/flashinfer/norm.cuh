@@ -40,6 +40,12 @@
 #include "reduce.cuh"
 #include "vec.cuh"  // kVec16, is_aligned
 
+// Evict-first (.cs) loads of the rows; benchmarks/tune.py compiles the module with and
+// without them side by side (see benchmarks/NOTES.md).
+#ifndef FLASHINFER_NORM_STREAMING_LOADS
+#define FLASHINFER_NORM_STREAMING_LOADS 1
+#endif
+
 namespace flashinfer {
 namespace norm {
 
@@ -162,7 +168,7 @@ struct Packed {
                                     std::conditional_t<sizeof(T) == 4, unsigned, unsigned short>>;
     const auto* q = reinterpret_cast<const Word*>(ptr);
     Word v;
-    if constexpr (kMode == LoadMode::kStream) {
+    if constexpr (kMode == LoadMode::kStream && FLASHINFER_NORM_STREAMING_LOADS) {
       v = __ldcs(q);
     } else if constexpr (kMode == LoadMode::kReadOnly) {
       v = __ldg(q);
