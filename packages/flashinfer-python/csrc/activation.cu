@@ -3,7 +3,6 @@
 // so the binding sees 2-D views: input (rows, 2d), out (rows, d), each with its own row stride.
 #include <flashinfer/activation.cuh>
 
-#include <type_traits>
 
 #include "tvm_ffi_utils.h"
 
@@ -31,15 +30,12 @@ void act_and_mul(TensorView out, TensorView input, bool enable_pdl, const char* 
   tvm::ffi::CUDADeviceGuard guard(input.device().device_id);
   cudaStream_t stream = get_stream(input.device());
   // 3. Dispatch on dtype and launch.
-  dispatch_float_types(input.dtype(), "input", /*allow_float=*/false, [&](auto t) {
+  dispatch_half_types(input.dtype(), "input", [&](auto t) {
     using T = decltype(t);
-    // allow_float is false: skip instantiating the float kernels that can never run.
-    if constexpr (!std::is_same_v<T, float>) {
-      check_launch(flashinfer::activation::ActAndMul<Act, T>(
-                       data_ptr<T>(input), data_ptr<T>(out), input.size(0), d, input.stride(0),
-                       out.stride(0), enable_pdl, stream),
-                   op);
-    }
+    check_launch(flashinfer::activation::ActAndMul<Act, T>(
+                     data_ptr<T>(input), data_ptr<T>(out), input.size(0), d, input.stride(0),
+                     out.stride(0), enable_pdl, stream),
+                 op);
   });
 }
 // [act_and_mul_binding.end]

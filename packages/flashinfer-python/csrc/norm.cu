@@ -61,7 +61,7 @@ void rmsnorm_impl(TensorView out, TensorView input, TensorView weight, double ep
   tvm::ffi::CUDADeviceGuard guard(input.device().device_id);
   cudaStream_t stream = get_stream(input.device());
   // 3. Dispatch on dtype and launch.
-  dispatch_float_types(input.dtype(), "input", /*allow_float=*/true, [&](auto t) {
+  dispatch_float_types(input.dtype(), "input", [&](auto t) {
     using T = decltype(t);
     check_launch(flashinfer::norm::RMSNorm<T>(
                      data_ptr<T>(input), row_strides(input), data_ptr<T>(out), row_strides(out),
@@ -86,7 +86,7 @@ void fused_add_rmsnorm_impl(TensorView input, TensorView residual, TensorView we
   tvm::ffi::CUDADeviceGuard guard(input.device().device_id);
   cudaStream_t stream = get_stream(input.device());
   // 3. Dispatch on dtype and launch.
-  dispatch_float_types(input.dtype(), "input", /*allow_float=*/true, [&](auto t) {
+  dispatch_float_types(input.dtype(), "input", [&](auto t) {
     using T = decltype(t);
     check_launch(flashinfer::norm::FusedAddRMSNorm<T>(
                      data_ptr<T>(input), row_strides(input), data_ptr<T>(residual),

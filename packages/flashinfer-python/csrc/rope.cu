@@ -3,7 +3,6 @@
 // them. In place means q_out is q and k_out is k.
 #include <flashinfer/rope.cuh>
 
-#include <type_traits>
 
 #include "tvm_ffi_utils.h"
 
@@ -92,14 +91,6 @@ FreqConfig make_freq(double rope_scale, double rope_theta, bool llama31, double 
   f.high_freq_factor = high_freq_factor;
   f.old_context_len = old_context_len;
   return f;
-}
-
-/// dispatch_float_types over the half types only: no float kernels get compiled.
-template <typename F>
-void dispatch_half_types(DLDataType dt, const char* name, F&& f) {
-  dispatch_float_types(dt, name, /*allow_float=*/false, [&](auto t) {
-    if constexpr (!std::is_same_v<decltype(t), float>) f(t);
-  });
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ void scale(TensorView out, TensorView input, double factor, bool enable_pdl) {
   tvm::ffi::CUDADeviceGuard guard(input.device().device_id);
   cudaStream_t stream = get_stream(input.device());
   // 3. Dispatch on dtype and launch.
-  dispatch_float_types(input.dtype(), "input", /*allow_float=*/true, [&](auto t) {
+  dispatch_float_types(input.dtype(), "input", [&](auto t) {
     using T = decltype(t);
     check_launch(flashinfer::scale::Scale<T>(data_ptr<T>(input), data_ptr<T>(out),
                                              static_cast<float>(factor), input.numel(),

@@ -102,21 +102,28 @@ inline void check_launch(cudaError_t status, const char* op) {
       << op << " failed to launch: " << cudaGetErrorString(status);
 }
 
-/*!
- * @brief Call `f(T{})` with T the C++ type of `dt`, for the half types (and float when
- *        `allow_float`); TypeError naming `name` otherwise.
- */
+/// Call `f(T{})` with T = __half or __nv_bfloat16 for `dt`; TypeError naming `name` otherwise.
+/// Only the half types are instantiated: no float kernel is compiled for ops that have none.
 template <typename F>
-inline void dispatch_float_types(DLDataType dt, const char* name, bool allow_float, F&& f) {
+inline void dispatch_half_types(DLDataType dt, const char* name, F&& f) {
   if (is_dtype(dt, kDLFloat, 16)) {
     f(__half{});
   } else if (is_dtype(dt, kDLBfloat, 16)) {
     f(__nv_bfloat16{});
-  } else if (allow_float && is_dtype(dt, kDLFloat, 32)) {
-    f(float{});
   } else {
-    TVM_FFI_THROW(TypeError) << name << " must be float16 or bfloat16"
-                             << (allow_float ? " or float32" : "") << ", got "
+    TVM_FFI_THROW(TypeError) << name << " must be float16 or bfloat16, got " << dtype_name(dt);
+  }
+}
+
+/// As dispatch_half_types, plus T = float for float32.
+template <typename F>
+inline void dispatch_float_types(DLDataType dt, const char* name, F&& f) {
+  if (is_dtype(dt, kDLFloat, 32)) {
+    f(float{});
+  } else if (is_dtype(dt, kDLFloat, 16) || is_dtype(dt, kDLBfloat, 16)) {
+    dispatch_half_types(dt, name, f);
+  } else {
+    TVM_FFI_THROW(TypeError) << name << " must be float16, bfloat16 or float32, got "
                              << dtype_name(dt);
   }
 }
