@@ -14,22 +14,37 @@ EXPORTS = {
     "activation": ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"],
     "rope": ["apply_rope_pos_ids", "apply_rope_indptr", "apply_rope_cos_sin_cache"],
     "quantization": ["packbits", "segment_packbits"],
+    "page": ["append_paged_kv_cache", "get_batch_indices_positions"],
+    "cascade": ["merge_state", "merge_state_in_place", "merge_states", "merge_states_varlen"],
 }
+ATTENTION_EXPORTS = ["run", "cta_tile_q"]
+# Every attention variant is one instantiation of the same source (~20 s of nvcc each): CI
+# compiles one paged and one ragged variant, the GPU run compiles all of them.
+ATTENTION_SAMPLE = ("attention_paged_bf16_obf16_d128_causal_none",
+                    "attention_ragged_f16_of16_d64_none_none")
+
+
+def _exports(name):
+    return ATTENTION_EXPORTS if name.startswith("attention_") else EXPORTS[name]
 
 
 def test_registry_names_every_module_once():
     names = [s.name for s in aot.registered_specs()]
-    assert sorted(names) == sorted(EXPORTS) and len(set(names)) == len(names)
+    assert len(set(names)) == len(names)
+    assert sorted(n for n in names if not n.startswith("attention_")) == sorted(EXPORTS)
+    assert set(ATTENTION_SAMPLE) <= set(names)
 
 
 @pytest.mark.nvcc
 def test_every_module_builds_and_exports_its_functions():
     from flashinfer.jit.core import get_module
 
-    aot.build_all(aot.registered_specs(), jobs=2)
-    for spec in aot.registered_specs():
+    specs = [s for s in aot.registered_specs()
+             if not s.name.startswith("attention_") or s.name in ATTENTION_SAMPLE]
+    aot.build_all(specs, jobs=2)
+    for spec in specs:
         module = get_module(spec)
-        for fn in EXPORTS[spec.name]:
+        for fn in _exports(spec.name):
             assert callable(getattr(module, fn)), (spec.name, fn)
     status = CliRunner().invoke(cli, ["module-status", "--filter", "compiled"])
     assert status.exit_code == 0, status.output

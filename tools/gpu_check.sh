@@ -9,7 +9,7 @@ python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /
 export FLASHINFER_WORKSPACE_BASE=$(mktemp -d /tmp/fi-ws.XXXX) MAX_JOBS=16
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee $OUT/gpu.txt
 python3 -c "import flashinfer, torch; print(flashinfer.__file__, flashinfer.__version__, torch.__version__)"
-( time python3 -m flashinfer.aot --jobs 5 ) 2>&1 | tee $OUT/aot.log
+( time python3 -m flashinfer.aot --jobs ${AOT_JOBS:-16} ) 2>&1 | tee $OUT/aot.log
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${TEST_TIMEOUT:-330} python3 -m pytest tests -q --maxfail=40 --ignore=tests/jit --junitxml=$OUT/junit.xml -p no:cacheprovider "$@" 2>&1 | tee $OUT/pytest.log | tail -40
 fi

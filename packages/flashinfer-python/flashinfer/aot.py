@@ -18,7 +18,10 @@ from .jit.core import JitSpec, get_module
 def registered_specs() -> list[JitSpec]:
     """Every module the package has, in a stable order."""
     from .jit.activation import gen_activation_module
+    from .jit.attention import common_variants, extra_variants
+    from .jit.cascade import gen_cascade_module
     from .jit.norm import gen_norm_module
+    from .jit.page import gen_page_module
     from .jit.quantization import gen_quantization_module
     from .jit.rope import gen_rope_module
     from .jit.scale import gen_scale_module
@@ -29,6 +32,9 @@ def registered_specs() -> list[JitSpec]:
         gen_activation_module(),
         gen_rope_module(),
         gen_quantization_module(),
+        gen_page_module(),
+        gen_cascade_module(),
+        *(v.spec() for v in common_variants() + extra_variants()),
     ]
 
 

@@ -1,0 +1,128 @@
+"""Attention (issue 3's table): bf16, 32 query / 8 KV heads, head_dim 128, page size 16.
+
+Decode is bandwidth-bound: bytes_moved = every KV page read once (+ q and out). Prefill is
+tensor-core bound: flops = 4 * Sq * Skv * H * D, halved for causal (the visible triangle).
+Baselines are FlashInfer 0.7.2's published H100 figures from the issue.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import flashinfer
+from harness import Case
+
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+DT = torch.bfloat16
+
+
+def _ws():
+    return torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+
+def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=""):
+    pages = (kv_len + PAGE - 1) // PAGE
+    cache = torch.randn(batch * pages, 2, PAGE, HKV, D, dtype=DT, device="cuda")
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
+    indices = torch.randperm(batch * pages, dtype=torch.int32)
+    last = torch.full((batch,), kv_len - (pages - 1) * PAGE, dtype=torch.int32)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD",
+                                                      use_tensor_cores=use_tensor_cores)
+    w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=DT, fixed_split_size=split)
+    q = torch.randn(batch, HQ, D, dtype=DT, device="cuda")
+    out = torch.empty_like(q)
+    kv_bytes = batch * kv_len * HKV * D * 2 * 2
+    tc = "tensor cores" if use_tensor_cores else "CUDA cores"
+    return Case(f"batch decode {batch} x kv {kv_len} ({tc}{note})",
+                lambda: w.run(q, cache, out=out), bytes_moved=kv_bytes + 2 * q.numel() * 2,
+                baseline_us=baseline, target=target,
+                extra={"split": w._plan.kv_chunk_size, "items": w._plan.num_items})
+
+
+def _causal_flops(qo, kv):
+    # Visible (q, k) pairs of a bottom-right causal mask, times 4 * H * D.
+    pairs = sum(min(kv, kv - qo + i + 1) for i in range(qo)) if qo <= kv else 0
+    return 4.0 * pairs * HQ * D
+
+
+def _single_prefill(n, baseline, target):
+    q = torch.randn(n, HQ, D, dtype=DT, device="cuda")
+    k = torch.randn(n, HKV, D, dtype=DT, device="cuda")
+    v = torch.randn(n, HKV, D, dtype=DT, device="cuda")
+    return Case(f"single prefill causal {n}",
+                lambda: flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True),
+                flops=_causal_flops(n, n), baseline_us=baseline, target=target)
+
+
+def _ragged_prefill(batch, n, baseline, target):
+    q = torch.randn(batch * n, HQ, D, dtype=DT, device="cuda")
+    k = torch.randn(batch * n, HKV, D, dtype=DT, device="cuda")
+    v = torch.randn(batch * n, HKV, D, dtype=DT, device="cuda")
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * n
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws())
+    w.plan(indptr, indptr, HQ, HKV, D, causal=True, q_data_type=DT)
+    out = torch.empty_like(q)
+    return Case(f"ragged prefill causal {batch} x {n}", lambda: w.run(q, k, v, out=out),
+                flops=batch * _causal_flops(n, n), baseline_us=baseline, target=target)
+
+
+def _paged_prefill(batch, n, baseline, target):
+    pages = n // PAGE
+    cache = torch.randn(batch * pages, 2, PAGE, HKV, D, dtype=DT, device="cuda")
+    kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
+    qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * n
+    indices = torch.randperm(batch * pages, dtype=torch.int32)
+    last = torch.full((batch,), PAGE, dtype=torch.int32)
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD")
+    w.plan(qo_indptr, kv_indptr, indices, last, HQ, HKV, D, PAGE, causal=True, q_data_type=DT)
+    q = torch.randn(batch * n, HQ, D, dtype=DT, device="cuda")
+    out = torch.empty_like(q)
+    return Case(f"paged prefill causal {batch} x {n}", lambda: w.run(q, cache, out=out),
+                flops=batch * _causal_flops(n, n), baseline_us=baseline, target=target)
+
+
+def _with_cta(cta, make, *args):
+    """Build a case with the scheduler's CTA shape forced (to compare shapes in one run)."""
+    import functools
+
+    import flashinfer.prefill as prefill
+
+    original = prefill.schedule
+    forced = functools.partial(original, cta=cta)
+    prefill.schedule = forced
+    try:
+        case = make(*args)
+    finally:
+        prefill.schedule = original
+    run = case.fn
+
+    def fn():  # single prefill schedules on every call
+        prefill.schedule = forced
+        try:
+            return run()
+        finally:
+            prefill.schedule = original
+
+    case.fn = fn
+    case.name += f" [cta {cta}]"
+    return case
+
+
+def cases() -> list[Case]:
+    out = []
+    for tc in (True, False):
+        out += [
+            _decode(64, 4096, tc, 362.8, "<= 350 us"),
+            _decode(1, 32768, tc, 56.0, "<= 50 us"),
+            _decode(128, 8192, tc, 1420.0, "<= 1390 us"),
+        ]
+    for split in (512, 1024, 2048):
+        out.append(_decode(64, 4096, True, 362.8, "<= 350 us", split, f", chunk {split}"))
+    out += [
+        _single_prefill(16384, 5824.0, "<= 5800 us"),
+        _ragged_prefill(16, 1024, 452.0, "<= 450 us"),
+        _paged_prefill(8, 2048, 906.0, "<= 900 us"),
+        _with_cta(1, _single_prefill, 16384, 5824.0, "<= 5800 us"),
+        _with_cta(1, _ragged_prefill, 16, 1024, 452.0, "<= 450 us"),
+    ]
+    return out

@@ -1,0 +1,114 @@
+// TVM-FFI binding of the tensor-core attention kernel (include/flashinfer/attention/prefill.cuh)
+// for ONE variant, chosen at compile time by the -D flags that flashinfer/jit/attention.py
+// derives from its variant dataclass:
+//   FI_DTYPE_Q, FI_DTYPE_O  0 = float16, 1 = bfloat16
+//   FI_HEAD_DIM             64, 128, 256
+//   FI_MASK_MODE            0 none, 1 causal, 2 custom (attn::MaskMode)
+//   FI_POS_ENCODING         0 none, 1 RoPE (llama), 2 ALiBi (attn::PosEncoding)
+//   FI_PAGED                0 ragged KV, 1 paged KV
+// The module holds three CTA shapes of that variant (the plan picks one per batch) and the
+// split-KV merge. Exported: `run` (attention, then the merge when the plan splits KV).
+#include <flashinfer/attention/prefill.cuh>
+#include <flashinfer/cascade.cuh>
+
+#include "attention_utils.h"
+#include "tvm_ffi_utils.h"
+
+using namespace flashinfer::ffi_utils;
+using namespace flashinfer::attn;
+using tvm::ffi::Optional;
+
+namespace {
+
+template <int V>
+using DTypeOf = std::conditional_t<V == 0, __half, __nv_bfloat16>;
+
+using DTypeQ = DTypeOf<FI_DTYPE_Q>;
+using DTypeO = DTypeOf<FI_DTYPE_O>;
+constexpr int kHeadDim = FI_HEAD_DIM;
+constexpr MaskMode kMask = static_cast<MaskMode>(FI_MASK_MODE);
+constexpr PosEncoding kPos = static_cast<PosEncoding>(FI_POS_ENCODING);
+constexpr bool kPaged = FI_PAGED != 0;
+
+template <int WQ, int WKV, int MQ, int MKV>
+using Traits = KernelTraits<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, WKV, MQ, MKV>;
+
+// CTA shapes (the `cta` argument of run; flashinfer/jit/attention.py mirrors this table):
+//   0: 16 rows,  1 x 4 warps (decode, short queries), 16-key steps
+//   1: 64 rows,  4 x 1 warps, one 16-row MMA tile per warp
+//   2: 128 rows, 4 x 1 warps, two MMA tiles per warp (head_dim <= 128: register budget)
+// KV step: 64 keys for head_dim <= 128, 32 for 256 (shared memory: two stages of K and V).
+constexpr int kStepKV = kHeadDim <= 128 ? 4 : 2;
+using Cta0 = Traits<1, 4, 1, 1>;
+using Cta1 = Traits<4, 1, 1, kStepKV>;
+// Two MMA tiles per warp hold 2 x head_dim/8 x 4 accumulators: 32-key steps keep S small
+// enough that nothing spills at head_dim 128 (64-key steps spilled 224 bytes).
+using Cta2 = Traits<4, 1, (kHeadDim <= 128 ? 2 : 1), (kHeadDim == 128 ? 2 : kStepKV)>;
+
+int tile_q(int64_t cta) {
+  switch (cta) {
+    case 0: return Cta0::kTileQ;
+    case 1: return Cta1::kTileQ;
+    case 2: return Cta2::kTileQ;
+  }
+  return 0;
+}
+
+}  // namespace
+
+/// The packed-row tile of each CTA shape: [tile_q(0), tile_q(1), tile_q(2)].
+int64_t cta_tile_q(int64_t cta) {
+  TVM_FFI_CHECK(cta >= 0 && cta <= 2, ValueError) << "cta must be 0, 1 or 2, got " << cta;
+  return tile_q(cta);
+}
+
+void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, TensorView o,
+         Optional<TensorView> lse, int64_t kv_layout, TensorView qo_indptr, TensorView kv_indptr,
+         Optional<TensorView> kv_indices, Optional<TensorView> kv_last_page_len,
+         TensorView plan, int64_t item_capacity, bool split_kv, Optional<TensorView> o_part,
+         Optional<TensorView> lse_part, int64_t num_rows, Optional<TensorView> custom_mask,
+         Optional<TensorView> mask_indptr, Optional<TensorView> alibi_slopes, double sm_scale,
+         double logits_soft_cap, double o_scale, double rope_scale, double rope_theta,
+         int64_t window_left, bool enable_pdl) {
+  // 1. Validate.
+  TVM_FFI_CHECK(cta >= 0 && cta <= 2, ValueError) << "cta must be 0, 1 or 2, got " << cta;
+  AttentionParams p = {};
+  const KVView kv = check_attention_inputs(q, k, v, o, lse, kv_layout, kPaged, kHeadDim,
+                                           dtype_code<DTypeQ>(), dtype_code<DTypeO>());
+  fill_tensor_params(p, q, o, lse, kv);
+  fill_batch_params(p, q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kPaged);
+  fill_plan_params(p, q, plan, item_capacity, split_kv, o_part, lse_part, num_rows, kHeadDim);
+  if constexpr (kMask == MaskMode::kCustom) {
+    TVM_FFI_CHECK(custom_mask.has_value() && mask_indptr.has_value(), ValueError)
+        << "this module was built for a custom mask: custom_mask and mask_indptr are required";
+    fill_mask_params(p, q, *custom_mask, *mask_indptr);
+  }
+  if constexpr (kPos == PosEncoding::kAlibi) {
+    TVM_FFI_CHECK(alibi_slopes.has_value(), ValueError)
+        << "this module was built for ALiBi: alibi_slopes is required";
+    fill_alibi_params(p, q, *alibi_slopes);
+  }
+  fill_scalar_params(p, sm_scale, logits_soft_cap, o_scale, rope_scale, rope_theta, window_left);
+
+  // 2. Device and stream.
+  tvm::ffi::CUDADeviceGuard guard(q.device().device_id);
+  cudaStream_t stream = get_stream(q.device());
+
+  // 3. Launch: attention, then the merge of the split-KV partial states.
+  cudaError_t status = cudaErrorInvalidValue;
+  switch (cta) {
+    case 0: status = LaunchAttention<Cta0>(p, int(grid_x), enable_pdl, stream); break;
+    case 1: status = LaunchAttention<Cta1>(p, int(grid_x), enable_pdl, stream); break;
+    case 2: status = LaunchAttention<Cta2>(p, int(grid_x), enable_pdl, stream); break;
+  }
+  check_launch(status, "attention");
+  if (split_kv) {
+    status = flashinfer::cascade::MergeStatesVarlen<DTypeO>(
+        p.o_part, p.lse_part, p.merge_indptr, static_cast<DTypeO*>(p.o), p.lse, num_rows,
+        p.num_qo_heads, kHeadDim, p.o_stride_n, p.o_stride_h, enable_pdl, stream);
+    check_launch(status, "attention split-KV merge");
+  }
+}
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, run);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(cta_tile_q, cta_tile_q);

@@ -1,0 +1,220 @@
+"""Host-side scheduling of attention work: done once per batch by ``plan``, reused by every
+``run`` (every layer) and safe to replay in a CUDA graph.
+
+The unit of work is an *item*: one request, one tile of its packed query rows (``qo_len *
+group_size`` rows, ``tile_q`` per tile) and one chunk of its keys. Each CTA of the kernel takes
+items ``blockIdx.x, blockIdx.x + gridDim.x, ...`` for one KV head (``blockIdx.y``). Long keys and
+few items leave SMs idle, so the keys are split into chunks (*split KV*): every chunk writes a
+partial softmax state (float32 output and base-2 lse) and a merge kernel combines them.
+
+The kernel reads the plan from one int32 buffer on the device::
+
+    [num_items, kv_chunk_size, 0, 0,
+     request_idx[cap], qo_tile_idx[cap], kv_chunk_idx[cap],     # cap = item_capacity
+     merge_indptr[num_rows + 1]]                                # split KV only
+
+Nothing here touches the GPU; the functions are pure and tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+HEADER = 4
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """What ``plan`` decided; ``run`` hands it to the kernel unchanged.
+
+    Attributes
+    ----------
+    cta : int
+        CTA shape (0: 16 rows x 4 key streams, 1: 64 rows, 2: 128 rows; csrc/attention.cu).
+    tile_q : int
+        Packed query rows per item.
+    num_items : int
+        Work items of this plan (per KV head).
+    item_capacity : int
+        Items the plan buffer has room for (fixed under CUDA graphs).
+    grid_x : int
+        CTAs per KV head of the launch.
+    kv_chunk_size : int
+        Keys per chunk; 0 means whole sequences.
+    split_kv : bool
+        Items write partial states that a merge kernel combines.
+    num_rows : int
+        Query rows of the batch (sum of qo lengths).
+    num_partials : int
+        Partial states written when split (0 otherwise).
+    """
+
+    cta: int
+    tile_q: int
+    num_items: int
+    item_capacity: int
+    grid_x: int
+    kv_chunk_size: int
+    split_kv: bool
+    num_rows: int
+    num_partials: int
+
+    @property
+    def buffer_len(self) -> int:
+        """Ints of the plan buffer."""
+        return HEADER + 3 * self.item_capacity + (self.num_rows + 1 if self.split_kv else 0)
+
+
+def choose_cta(max_packed_rows: int, head_dim: int) -> int:
+    """The CTA shape for a batch whose longest request has ``max_packed_rows`` packed rows.
+
+    16 rows when every request fits one MMA tile (decode, short queries): four independent key
+    streams keep the memory system busy. 64 rows for medium queries; 128 rows (head_dim <= 128)
+    for long ones, where sharing each K/V tile among more rows halves the shared-memory traffic.
+    """
+    if max_packed_rows <= 16:
+        return 0
+    if max_packed_rows <= 64 or head_dim > 128:
+        return 1
+    return 2
+
+
+def tile_rows(cta: int, head_dim: int) -> int:
+    return {0: 16, 1: 64, 2: 128 if head_dim <= 128 else 64}[cta]
+
+
+def _num_chunks(kv_len: int, chunk: int) -> int:
+    return max(1, math.ceil(kv_len / chunk)) if chunk > 0 else 1
+
+
+def choose_chunk_size(kv_lens: Sequence[int], qtiles: Sequence[int], num_kv_heads: int,
+                      target_ctas: int, min_chunk: int = 256, align: int = 64) -> int:
+    """Smallest chunk (a multiple of ``align``, at least ``min_chunk``) that keeps the CTA
+    count at or under ``target_ctas``; 0 (no split) when even one chunk per request does not.
+
+    Examples
+    --------
+    >>> choose_chunk_size([32768], [1], 8, 264)
+    1024
+    >>> choose_chunk_size([4096] * 64, [1] * 64, 8, 264)
+    0
+    """
+    max_kv = max(kv_lens, default=0)
+    base = sum(qtiles) * num_kv_heads
+    if max_kv <= min_chunk or base >= target_ctas:
+        return 0
+
+    def ctas(chunk: int) -> int:
+        return num_kv_heads * sum(q * _num_chunks(k, chunk) for k, q in zip(kv_lens, qtiles))
+
+    lo, hi = max(min_chunk, align), math.ceil(max_kv / align) * align
+    while lo < hi:  # ctas() falls as the chunk grows: find the smallest chunk that fits
+        mid = (lo + hi) // 2 // align * align
+        if mid < lo:
+            mid = lo
+        if ctas(mid) <= target_ctas:
+            hi = mid
+        else:
+            lo = mid + align
+    return 0 if lo >= max_kv else lo
+
+
+def schedule(
+    qo_lens: Sequence[int],
+    kv_lens: Sequence[int],
+    *,
+    group_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    num_sms: int,
+    causal: bool = False,
+    kv_chunk_size: Optional[int] = None,
+    disable_split_kv: bool = False,
+    item_capacity: Optional[int] = None,
+    force_split: bool = False,
+    cta: Optional[int] = None,
+    ctas_per_sm: int = 2,
+) -> tuple[AttentionPlan, torch.Tensor]:
+    """Plan one batch. Returns the plan and its int32 buffer (CPU; the caller uploads it).
+
+    Parameters
+    ----------
+    qo_lens, kv_lens : sequence of int
+        Query rows and keys of each request.
+    kv_chunk_size : int, optional
+        Keys per chunk (``fixed_split_size``); None chooses one, 0 or ``disable_split_kv``
+        disables splitting.
+    item_capacity : int, optional
+        Fixed buffer size (CUDA-graph mode: the launch shape must not change). Then the merge
+        always runs, so a later plan may split or not under the same captured graph.
+    force_split : bool
+        Split even with one chunk per request (CUDA-graph mode).
+    """
+    if len(qo_lens) != len(kv_lens):
+        raise ValueError(f"qo_lens and kv_lens must have one entry per request, got "
+                         f"{len(qo_lens)} and {len(kv_lens)}")
+    if any(q < 0 for q in qo_lens) or any(k < 0 for k in kv_lens):
+        raise ValueError("sequence lengths must be >= 0")
+    max_rows = max((q * group_size for q in qo_lens), default=0)
+    if cta is None:
+        cta = choose_cta(max_rows, head_dim)
+    tile_q = tile_rows(cta, head_dim)
+    qtiles = [math.ceil(q * group_size / tile_q) for q in qo_lens]
+
+    if disable_split_kv or kv_chunk_size == 0:
+        chunk = 0
+    elif kv_chunk_size is not None:
+        if kv_chunk_size < 0:
+            raise ValueError(f"fixed_split_size must be >= 0, got {kv_chunk_size}")
+        chunk = kv_chunk_size
+    else:
+        target = num_sms * ctas_per_sm
+        if item_capacity is not None:
+            target = min(target, item_capacity * num_kv_heads)
+        chunk = choose_chunk_size(kv_lens, qtiles, num_kv_heads, target)
+
+    items: list[tuple[int, int, int, int]] = []  # (cost, request, qtile, chunk)
+    for b, (qo, kv, nq) in enumerate(zip(qo_lens, kv_lens, qtiles)):
+        nc = _num_chunks(kv, chunk)
+        for qt in range(nq):
+            last_row = min(qo, ((qt + 1) * tile_q + group_size - 1) // group_size)
+            visible = min(kv, kv - qo + last_row) if causal else kv
+            for c in range(nc):
+                lo = c * chunk
+                hi = min(kv, lo + chunk) if chunk else kv
+                items.append((max(0, min(hi, visible) - lo), b, qt, c))
+    # Longest first: CTAs take items in index order, so the tail is made of short ones.
+    items.sort(key=lambda it: -it[0])
+    split = force_split or any(_num_chunks(k, chunk) > 1 for k, q in zip(kv_lens, qo_lens) if q)
+    capacity = item_capacity if item_capacity is not None else max(1, len(items))
+    if len(items) > capacity:
+        raise ValueError(f"the batch needs {len(items)} work items, more than the "
+                         f"{capacity} this wrapper was sized for")
+    num_rows = sum(qo_lens)
+    plan_info = AttentionPlan(
+        cta=cta, tile_q=tile_q, num_items=len(items), item_capacity=capacity,
+        grid_x=capacity if item_capacity is not None else len(items), kv_chunk_size=chunk,
+        split_kv=split, num_rows=num_rows,
+        num_partials=sum(q * _num_chunks(k, chunk) for q, k in zip(qo_lens, kv_lens)) if split else 0,
+    )
+    buf = torch.zeros(plan_info.buffer_len, dtype=torch.int32)
+    buf[0] = len(items)
+    buf[1] = chunk
+    if items:
+        cols = torch.tensor([it[1:] for it in items], dtype=torch.int32)
+        buf[HEADER:HEADER + len(items)] = cols[:, 0]
+        buf[HEADER + capacity:HEADER + capacity + len(items)] = cols[:, 1]
+        buf[HEADER + 2 * capacity:HEADER + 2 * capacity + len(items)] = cols[:, 2]
+    if split:
+        per_row = torch.repeat_interleave(
+            torch.tensor([_num_chunks(k, chunk) for k in kv_lens], dtype=torch.int64),
+            torch.tensor(list(qo_lens), dtype=torch.int64),
+        )
+        merge = torch.zeros(num_rows + 1, dtype=torch.int64)
+        merge[1:] = torch.cumsum(per_row, 0)
+        buf[HEADER + 3 * capacity:] = merge.to(torch.int32)
+    return plan_info, buf

@@ -1,0 +1,201 @@
+"""What decode, prefill and cascade share: option parsing, the workspaces, uploading a plan, and
+the call into a compiled attention module. Internal; the public API is in ``flashinfer.decode``,
+``flashinfer.prefill`` and ``flashinfer.cascade``."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Optional, Union
+
+import torch
+
+from .attention_plan import AttentionPlan
+from .jit.attention import AttentionVariant
+
+KV_LAYOUTS = {"NHD": 0, "HND": 1}
+POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
+INT_WORKSPACE_BYTES = 8 << 20
+# The int workspace holds the plan first and auxiliary index arrays (decode's qo_indptr, the
+# single-request indptrs) from this int offset on.
+AUX_OFFSET = 1 << 20
+
+_DTYPE_NAMES = {
+    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float32": torch.float32, "float": torch.float32,
+    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+}
+
+
+def parse_dtype(value: Union[str, torch.dtype, None], name: str) -> Optional[torch.dtype]:
+    """A torch dtype from a dtype or its name (``"float16"``, ``"torch.bfloat16"``, ...)."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        key = value.removeprefix("torch.")
+        if key in _DTYPE_NAMES:
+            return _DTYPE_NAMES[key]
+    raise ValueError(f"{name} must be a torch.dtype or a dtype name, got {value!r}")
+
+
+def check_kv_layout(kv_layout: str) -> int:
+    if kv_layout not in KV_LAYOUTS:
+        raise KeyError(f"kv_layout must be one of {list(KV_LAYOUTS)}, got {kv_layout!r}")
+    return KV_LAYOUTS[kv_layout]
+
+
+def check_pos_encoding(mode: str) -> str:
+    if mode not in POS_ENCODING_MODES:
+        raise KeyError(f"pos_encoding_mode must be one of {list(POS_ENCODING_MODES)}, got {mode!r}")
+    return mode
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_half(dtype: torch.dtype, name: str) -> None:
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"{name} must be float16 or bfloat16, got {dtype_name(dtype)}"
+                         + (" (fp8 KV caches are not supported yet)" if dtype.itemsize == 1 else ""))
+
+
+def resolve_scales(head_dim: int, sm_scale: Optional[float], q_scale: Optional[float],
+                   k_scale: Optional[float], v_scale: Optional[float]) -> tuple[float, float]:
+    """(sm_scale, o_scale): sm_scale defaults to 1/sqrt(head_dim); q_scale and k_scale multiply
+    it, v_scale multiplies the output."""
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    if scale <= 0:
+        raise ValueError(f"sm_scale must be positive, got {scale}")
+    for s in (q_scale, k_scale):
+        if s is not None:
+            scale *= float(s)
+    return scale, 1.0 if v_scale is None else float(v_scale)
+
+
+def soft_cap(logits_soft_cap: Optional[float]) -> float:
+    if logits_soft_cap is None:
+        return 0.0
+    if logits_soft_cap < 0:
+        raise ValueError(f"logits_soft_cap must be >= 0 or None, got {logits_soft_cap}")
+    return float(logits_soft_cap)
+
+
+def rope_defaults(rope_scale: Optional[float], rope_theta: Optional[float]) -> tuple[float, float]:
+    return (1.0 if rope_scale is None else float(rope_scale),
+            1e4 if rope_theta is None else float(rope_theta))
+
+
+@functools.cache
+def get_attention_module(variant: AttentionVariant) -> Any:
+    return variant.spec().build_and_load()
+
+
+@functools.cache
+def num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+class Workspace:
+    """The float workspace (split-KV partial states), the int workspace (the plan) and its
+    pinned host mirror. ``plan`` writes through the mirror; ``run`` only reads."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor,
+                 int_workspace_buffer: Optional[torch.Tensor] = None) -> None:
+        self.reset(float_workspace_buffer, int_workspace_buffer)
+
+    def reset(self, float_workspace_buffer: torch.Tensor,
+              int_workspace_buffer: Optional[torch.Tensor] = None) -> None:
+        if not isinstance(float_workspace_buffer, torch.Tensor):
+            raise TypeError("float_workspace_buffer must be a torch.Tensor, got "
+                            f"{type(float_workspace_buffer).__name__}")
+        if float_workspace_buffer.data_ptr() % 16:
+            raise ValueError("float_workspace_buffer must be 16-byte aligned")
+        self.float_ws = float_workspace_buffer
+        self.device = float_workspace_buffer.device
+        if int_workspace_buffer is None:
+            int_workspace_buffer = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8,
+                                               device=self.device)
+        self.int_ws = int_workspace_buffer
+        self._pinned: Optional[torch.Tensor] = None
+        self._copy_done: Optional[torch.cuda.Event] = None
+
+    @property
+    def float_bytes(self) -> int:
+        return self.float_ws.numel() * self.float_ws.element_size()
+
+    def max_partials(self, num_qo_heads: int, head_dim: int) -> int:
+        return self.float_bytes // (num_qo_heads * (head_dim + 1) * 4)
+
+    def partial_views(self, num_qo_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(o_part, lse_part): float32 views of the float workspace, as many states as fit."""
+        n = self.max_partials(num_qo_heads, head_dim)
+        flat = self.float_ws.view(torch.uint8).view(-1)[: n * num_qo_heads * (head_dim + 1) * 4]
+        flat = flat.view(torch.float32)
+        return flat[: n * num_qo_heads * head_dim], flat[n * num_qo_heads * head_dim:]
+
+    def int_view(self, offset: int, length: int) -> torch.Tensor:
+        ints = self.int_ws.view(torch.uint8).view(-1).view(torch.int32)
+        if offset + length > ints.numel():
+            raise ValueError(f"the int workspace holds {ints.numel()} ints, the plan needs "
+                             f"{offset + length}")
+        return ints[offset: offset + length]
+
+    def upload(self, host: torch.Tensor, offset: int = 0, non_blocking: bool = True) -> torch.Tensor:
+        """Copy the int32 CPU tensor ``host`` into the int workspace at ``offset``; returns the
+        device view. Goes through a pinned mirror, reused once the previous copy has finished."""
+        dev = self.int_view(offset, host.numel())
+        if self.device.type != "cuda":
+            dev.copy_(host)
+            return dev
+        if self._pinned is None:
+            self._pinned = torch.empty(self.int_ws.numel() * self.int_ws.element_size() // 4,
+                                       dtype=torch.int32, pin_memory=True)
+        if self._copy_done is not None:
+            self._copy_done.synchronize()
+        stage = self._pinned[offset: offset + host.numel()]
+        stage.copy_(host)
+        dev.copy_(stage, non_blocking=non_blocking)
+        self._copy_done = torch.cuda.Event()
+        self._copy_done.record()
+        return dev
+
+
+def run_attention(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *,
+                  q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                  lse: Optional[torch.Tensor], kv_layout: int, qo_indptr: torch.Tensor,
+                  kv_indptr: torch.Tensor, kv_indices: Optional[torch.Tensor] = None,
+                  kv_last_page_len: Optional[torch.Tensor] = None,
+                  partials: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                  custom_mask: Optional[torch.Tensor] = None,
+                  mask_indptr: Optional[torch.Tensor] = None,
+                  alibi_slopes: Optional[torch.Tensor] = None, sm_scale: float, softcap: float,
+                  o_scale: float, rope_scale: float, rope_theta: float, window_left: int,
+                  enable_pdl: bool) -> None:
+    """One launch of a compiled attention module (and its split-KV merge) for a plan."""
+    o_part = lse_part = None
+    if plan.split_kv:
+        if partials is None:
+            raise ValueError("a split-KV plan needs partial-state buffers")
+        o_part, lse_part = partials
+        room = lse_part.numel() // q.shape[1]
+        if plan.num_partials > room:
+            raise ValueError(f"the float workspace holds {room} partial states, the plan needs "
+                             f"{plan.num_partials}; pass a larger float_workspace_buffer")
+    module.run(plan.cta, plan.grid_x, q, k, v, o, lse, kv_layout, qo_indptr, kv_indptr,
+               kv_indices, kv_last_page_len, plan_dev, plan.item_capacity, plan.split_kv,
+               o_part, lse_part, plan.num_rows, custom_mask, mask_indptr, alibi_slopes,
+               sm_scale, softcap, o_scale, rope_scale, rope_theta, window_left, enable_pdl)
+
+
+@functools.cache
+def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
+    from .utils import get_alibi_slopes
+
+    return get_alibi_slopes(num_heads).to(device=device, dtype=torch.float32)
+
+
+def alibi_slopes_for(pos_encoding_mode: str, num_heads: int,
+                     device: torch.device) -> Optional[torch.Tensor]:
+    return _alibi_slopes(num_heads, device) if pos_encoding_mode == "ALIBI" else None

@@ -1,0 +1,239 @@
+"""Decode attention: one query token per request over a paged KV cache (plan once per batch, run
+per layer), and the single-request form.
+
+``use_tensor_cores=True`` runs the tensor-core kernel with the query heads of each KV head
+packed as the rows of one MMA tile (all of a KV head's query heads read each key once);
+``use_tensor_cores=False`` runs the CUDA-core decode kernel. Both write the same results (same
+math in fp32, base-2 lse); see :mod:`flashinfer.prefill` for the semantics.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional, Union
+
+import torch
+
+from . import attention_runtime as rt
+from ._checks import check_cuda
+from .api_logging import flashinfer_api
+from .prefill import (
+    _BatchAttentionBase,
+    _check_head_dim,
+    _check_heads,
+    _host_ints,
+    _single,
+    _variant,
+    paged_kv_lens,
+)
+
+# Keyword-only plan arguments in the order older releases accepted them positionally.
+_PLAN_ORDER = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type",
+               "kv_data_type", "o_data_type", "data_type", "sm_scale", "rope_scale",
+               "rope_theta", "non_blocking", "block_tables", "seq_lens", "fixed_split_size",
+               "disable_split_kv", "q_len_per_req", "window_right")
+
+
+@flashinfer_api
+def single_decode_with_kv_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_tensor_cores: bool = False,
+    q_scale: Optional[float] = None,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    sm_scale: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Attention of one query token ``q (Hq, D)`` over ``k``, ``v`` ``(kv_len, Hkv, D)`` (NHD)
+    or ``(Hkv, kv_len, D)`` (HND). Returns ``(Hq, D)``, or ``(o, lse (Hq,))`` with
+    ``return_lse``. The query sits at position ``kv_len - 1`` (RoPE)."""
+    layout = rt.check_kv_layout(kv_layout)
+    rt.check_pos_encoding(pos_encoding_mode)
+    if not isinstance(q, torch.Tensor) or q.dim() != 2:
+        raise ValueError(f"q must be 2-D (num_qo_heads, head_dim), got "
+                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+    for name, x in (("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            raise ValueError(f"{name} must be a 3-D tensor")
+    rt.check_half(q.dtype, "q")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"k and v must have q's dtype ({rt.dtype_name(q.dtype)}), got "
+                         f"{rt.dtype_name(k.dtype)} and {rt.dtype_name(v.dtype)}")
+    num_qo_heads, head_dim = q.shape
+    _check_head_dim(head_dim)
+    if k.shape[-1] != head_dim or v.shape != k.shape:
+        raise ValueError(f"k and v must have the same shape with head_dim {head_dim}, got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    _check_heads(num_qo_heads, k.shape[1] if layout == 0 else k.shape[0])
+    check_cuda(q, "q")
+    qk_scale = None if q_scale is None and k_scale is None else (q_scale or 1.0) * (k_scale or 1.0)
+    result = _single(q.unsqueeze(0), k, v, layout, None, None, False, pos_encoding_mode,
+                     sm_scale, qk_scale, v_scale, window_left, logits_soft_cap, rope_scale,
+                     rope_theta, return_lse, q.dtype, fixed_split_size=None)
+    if return_lse:
+        return result[0].squeeze(0), result[1].squeeze(0)
+    return result.squeeze(0)
+
+
+class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
+    """Decode attention over a paged KV cache for a batch of requests.
+
+    Parameters
+    ----------
+    float_workspace_buffer : torch.Tensor
+        Byte buffer for split-KV partial states (~128 MB), 16-byte aligned.
+    kv_layout : str
+        ``"NHD"`` or ``"HND"``.
+    use_cuda_graph : bool
+        Metadata is copied into the three caller buffers at ``plan``; the batch size is frozen to
+        ``len(paged_kv_last_page_len_buffer)`` and a captured ``run`` stays valid across plans.
+    use_tensor_cores : bool
+        Tensor-core kernel (query heads of a group as MMA rows) instead of the CUDA-core one.
+    """
+
+    _paged = True
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
+                 use_cuda_graph: bool = False, use_tensor_cores: bool = False,
+                 paged_kv_indptr_buffer: Optional[torch.Tensor] = None,
+                 paged_kv_indices_buffer: Optional[torch.Tensor] = None,
+                 paged_kv_last_page_len_buffer: Optional[torch.Tensor] = None,
+                 backend: str = "auto", jit_args: Optional[list] = None) -> None:
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
+        if use_cuda_graph:
+            for name, buf in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                              ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                              ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)):
+                if not isinstance(buf, torch.Tensor):
+                    raise ValueError(f"use_cuda_graph=True requires {name}")
+            self._fixed_batch = len(paged_kv_last_page_len_buffer)
+        self._use_tensor_cores = use_tensor_cores
+        self._bufs = {"kv_indptr": paged_kv_indptr_buffer, "kv_indices": paged_kv_indices_buffer,
+                      "kv_last_page_len": paged_kv_last_page_len_buffer}
+        self._mask = self._mask_indptr = None
+
+    @property
+    def use_tensor_cores(self) -> bool:
+        return self._use_tensor_cores
+
+    def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
+             num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *args,
+             pos_encoding_mode: str = "NONE", window_left: int = -1,
+             logits_soft_cap: Optional[float] = None,
+             q_data_type: Union[str, torch.dtype, None] = "float16",
+             kv_data_type: Optional[Union[str, torch.dtype]] = None,
+             o_data_type: Optional[Union[str, torch.dtype]] = None,
+             data_type: Optional[Union[str, torch.dtype]] = None,
+             sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+             rope_theta: Optional[float] = None, non_blocking: bool = True,
+             block_tables: Optional[torch.Tensor] = None, seq_lens: Optional[torch.Tensor] = None,
+             fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
+             q_len_per_req: int = 1, window_right: int = 0) -> None:
+        """Schedule one decode step: ``indptr [B+1]``, ``indices`` (page ids, any order),
+        ``last_page_len [B]`` (int32, CPU or GPU)."""
+        if args:
+            warnings.warn("passing plan() options positionally is deprecated; use keywords",
+                          DeprecationWarning, stacklevel=2)
+            if len(args) > len(_PLAN_ORDER):
+                raise TypeError(f"plan() takes at most {7 + len(_PLAN_ORDER)} positional arguments")
+            loc = locals()
+            values = {name: loc[name] for name in _PLAN_ORDER}
+            values.update(zip(_PLAN_ORDER, args))
+            return self.plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads,
+                             head_dim, page_size, **values)
+        if q_len_per_req != 1:
+            raise ValueError(f"q_len_per_req must be 1 for this wrapper, got {q_len_per_req}")
+        if window_right not in (0, -1):
+            raise ValueError(f"window_right must be 0, got {window_right}")
+        if page_size <= 0:
+            raise ValueError(f"page_size must be positive, got {page_size}")
+        _check_head_dim(head_dim)
+        self._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                          head_dim=head_dim, pos_encoding_mode=pos_encoding_mode,
+                          sm_scale=sm_scale, window_left=window_left,
+                          logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+                          rope_theta=rope_theta, q_data_type=q_data_type,
+                          kv_data_type=kv_data_type, o_data_type=o_data_type,
+                          data_type=data_type)
+        kv_lens = paged_kv_lens(_host_ints(indptr, "indptr"),
+                                _host_ints(last_page_len, "last_page_len"), page_size)
+        batch = len(kv_lens)
+        if self._use_cuda_graph and batch != self._fixed_batch:
+            raise ValueError(f"CUDA-graph mode: the batch size is fixed to {self._fixed_batch} "
+                             f"(len(paged_kv_last_page_len_buffer)), got {batch}")
+        device = self._ws.device
+        self._kv_indptr = self._copy_into(self._bufs["kv_indptr"],
+                                          indptr.to(device, torch.int32, non_blocking=True),
+                                          "indptr", non_blocking)
+        self._kv_indices = self._copy_into(self._bufs["kv_indices"],
+                                           indices.to(device, torch.int32, non_blocking=True),
+                                           "indices", non_blocking)
+        self._kv_last_page_len = self._copy_into(
+            self._bufs["kv_last_page_len"], last_page_len.to(device, torch.int32,
+                                                             non_blocking=True),
+            "last_page_len", non_blocking)
+        self._batch = batch
+        self._qo_indptr = self._ws.upload(torch.arange(batch + 1, dtype=torch.int32),
+                                          rt.AUX_OFFSET, non_blocking)
+        self._variant = _variant(self._q_dtype, self._o_dtype, head_dim, "none",
+                                 pos_encoding_mode, paged=True)
+        plan, buf = self._schedule([1] * batch, kv_lens, num_qo_heads, num_kv_heads, head_dim,
+                                   False, fixed_split_size, disable_split_kv)
+        self._plan_dev = self._ws.upload(buf, 0, non_blocking)
+        self._plan = plan
+
+    begin_forward = plan
+
+    def run(self, q: torch.Tensor, paged_kv_cache, *args, q_scale: Optional[float] = None,
+            k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+            out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+            return_lse: bool = False, enable_pdl: Optional[bool] = None,
+            window_left: Optional[int] = None, q_len_per_req: Optional[int] = None, **extra):
+        """``q (B, Hq, D)`` -> ``(B, Hq, D)``, or ``(out, lse (B, Hq) float32)``."""
+        kw = self._legacy_run_args(args, dict(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                                              out=out, lse=lse, return_lse=return_lse))
+        self._check_run_common(q, kw["out"], kw["lse"], kw["return_lse"], window_left, extra)
+        if q.shape[0] != self._batch:
+            raise ValueError(f"q must have one row per request ({self._batch}), got {q.shape[0]}")
+        if q_len_per_req not in (None, 1):
+            raise ValueError(f"q_len_per_req must be 1, got {q_len_per_req}")
+        from .page import _unpack_paged_kv_cache
+
+        k, v = _unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
+        self._check_kv_dtype(k)
+        return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
+                            kw["q_scale"], kw["k_scale"], kw["v_scale"])
+
+    def run_return_lse(self, q, paged_kv_cache, *args, **kwargs):
+        return self.run(q, paged_kv_cache, *args, return_lse=True, **kwargs)
+
+    def forward(self, q, paged_kv_cache, pos_encoding_mode: str = "NONE", **kwargs):
+        warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
+                      stacklevel=2)
+        return self.run(q, paged_kv_cache, **kwargs)
+
+    def forward_return_lse(self, q, paged_kv_cache, pos_encoding_mode: str = "NONE", **kwargs):
+        warnings.warn("forward_return_lse is deprecated; use plan() and run_return_lse()",
+                      DeprecationWarning, stacklevel=2)
+        return self.run(q, paged_kv_cache, return_lse=True, **kwargs)
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """:class:`BatchDecodeWithPagedKVCacheWrapper` with ``use_cuda_graph=True``."""
+
+    def __init__(self, workspace_buffer: torch.Tensor, indptr_buffer: torch.Tensor,
+                 indices_buffer: torch.Tensor, last_page_len_buffer: torch.Tensor,
+                 kv_layout: str = "NHD", use_tensor_cores: bool = False) -> None:
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True,
+                         use_tensor_cores=use_tensor_cores,
+                         paged_kv_indptr_buffer=indptr_buffer,
+                         paged_kv_indices_buffer=indices_buffer,
+                         paged_kv_last_page_len_buffer=last_page_len_buffer)

@@ -1,0 +1,107 @@
+"""Build specs of the attention modules: one module per :class:`AttentionVariant`.
+
+A variant is everything that changes the compiled kernel (dtypes, head_dim, mask mode, position
+encoding, paged or ragged KV); its fields become ``-DFI_*`` flags of ``csrc/attention.cu``, and
+its name (and so the module's URI) spells each of them. Runtime choices (sm_scale, soft cap,
+sliding window, RoPE scale/theta) are kernel arguments and cost no extra module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .core import SM80_AND_NEWER, JitSpec
+
+DTYPE_CODES = {"float16": 0, "bfloat16": 1}
+DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16"}
+MASK_MODES = {"none": 0, "causal": 1, "custom": 2}
+POS_ENCODINGS = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
+HEAD_DIMS = (64, 128, 256)
+
+
+@dataclass(frozen=True)
+class AttentionVariant:
+    """One compiled specialization of the tensor-core attention kernel.
+
+    Attributes
+    ----------
+    dtype_q : str
+        ``"float16"`` or ``"bfloat16"``: q, k and v.
+    dtype_o : str
+        Output dtype, ``"float16"`` or ``"bfloat16"``.
+    head_dim : int
+        64, 128 or 256.
+    mask_mode : str
+        ``"none"``, ``"causal"`` (bottom-right aligned) or ``"custom"`` (packed bit mask).
+    pos_encoding : str
+        ``"NONE"``, ``"ROPE_LLAMA"`` (in-kernel RoPE on q and k) or ``"ALIBI"``.
+    paged : bool
+        Paged KV cache (else ragged: one contiguous run of tokens per request).
+    """
+
+    dtype_q: str
+    dtype_o: str
+    head_dim: int
+    mask_mode: str = "none"
+    pos_encoding: str = "NONE"
+    paged: bool = True
+
+    def __post_init__(self) -> None:
+        for field, value, allowed in (
+            ("dtype_q", self.dtype_q, DTYPE_CODES),
+            ("dtype_o", self.dtype_o, DTYPE_CODES),
+            ("mask_mode", self.mask_mode, MASK_MODES),
+            ("pos_encoding", self.pos_encoding, POS_ENCODINGS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{field} must be one of {sorted(allowed)}, got {value!r}")
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+
+    @property
+    def name(self) -> str:
+        return (
+            f"attention_{'paged' if self.paged else 'ragged'}_{DTYPE_SHORT[self.dtype_q]}"
+            f"_o{DTYPE_SHORT[self.dtype_o]}_d{self.head_dim}_{self.mask_mode}"
+            f"_{self.pos_encoding.lower()}"
+        )
+
+    def tile_q(self, cta: int) -> int:
+        """Packed query rows per CTA of shape ``cta`` (mirrors the table in csrc/attention.cu)."""
+        return {0: 16, 1: 64, 2: 128 if self.head_dim <= 128 else 64}[cta]
+
+    def spec(self) -> JitSpec:
+        flags = (
+            f"-DFI_DTYPE_Q={DTYPE_CODES[self.dtype_q]}",
+            f"-DFI_DTYPE_O={DTYPE_CODES[self.dtype_o]}",
+            f"-DFI_HEAD_DIM={self.head_dim}",
+            f"-DFI_MASK_MODE={MASK_MODES[self.mask_mode]}",
+            f"-DFI_POS_ENCODING={POS_ENCODINGS[self.pos_encoding]}",
+            f"-DFI_PAGED={int(self.paged)}",
+        )
+        return JitSpec(name=self.name, sources=("attention.cu",), extra_cuda_cflags=flags,
+                       supported_major_versions=SM80_AND_NEWER)
+
+
+def extra_variants() -> list[AttentionVariant]:
+    """Custom masks and in-kernel position encodings at head_dim 128 (fp16 and bf16)."""
+    out = []
+    for dtype in ("float16", "bfloat16"):
+        for paged in (True, False):
+            out.append(AttentionVariant(dtype, dtype, 128, "custom", "NONE", paged))
+            for pos in ("ROPE_LLAMA", "ALIBI"):
+                for mask in ("none", "causal"):
+                    out.append(AttentionVariant(dtype, dtype, 128, mask, pos, paged))
+    return out
+
+
+def common_variants() -> list[AttentionVariant]:
+    """The specializations worth precompiling: fp16/bf16, head_dim 64/128/256, paged decode and
+    prefill (no mask and causal) and ragged prefill, no in-kernel position encoding."""
+    out = []
+    for dtype in ("float16", "bfloat16"):
+        for head_dim in HEAD_DIMS:
+            for paged in (True, False):
+                for mask in ("none", "causal"):
+                    out.append(AttentionVariant(dtype, dtype, head_dim, mask, "NONE", paged))
+    return out

@@ -1,0 +1,576 @@
+// The tensor-core attention kernel (FlashAttention-2 style, mma.sync m16n8k16), used for
+// prefill over ragged or paged KV and for tensor-core decode.
+//
+// Rows. GQA queries are packed: the `group_size` query heads that share KV head h form the rows
+// of one problem, packed row p = qo_idx * group_size + g. A CTA takes a tile of kTileQ packed
+// rows of one request and one KV head, so a decode step with group size 4 fills 4 rows of a
+// 16-row MMA tile and every key is read from shared memory once for all 4 heads.
+//
+// Warps. kWarpsQ warps split the rows (16 * kMmaQ each); kWarpsKV groups of them split the
+// keys (group w takes KV tiles w, w + kWarpsKV, ...), each group with its own two-stage cp.async
+// pipeline, and merge their softmax states through shared memory at the end. Prefill uses
+// (4, 1): four warps share every K/V tile. Decode and short queries use (1, 4): one warp's 16
+// rows would leave the memory system idle, four independent key streams keep it busy.
+//
+// Softmax. Online, in base 2: logits are pre-multiplied by log2(e) so exp2 is one instruction;
+// the lse written out is log2(sum exp(logit)). Masked keys are -inf, and a row that sees no key
+// at all ends with d = 0: it writes 0 and lse = -inf.
+//
+// Pipeline per KV tile j (kStages buffers, loads kStages - 1 tiles ahead): look up the rows of
+// tile j + kStages - 1 -> wait K[j] -> S = Q K^T -> issue its K -> mask, softmax -> wait V[j] ->
+// O += P V -> issue its V. Decode also gets bytes in flight from the kWarpsKV key streams.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "../launch.cuh"
+#include "../vec.cuh"
+#include "mma.cuh"
+#include "params.cuh"
+
+namespace flashinfer {
+namespace attn {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+/*!
+ * @brief Everything that is fixed at compile time for one attention kernel.
+ * @tparam DTypeQ_ q and kv element type (__half or __nv_bfloat16)
+ * @tparam DTypeO_ output element type
+ * @tparam HEAD_DIM_ 64, 128 or 256
+ * @tparam PAGED_ paged KV cache (else ragged)
+ * @tparam WARPS_Q_, WARPS_KV_ warps splitting rows, groups of warps splitting keys
+ * @tparam MMA_Q_ 16-row MMA tiles per warp; MMA_KV_ 16-key MMA tiles per pipeline step
+ */
+template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, MaskMode MASK_, PosEncoding POS_,
+          bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_, int MMA_KV_>
+struct KernelTraits {
+  using DTypeQ = DTypeQ_;
+  using DTypeKV = DTypeQ_;
+  using DTypeO = DTypeO_;
+  using Tile = SwizzledTile<HEAD_DIM_>;
+  static constexpr int kHeadDim = HEAD_DIM_;
+  static constexpr MaskMode kMask = MASK_;
+  static constexpr PosEncoding kPos = POS_;
+  static constexpr bool kPaged = PAGED_;
+  static constexpr int kWarpsQ = WARPS_Q_;
+  static constexpr int kWarpsKV = WARPS_KV_;
+  static constexpr int kMmaQ = MMA_Q_;
+  static constexpr int kMmaKV = MMA_KV_;
+  static constexpr int kThreads = 32 * kWarpsQ * kWarpsKV;
+  static constexpr int kGroupThreads = 32 * kWarpsQ;  // threads sharing one K/V pipeline
+  static constexpr int kTileQ = 16 * kMmaQ * kWarpsQ;
+  static constexpr int kTileKV = 16 * kMmaKV;
+  static constexpr int kChunks = HEAD_DIM_ / 8;
+  // Q fragments stay in registers when they are few (decode, head_dim <= 128); otherwise they
+  // are re-read from shared memory for each KV tile (the O accumulators need the registers).
+  static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
+  // Tiles in flight per key stream: three (loads issued two tiles ahead) where shared memory
+  // allows two CTAs per SM; head_dim 256 keeps two.
+  static constexpr int kStages = HEAD_DIM_ <= 128 ? 3 : 2;
+
+  static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
+  static constexpr size_t kKVSmem = size_t(kWarpsKV) * kStages * 2 /*K,V*/ * kTileKV *
+                                    HEAD_DIM_ * sizeof(DTypeKV);
+  static constexpr size_t kMergeSmem =
+      kWarpsKV > 1 ? size_t(kWarpsKV) * kTileQ * (HEAD_DIM_ + 2) * sizeof(float) : 0;
+  static constexpr size_t kSmemBytes = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
+
+  static_assert(sizeof(DTypeQ) == 2, "the MMA path takes fp16 or bf16 q and kv");
+  static_assert(kGroupThreads % kChunks == 0 && (kTileKV * kChunks) % kGroupThreads == 0,
+                "a K/V tile must split evenly over the threads of a group");
+  static_assert(kWarpsQ == 1 || kWarpsKV == 1 || kWarpsQ * kWarpsKV <= 16,
+                "at most 16 warps per CTA");
+};
+
+/// Barrier among the threads of one K/V group (named barrier 1 + group when groups coexist).
+template <class KT>
+__device__ __forceinline__ void group_sync(int group) {
+  if constexpr (KT::kWarpsKV == 1) {
+    __syncthreads();
+  } else if constexpr (KT::kWarpsQ == 1) {
+    __syncwarp();
+  } else {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "n"(KT::kGroupThreads));
+  }
+}
+
+/// Rotate rows [0, rows) of a swizzled tile by RoPE (rotate-half) at positions pos0 + row.
+template <class KT, typename T>
+__device__ __forceinline__ void rope_tile(T* tile, int rows, int pos0, const int* row_pos,
+                                          int tid, int nthreads, const AttentionParams& p) {
+  constexpr int D = KT::kHeadDim;
+  constexpr int kHalf = D / 2;
+  for (int idx = tid; idx < rows * kHalf; idx += nthreads) {
+    const int row = idx / kHalf, i = idx % kHalf;
+    const int pos = row_pos != nullptr ? row_pos[row] : pos0 + row;
+    const float freq = p.rope_rcp_scale * exp2f(-(2.f * i / D) * p.rope_log2_theta);
+    float s, c;
+    sincosf(float(pos) * freq, &s, &c);
+    T* a = tile + KT::Tile::elem(row, i);
+    T* b = tile + KT::Tile::elem(row, i + kHalf);
+    const float x1 = to_float(*a), x2 = to_float(*b);
+    *a = from_float<T>(x1 * c - x2 * s);
+    *b = from_float<T>(x2 * c + x1 * s);
+  }
+}
+
+template <class KT>
+__device__ __forceinline__ void attention_item(const AttentionParams& p, int item,
+                                               uint32_t kv_head, uint8_t* smem) {
+  using T = typename KT::DTypeQ;
+  using TO = typename KT::DTypeO;
+  using Tile = typename KT::Tile;
+  constexpr int D = KT::kHeadDim;
+  constexpr int kChunks = KT::kChunks;
+  constexpr int kTileQ = KT::kTileQ;
+  constexpr int kTileKV = KT::kTileKV;
+  constexpr int kMmaQ = KT::kMmaQ;
+  constexpr int kMmaKV = KT::kMmaKV;
+  constexpr bool kCausal = KT::kMask == MaskMode::kCausal;
+  constexpr bool kCustom = KT::kMask == MaskMode::kCustom;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wq = warp % KT::kWarpsQ, wkv = warp / KT::kWarpsQ;
+  const int gtid = tid % KT::kGroupThreads;
+  const int g = lane / 4, t = lane % 4;
+
+  // 1. Where this item's rows and keys are.
+  const int b = p.request_idx[item];
+  const int qtile = p.qo_tile_idx[item];
+  const int chunk = p.kv_chunk_idx[item];
+  const int qo_begin = p.qo_indptr[b];
+  const int qo_len = p.qo_indptr[b + 1] - qo_begin;
+  int kv_len;
+  int64_t kv_token_begin = 0;
+  int32_t page_begin = 0;
+  if constexpr (KT::kPaged) {
+    page_begin = p.kv_indptr[b];
+    const int pages = p.kv_indptr[b + 1] - page_begin;
+    kv_len = pages > 0 ? (pages - 1) * p.page_size + p.kv_last_page_len[b] : 0;
+  } else {
+    kv_token_begin = p.kv_indptr[b];
+    kv_len = p.kv_indptr[b + 1] - int(kv_token_begin);
+  }
+  const int chunk_size = *p.kv_chunk_size;
+  const int chunk_begin = chunk_size > 0 ? chunk * chunk_size : 0;
+  const int chunk_end = chunk_size > 0 ? min(kv_len, chunk_begin + chunk_size) : kv_len;
+  const int G = p.group_size;
+  const int packed_len = qo_len * G;
+  const int row_begin = qtile * kTileQ;
+  const int delta = kv_len - qo_len;  // q row i sits at key position delta + i
+  const int qo_first = row_begin / G;
+  const int qo_last = max(0, min(packed_len, row_begin + kTileQ) - 1) / G;
+  int kv_lo = chunk_begin, kv_hi = chunk_end;
+  if constexpr (kCausal) kv_hi = min(kv_hi, delta + qo_last + 1);
+  if (p.window_left >= 0) kv_lo = max(kv_lo, delta + qo_first - p.window_left);
+  const int num_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + kTileKV - 1) / kTileKV : 0;
+  const int my_tiles = num_tiles > wkv ? (num_tiles - wkv + KT::kWarpsKV - 1) / KT::kWarpsKV : 0;
+
+  T* q_smem = reinterpret_cast<T*>(smem);
+  T* kv_smem = reinterpret_cast<T*>(smem + KT::kQSmem);
+  constexpr int kStages = KT::kStages;
+  auto k_tile = [&](int stage) {
+    return kv_smem + ((wkv * kStages + stage) * 2 + 0) * kTileKV * D;
+  };
+  auto v_tile = [&](int stage) {
+    return kv_smem + ((wkv * kStages + stage) * 2 + 1) * kTileKV * D;
+  };
+
+  // 2. Q tile -> shared memory (rows past the request are zeros).
+  const T* q = static_cast<const T*>(p.q);
+  for (int i = tid; i < kTileQ * kChunks; i += KT::kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int pr = row_begin + r;
+    const bool valid = pr < packed_len;
+    const T* src = q;
+    if (valid) {
+      const int qo = pr / G, head = kv_head * G + pr % G;
+      src = q + (qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + c * 8;
+    }
+    cp_async_16(q_smem + Tile::offset(r, c), src, valid);
+  }
+  cp_async_commit();
+
+  // 3. K/V tile loader: thread gtid owns chunk gtid % kChunks of rows gtid / kChunks + j * step.
+  // The rows' token offsets (page table lookups for a paged cache) are fetched one tile ahead
+  // into registers and shared by the K and V loads of that tile: a lookup is a dependent global
+  // load, and issuing it just before the copies it feeds would double the latency of each tile.
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  constexpr int kRowStep = KT::kGroupThreads / kChunks;
+  constexpr int kRowsPerThread = kTileKV / kRowStep;
+  const int my_chunk = gtid % kChunks, my_row0 = gtid / kChunks;
+  int row_page[kRowsPerThread], row_tok[kRowsPerThread];  // page id (paged) and token index
+  auto lookup = [&](int tile) {
+    const int base = kv_lo + tile * kTileKV;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int tok = base + my_row0 + j * kRowStep;
+      row_tok[j] = tok;
+      if constexpr (KT::kPaged) {
+        row_page[j] = tok < kv_hi ? p.kv_indices[page_begin + tok / p.page_size] : 0;
+      }
+    }
+  };
+  auto load = [&](int stage, bool is_v) {
+    T* dst = is_v ? v_tile(stage) : k_tile(stage);
+    const T* src0 = is_v ? v : k;
+    const int64_t s_page = is_v ? p.v_stride_page : p.k_stride_page;
+    const int64_t s_n = is_v ? p.v_stride_n : p.k_stride_n;
+    const int64_t s_h = is_v ? p.v_stride_h : p.k_stride_h;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int tok = row_tok[j];
+      const bool valid = tok < kv_hi;
+      const T* src = src0;
+      if (valid) {
+        int64_t off;
+        if constexpr (KT::kPaged) {
+          off = int64_t(row_page[j]) * s_page + int64_t(tok % p.page_size) * s_n;
+        } else {
+          off = (kv_token_begin + tok) * s_n;
+        }
+        src = src0 + off + int64_t(kv_head) * s_h + my_chunk * 8;
+      }
+      cp_async_16(dst + Tile::offset(my_row0 + j * kRowStep, my_chunk), src, valid);
+    }
+  };
+
+  // Prologue: tiles 0 .. kStages-2 in flight, K and V each one commit group.
+#pragma unroll
+  for (int s = 0; s + 1 < kStages; ++s) {
+    if (s < my_tiles) {
+      lookup(wkv + s * KT::kWarpsKV);
+      load(s, false);
+    }
+    cp_async_commit();
+    if (s < my_tiles) load(s, true);
+    cp_async_commit();
+  }
+
+  // 4. Per-thread row facts: rows g and g + 8 of each of the warp's MMA tiles.
+  int row_qo[kMmaQ][2];
+  float row_slope[kMmaQ][2];
+#pragma unroll
+  for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int pr = row_begin + wq * 16 * kMmaQ + mq * 16 + g + 8 * r;
+      row_qo[mq][r] = pr / G;
+      row_slope[mq][r] = 0.f;
+      if constexpr (KT::kPos == PosEncoding::kAlibi) {
+        if (pr < packed_len) row_slope[mq][r] = p.alibi_slopes[kv_head * G + pr % G] * kLog2e;
+      }
+    }
+  }
+
+  cp_async_wait<2 * (kStages - 1)>();  // Q has landed (the prologue's K/V may not)
+  __syncthreads();
+  if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
+    // q row r sits at position delta + (row_begin + r) / G.
+    for (int idx = tid; idx < kTileQ * (D / 2); idx += KT::kThreads) {
+      const int r = idx / (D / 2), i = idx % (D / 2);
+      const float freq = p.rope_rcp_scale * exp2f(-(2.f * i / D) * p.rope_log2_theta);
+      float s, c;
+      sincosf(float(delta + (row_begin + r) / G) * freq, &s, &c);
+      T* a = q_smem + Tile::elem(r, i);
+      T* bb = q_smem + Tile::elem(r, i + D / 2);
+      const float x1 = to_float(*a), x2 = to_float(*bb);
+      *a = from_float<T>(x1 * c - x2 * s);
+      *bb = from_float<T>(x2 * c + x1 * s);
+    }
+    __syncthreads();
+  }
+
+  uint32_t q_frag[KT::kQInRegs ? kMmaQ : 1][KT::kQInRegs ? D / 16 : 1][4];
+  auto load_q_frag = [&](uint32_t a[4], int mq, int kk) {
+    const int row = wq * 16 * kMmaQ + mq * 16 + lane % 16;
+    ldmatrix_x4(a, q_smem + Tile::offset(row, 2 * kk + lane / 16));
+  };
+  if constexpr (KT::kQInRegs) {
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) load_q_frag(q_frag[mq][kk], mq, kk);
+  }
+
+  float o[kMmaQ][D / 8][4];
+  float m[kMmaQ][2], d[kMmaQ][2];
+#pragma unroll
+  for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) m[mq][r] = -INFINITY, d[mq][r] = 0.f;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mq][n][e] = 0.f;
+  }
+
+  // 5. The main loop over this group's KV tiles.
+  for (int j = 0; j < my_tiles; ++j) {
+    const int tile = wkv + j * KT::kWarpsKV;
+    const int stage = j % kStages;
+    const int ahead = j + kStages - 1;  // the tile whose loads this iteration issues
+    const int base = kv_lo + tile * kTileKV;
+    if (ahead < my_tiles) lookup(wkv + ahead * KT::kWarpsKV);  // lands while S is computed
+    cp_async_wait<2 * kStages - 3>();  // K[j] (V[j] and the later tiles may be in flight)
+    group_sync<KT>(wkv);
+    T* ks = k_tile(stage);
+    if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
+      rope_tile<KT>(ks, kTileKV, base, nullptr, gtid, KT::kGroupThreads, p);
+      group_sync<KT>(wkv);
+    }
+
+    // S = Q K^T
+    float s[kMmaQ][2 * kMmaKV][4];
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int n = 0; n < 2 * kMmaKV; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mq][n][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a_tmp[kMmaQ][4];
+      if constexpr (!KT::kQInRegs) {
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) load_q_frag(a_tmp[mq], mq, kk);
+      }
+#pragma unroll
+      for (int n2 = 0; n2 < kMmaKV; ++n2) {
+        uint32_t kb[4];
+        const int row = n2 * 16 + lane % 8 + (lane / 16) * 8;
+        ldmatrix_x4(kb, ks + Tile::offset(row, 2 * kk + (lane / 8) % 2));
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+          const uint32_t* a = KT::kQInRegs ? q_frag[KT::kQInRegs ? mq : 0][KT::kQInRegs ? kk : 0]
+                                           : a_tmp[mq];
+          mma_16816<T>(s[mq][2 * n2], a, kb[0], kb[1]);
+          mma_16816<T>(s[mq][2 * n2 + 1], a, kb[2], kb[3]);
+        }
+      }
+    }
+
+    if (ahead < my_tiles) load(ahead % kStages, false);
+    cp_async_commit();
+
+    // Logits transform and mask.
+    const bool need_mask = kCustom || base + kTileKV > kv_hi ||
+                           (kCausal && base + kTileKV - 1 > delta + qo_first) ||
+                           (p.window_left >= 0 && base < delta + qo_last - p.window_left);
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+      for (int n = 0; n < 2 * kMmaKV; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2;
+          const int kv = base + n * 8 + 2 * t + (e & 1);
+          const int q_pos = delta + row_qo[mq][r];
+          float x = s[mq][n][e];
+          if (p.softcap_post != 0.f) {
+            x = p.softcap_post * tanhf(x * p.softcap_pre);
+          } else {
+            x *= p.sm_scale_log2;
+          }
+          if constexpr (KT::kPos == PosEncoding::kAlibi) x += row_slope[mq][r] * float(kv - q_pos);
+          if (need_mask) {
+            bool keep = kv < kv_hi;
+            if constexpr (kCausal) keep = keep && kv <= q_pos;
+            if (p.window_left >= 0) keep = keep && kv >= q_pos - p.window_left;
+            if constexpr (kCustom) {
+              if (keep) {
+                const int64_t bit = int64_t(row_qo[mq][r]) * kv_len + kv;
+                keep = row_qo[mq][r] < qo_len &&
+                       ((p.custom_mask[p.mask_indptr[b] + (bit >> 3)] >> (bit & 7)) & 1);
+              }
+            }
+            if (!keep) x = -INFINITY;
+          }
+          s[mq][n][e] = x;
+        }
+      }
+    }
+
+    // Online softmax (base 2).
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = m[mq][r];
+#pragma unroll
+        for (int n = 0; n < 2 * kMmaKV; ++n) mx = fmaxf(mx, fmaxf(s[mq][n][2 * r], s[mq][n][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float m_safe = mx == -INFINITY ? 0.f : mx;
+        const float scale = exp2f(m[mq][r] - m_safe);  // m_old = -inf -> 0
+        m[mq][r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < 2 * kMmaKV; ++n) {
+          s[mq][n][2 * r] = exp2f(s[mq][n][2 * r] - m_safe);
+          s[mq][n][2 * r + 1] = exp2f(s[mq][n][2 * r + 1] - m_safe);
+          sum += s[mq][n][2 * r] + s[mq][n][2 * r + 1];
+        }
+        d[mq][r] = d[mq][r] * scale + sum;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) o[mq][n][2 * r] *= scale, o[mq][n][2 * r + 1] *= scale;
+      }
+    }
+
+    cp_async_wait<2 * kStages - 3>();  // V[j]
+    group_sync<KT>(wkv);
+    T* vs = v_tile(stage);
+    // O += P V
+#pragma unroll
+    for (int kk = 0; kk < kMmaKV; ++kk) {
+      uint32_t pa[kMmaQ][4];
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) {
+        pa[mq][0] = pack2<T>(s[mq][2 * kk][0], s[mq][2 * kk][1]);
+        pa[mq][1] = pack2<T>(s[mq][2 * kk][2], s[mq][2 * kk][3]);
+        pa[mq][2] = pack2<T>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
+        pa[mq][3] = pack2<T>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int n2 = 0; n2 < D / 16; ++n2) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, vs + Tile::offset(kk * 16 + lane % 16, 2 * n2 + lane / 16));
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+          mma_16816<T>(o[mq][2 * n2], pa[mq], vb[0], vb[1]);
+          mma_16816<T>(o[mq][2 * n2 + 1], pa[mq], vb[2], vb[3]);
+        }
+      }
+    }
+    if (ahead < my_tiles) load(ahead % kStages, true);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  // 6. Row sums across the quad, then the epilogue.
+#pragma unroll
+  for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      d[mq][r] += __shfl_xor_sync(0xffffffff, d[mq][r], 1);
+      d[mq][r] += __shfl_xor_sync(0xffffffff, d[mq][r], 2);
+    }
+
+  // Writes one row-pair of output (columns col, col + 1) for packed row pr.
+  auto store_pair = [&](int pr, int col, float x0, float x1) {
+    const int qo = pr / G, head = kv_head * G + pr % G;
+    if (p.split_kv) {
+      const int64_t part = p.merge_indptr[qo_begin + qo] + chunk;
+      float* dst = p.o_part + (part * p.num_qo_heads + head) * D + col;
+      *reinterpret_cast<float2*>(dst) = make_float2(x0 * p.o_scale, x1 * p.o_scale);
+    } else {
+      TO* dst = static_cast<TO*>(p.o) + (qo_begin + qo) * p.o_stride_n + head * p.o_stride_h + col;
+      *reinterpret_cast<uint32_t*>(dst) = pack2<TO>(x0 * p.o_scale, x1 * p.o_scale);
+    }
+  };
+  auto store_lse = [&](int pr, float lse) {
+    const int qo = pr / G, head = kv_head * G + pr % G;
+    if (p.split_kv) {
+      const int64_t part = p.merge_indptr[qo_begin + qo] + chunk;
+      p.lse_part[part * p.num_qo_heads + head] = lse;
+    } else if (p.lse != nullptr) {
+      p.lse[int64_t(qo_begin + qo) * p.num_qo_heads + head] = lse;
+    }
+  };
+
+  if constexpr (KT::kWarpsKV == 1) {
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int pr = row_begin + wq * 16 * kMmaQ + mq * 16 + g + 8 * r;
+        if (pr >= packed_len) continue;
+        const float inv = d[mq][r] > 0.f ? 1.f / d[mq][r] : 0.f;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+          store_pair(pr, n * 8 + 2 * t, o[mq][n][2 * r] * inv, o[mq][n][2 * r + 1] * inv);
+        if (t == 0) store_lse(pr, d[mq][r] > 0.f ? m[mq][r] + log2f(d[mq][r]) : -INFINITY);
+      }
+  } else {
+    // Groups merge through shared memory (over the K/V stages, all drained above).
+    __syncthreads();
+    float* merge = reinterpret_cast<float*>(smem + KT::kQSmem);
+    float* mo = merge;                                    // [kWarpsKV][kTileQ][D]
+    float* mm = merge + KT::kWarpsKV * kTileQ * D;        // [kWarpsKV][kTileQ]
+    float* md = mm + KT::kWarpsKV * kTileQ;               // [kWarpsKV][kTileQ]
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = wq * 16 * kMmaQ + mq * 16 + g + 8 * r;
+        float* dst = mo + (wkv * kTileQ + row) * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+          *reinterpret_cast<float2*>(dst + n * 8 + 2 * t) =
+              make_float2(o[mq][n][2 * r], o[mq][n][2 * r + 1]);
+        if (t == 0) mm[wkv * kTileQ + row] = m[mq][r], md[wkv * kTileQ + row] = d[mq][r];
+      }
+    __syncthreads();
+    for (int idx = tid; idx < kTileQ * (D / 2); idx += KT::kThreads) {
+      const int row = idx / (D / 2), col = (idx % (D / 2)) * 2;
+      const int pr = row_begin + row;
+      if (pr >= packed_len) continue;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < KT::kWarpsKV; ++w) mx = fmaxf(mx, mm[w * kTileQ + row]);
+      const float m_safe = mx == -INFINITY ? 0.f : mx;
+      float dsum = 0.f, x0 = 0.f, x1 = 0.f;
+#pragma unroll
+      for (int w = 0; w < KT::kWarpsKV; ++w) {
+        const float f = exp2f(mm[w * kTileQ + row] - m_safe);
+        dsum += md[w * kTileQ + row] * f;
+        const float2 ov = *reinterpret_cast<const float2*>(mo + (w * kTileQ + row) * D + col);
+        x0 += ov.x * f;
+        x1 += ov.y * f;
+      }
+      const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
+      store_pair(pr, col, x0 * inv, x1 * inv);
+      if (col == 0) store_lse(pr, dsum > 0.f ? mx + log2f(dsum) : -INFINITY);
+    }
+  }
+}
+
+template <class KT>
+__global__ void __launch_bounds__(KT::kThreads)
+    attention_kernel(const __grid_constant__ AttentionParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  pdl_wait();
+  const int num_items = *p.num_items;
+  for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+    attention_item<KT>(p, item, blockIdx.y, smem);
+    __syncthreads();  // shared memory is reused by the next item
+  }
+  pdl_launch_dependents();
+}
+
+/*!
+ * @brief Launch the attention kernel of traits KT: grid (grid_x, num_kv_heads); the CTAs loop
+ *   over the plan's *num_items work items, so one launch shape serves every later plan.
+ */
+template <class KT>
+cudaError_t LaunchAttention(const AttentionParams& p, int grid_x, bool enable_pdl,
+                            cudaStream_t stream) {
+  auto kernel = attention_kernel<KT>;
+  constexpr size_t smem = KT::kSmemBytes;
+  if constexpr (smem > 48 * 1024) {
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return err;
+  }
+  if (grid_x <= 0) return cudaSuccess;
+  return launch_kernel(kernel, dim3(grid_x, p.num_kv_heads), dim3(KT::kThreads), smem, stream,
+                       enable_pdl, p);
+}
+
+}  // namespace attn
+}  // namespace flashinfer

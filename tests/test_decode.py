@@ -1,0 +1,165 @@
+"""flashinfer.decode: single and batch decode (CUDA cores and tensor cores, CUDA graphs)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from attention_ref import attention_ref, make_paged
+
+import flashinfer
+
+TOL = {torch.float16: dict(atol=4e-3, rtol=1e-2), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+def _ws(mb=128):
+    return torch.empty(mb << 20, dtype=torch.uint8, device="cuda")
+
+
+def _check(o, lse, q, seqs, dtype, **kw):
+    for b, (k, v) in enumerate(seqs):
+        ro, rl = attention_ref(q[b:b + 1], k, v, **kw)
+        torch.testing.assert_close(o[b].double(), ro[0], **TOL[dtype])
+        if lse is not None:
+            finite = torch.isfinite(rl[0])
+            assert torch.equal(torch.isfinite(lse[b]), finite)
+            torch.testing.assert_close(lse[b][finite].double(), rl[0][finite], atol=2e-3,
+                                       rtol=1e-3)
+
+
+def test_decode_plan_positional_options_warn_on_cpu():
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    with pytest.raises(KeyError):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            w.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
+                   torch.tensor([1], dtype=torch.int32), 4, 4, 128, 16, "ROPE")
+    with pytest.warns(DeprecationWarning):
+        with pytest.raises(KeyError):
+            w.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
+                   torch.tensor([1], dtype=torch.int32), 4, 4, 128, 16, "BAD")
+
+
+def test_decode_single_validation_on_cpu():
+    q = torch.randn(8, 128, dtype=torch.float16)
+    k = torch.randn(10, 2, 128, dtype=torch.float16)
+    with pytest.raises(ValueError, match="2-D"):
+        flashinfer.single_decode_with_kv_cache(q[None], k, k)
+    with pytest.raises(ValueError, match="CUDA"):
+        flashinfer.single_decode_with_kv_cache(q, k, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("use_tensor_cores", [False, True])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_batch_decode(dtype, head_dim, group, use_tensor_cores, page_size):
+    gen = torch.Generator().manual_seed(head_dim + group + page_size)
+    hkv = 2
+    kv_lens = [1, 0, 17, 513, 64, 1000, 3]
+    cache, indptr, indices, last, seqs = make_paged(kv_lens, page_size, hkv, head_dim, dtype,
+                                                    "cuda", "NHD", False, gen)
+    q = torch.randn(len(kv_lens), hkv * group, head_dim, generator=gen).to(dtype).cuda()
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD",
+                                                      use_tensor_cores=use_tensor_cores)
+    w.plan(indptr, indices, last, hkv * group, hkv, head_dim, page_size, q_data_type=dtype)
+    o, lse = w.run(q, cache, return_lse=True)
+    _check(o, lse, q, seqs, dtype)
+    assert torch.all(o[1] == 0) and torch.all(lse[1] == float("-inf"))  # the empty request
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("opts", [dict(), dict(window_left=20), dict(logits_soft_cap=20.0),
+                                  dict(pos_encoding_mode="ROPE_LLAMA"),
+                                  dict(pos_encoding_mode="ALIBI")])
+def test_batch_decode_options(layout, opts):
+    gen = torch.Generator().manual_seed(7)
+    dtype, hq, hkv, d, page = torch.float16, 8, 2, 128, 16
+    kv_lens = [100, 33, 1, 257]
+    cache, indptr, indices, last, seqs = make_paged(kv_lens, page, hkv, d, dtype, "cuda",
+                                                    layout, True, gen)
+    q = torch.randn(4, hq, d, generator=gen).to(dtype).cuda()
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), layout)
+    w.plan(indptr, indices, last, hq, hkv, d, page, **opts)
+    o = w.run(q, cache)
+    _check(o, None, q, seqs, dtype, window_left=opts.get("window_left", -1),
+           soft_cap=opts.get("logits_soft_cap"), pos_encoding=opts.get("pos_encoding_mode", "NONE"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_len", [1, 31, 4096, 131072])
+def test_single_decode(kv_len):
+    gen = torch.Generator().manual_seed(kv_len)
+    dtype = torch.bfloat16
+    q = torch.randn(32, 128, generator=gen).to(dtype).cuda()
+    k = torch.randn(kv_len, 8, 128, generator=gen).to(dtype).cuda()
+    v = torch.randn(kv_len, 8, 128, generator=gen).to(dtype).cuda()
+    o, lse = flashinfer.single_decode_with_kv_cache(q, k, v, return_lse=True)
+    ro, rl = attention_ref(q[None], k, v)
+    torch.testing.assert_close(o.double(), ro[0], **TOL[dtype])
+    torch.testing.assert_close(lse.double(), rl[0], atol=2e-3, rtol=1e-3)
+    o2 = flashinfer.single_decode_with_kv_cache(q, k.transpose(0, 1), v.transpose(0, 1), "HND")
+    torch.testing.assert_close(o2.double(), ro[0], **TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 512])
+def test_tensor_core_and_cuda_core_decode_agree(batch):
+    gen = torch.Generator().manual_seed(batch)
+    dtype, hq, hkv, d, page = torch.bfloat16, 32, 8, 128, 16
+    kv_lens = torch.randint(0, 300, (batch,), generator=gen).tolist()
+    cache, indptr, indices, last, seqs = make_paged(kv_lens, page, hkv, d, dtype, "cuda", "NHD",
+                                                    False, gen)
+    q = torch.randn(batch, hq, d, generator=gen).to(dtype).cuda()
+    outs = []
+    for tc in (False, True):
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD", use_tensor_cores=tc)
+        w.plan(indptr, indices, last, hq, hkv, d, page, data_type=dtype, q_data_type=dtype)
+        outs.append(w.run(q, cache, return_lse=True))
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-3, rtol=1e-3)
+    _check(outs[1][0][:8], outs[1][1][:8], q[:8], seqs[:8], dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_tensor_cores", [False, True])
+def test_cuda_graph_capture_replan_replay(use_tensor_cores):
+    gen = torch.Generator().manual_seed(8)
+    dtype, hq, hkv, d, page, batch = torch.float16, 16, 4, 128, 16, 5
+    max_pages = 600
+    indptr_buf = torch.empty(batch + 1, dtype=torch.int32, device="cuda")
+    indices_buf = torch.empty(max_pages, dtype=torch.int32, device="cuda")
+    last_buf = torch.empty(batch, dtype=torch.int32, device="cuda")
+    w = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+        _ws(), indptr_buf, indices_buf, last_buf, "NHD", use_tensor_cores)
+    assert w.is_cuda_graph_enabled
+    q = torch.randn(batch, hq, d, generator=gen).to(dtype).cuda()
+    out = torch.empty_like(q)
+    # One cache (the captured run holds its pointer); the first plan uses a prefix of each
+    # request's pages, the second (with a long sequence that splits) all of them.
+    second = [4000, 1, 40, 333, 2048]
+    first = [10, 1, 30, 40, 50]
+    cache, indptr2, indices2, last2, seqs2 = make_paged(second, page, hkv, d, dtype, "cuda",
+                                                        "NHD", False, gen)
+    pages = [-(-n // page) for n in first]
+    indices = torch.cat([indices2[indptr2[b]:indptr2[b] + pages[b]] for b in range(batch)])
+    indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
+    last = torch.tensor([n - (p - 1) * page for n, p in zip(first, pages)], dtype=torch.int32)
+    seqs = [(k[:n], v[:n]) for (k, v), n in zip(seqs2, first)]
+    w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        w.run(q, cache, out=out)  # warm-up (compiles, allocates) outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, cache, out=out)
+    graph.replay()
+    _check(out, None, q, seqs, dtype)
+    w.plan(indptr2, indices2, last2, hq, hkv, d, page, q_data_type=dtype)
+    graph.replay()
+    _check(out, None, q, seqs2, dtype)

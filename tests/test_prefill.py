@@ -1,0 +1,295 @@
+"""flashinfer.prefill: single and batch (paged, ragged) prefill against a float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_ref import attention_ref, make_paged
+
+import flashinfer
+
+TOL = {torch.float16: dict(atol=4e-3, rtol=1e-2), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+def _close(out, ref, dtype):
+    torch.testing.assert_close(out.double(), ref, **TOL[dtype])
+
+
+def _lse_close(lse, ref):
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(lse), finite), "lse -inf rows differ"
+    torch.testing.assert_close(lse[finite].double(), ref[finite], atol=2e-3, rtol=1e-3)
+
+
+def _qkv(qo, kv, hq, hkv, d, dtype, gen, layout="NHD"):
+    q = torch.randn(qo, hq, d, generator=gen).to(dtype).cuda()
+    k = torch.randn(kv, hkv, d, generator=gen).to(dtype).cuda()
+    v = torch.randn(kv, hkv, d, generator=gen).to(dtype).cuda()
+    return q, k, v
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU: validation happens before anything compiles.
+
+
+def test_single_prefill_validation_errors():
+    q = torch.randn(4, 8, 128, dtype=torch.float16)
+    k = torch.randn(6, 2, 128, dtype=torch.float16)
+    with pytest.raises(KeyError):
+        flashinfer.single_prefill_with_kv_cache(q, k, k, kv_layout="NHW")
+    with pytest.raises(KeyError):
+        flashinfer.single_prefill_with_kv_cache(q, k, k, pos_encoding_mode="ROPE")
+    with pytest.raises(ValueError, match="head_dim"):
+        flashinfer.single_prefill_with_kv_cache(q[..., :96], k[..., :96], k[..., :96])
+    with pytest.raises(ValueError, match="multiple"):
+        flashinfer.single_prefill_with_kv_cache(q[:, :7], k[:, :2], k[:, :2])
+    with pytest.raises(ValueError, match="dtype"):
+        flashinfer.single_prefill_with_kv_cache(q, k.float(), k.float())
+    with pytest.raises(ValueError, match="custom_mask"):
+        flashinfer.single_prefill_with_kv_cache(q, k, k, custom_mask=torch.ones(3, 3, dtype=bool))
+    with pytest.raises(ValueError, match="CUDA"):
+        flashinfer.single_prefill_with_kv_cache(q, k, k)
+
+
+def test_batch_wrappers_validate_on_cpu():
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    with pytest.raises(KeyError):
+        flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "XYZ")
+    with pytest.raises(ValueError, match="use_cuda_graph"):
+        flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True)
+    with pytest.raises(ValueError, match="use_cuda_graph"):
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True)
+    with pytest.raises(ValueError, match="16-byte"):
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws[1:], "NHD")
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws)
+    with pytest.raises(RuntimeError, match="plan"):
+        w.run(torch.zeros(1, 1, 64), torch.zeros(1, 1, 64), torch.zeros(1, 1, 64))
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("qo_len,kv_len", [(1, 1), (7, 33), (128, 128), (300, 517), (1, 1000),
+                                           (65, 17), (17, 2049)])
+@pytest.mark.parametrize("group", [1, 4])
+def test_single_prefill(dtype, head_dim, causal, qo_len, kv_len, group):
+    gen = torch.Generator().manual_seed(qo_len * 7 + kv_len)
+    q, k, v = _qkv(qo_len, kv_len, 4 * group, 4, head_dim, dtype, gen)
+    o, lse = flashinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True)
+    ro, rl = attention_ref(q, k, v, causal=causal)
+    _close(o, ro, dtype)
+    _lse_close(lse, rl)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_single_prefill_hnd_and_strided_views(layout):
+    """Packed-QKV views (row stride 3x) and K/V with different strides."""
+    gen = torch.Generator().manual_seed(1)
+    qo, kv, hq, hkv, d = 37, 211, 8, 2, 128
+    qkv = torch.randn(kv, hq + 2 * hkv, d, generator=gen).half().cuda()
+    q = qkv[-qo:, :hq]
+    k = qkv[:, hq:hq + hkv]
+    v = torch.randn(kv, hkv, 2 * d, generator=gen).half().cuda()[..., :d]
+    kk, vv = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
+    o = flashinfer.single_prefill_with_kv_cache(q, kk, vv, causal=True, kv_layout=layout)
+    ro, _ = attention_ref(q, k, v, causal=True)
+    _close(o, ro, torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts", [
+    dict(window_left=31), dict(window_left=0, causal=True), dict(soft_cap=30.0, causal=True),
+    dict(sm_scale=0.3), dict(pos_encoding="ROPE_LLAMA", causal=True),
+    dict(pos_encoding="ROPE_LLAMA", rope_scale=2.0, rope_theta=5e5),
+    dict(pos_encoding="ALIBI", causal=True), dict(v_scale=0.5),
+])
+def test_single_prefill_options(opts):
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = _qkv(45, 300, 8, 2, 128, torch.float16, gen)
+    kw = dict(opts)
+    kw["logits_soft_cap"] = kw.pop("soft_cap", None)
+    kw["pos_encoding_mode"] = kw.pop("pos_encoding", "NONE")
+    o = flashinfer.single_prefill_with_kv_cache(q, k, v, **kw)
+    ro, _ = attention_ref(q, k, v, soft_cap=kw["logits_soft_cap"],
+                          pos_encoding=kw["pos_encoding_mode"],
+                          **{x: y for x, y in opts.items() if x not in ("soft_cap", "pos_encoding")})
+    _close(o, ro, torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True])
+def test_single_prefill_custom_mask(packed):
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = _qkv(33, 77, 8, 4, 128, torch.bfloat16, gen)
+    mask = torch.rand(33, 77, generator=gen) > 0.5
+    mask[5] = False  # a row with no key: 0 output, lse -inf
+    kw = dict(custom_mask=mask.cuda())
+    if packed:
+        kw = dict(packed_custom_mask=flashinfer.packbits(mask.flatten().cuda(), "little"))
+    o, lse = flashinfer.single_prefill_with_kv_cache(q, k, v, return_lse=True, causal=True, **kw)
+    ro, rl = attention_ref(q, k, v, mask=mask)
+    _close(o, ro, torch.bfloat16)
+    _lse_close(lse, rl)
+    assert torch.all(o[5] == 0) and torch.all(lse[5] == float("-inf"))
+
+
+@pytest.mark.gpu
+def test_causal_rows_without_keys_and_huge_negative_logits():
+    gen = torch.Generator().manual_seed(4)
+    d = 128
+    q, k, v = _qkv(40, 16, 4, 4, d, torch.float32, gen)
+    q[..., 0] = -2.5e5 * d ** 0.5  # every logit near -2.5e5
+    k[..., 0] = 1.0
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    o, lse = flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True, return_lse=True)
+    ro, rl = attention_ref(q, k, v, causal=True)
+    # qo_len 40 > kv_len 16: the first 24 rows see no key.
+    assert torch.all(o[:24] == 0) and torch.all(torch.isinf(lse[:24]))
+    assert not torch.isnan(o).any()
+    # fp32 holds a logit near -2.5e5 to ~0.03 (and the dot product accumulates at that
+    # magnitude), so the weights are exact to a few percent only: what is tested is that masked
+    # keys (-inf) never leak in and visible ones are not lost, as a finite mask value would.
+    torch.testing.assert_close(o.double(), ro, atol=0.1, rtol=0.1)
+    torch.testing.assert_close(lse[24:].double(), rl[24:], atol=0.05, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 5, 16, 64])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("tuple_form", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_batch_paged_prefill(page_size, layout, tuple_form, causal):
+    gen = torch.Generator().manual_seed(page_size)
+    dtype, hq, hkv, d = torch.bfloat16, 16, 4, 128
+    kv_lens = [37, 0, 1, 300, 129, 64]
+    qo_lens = [5, 0, 1, 300, 17, 80]  # last: qo_len > kv_len
+    cache, indptr, indices, last, seqs = make_paged(kv_lens, page_size, hkv, d, dtype, "cuda",
+                                                    layout, tuple_form, gen)
+    qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(sum(qo_lens), hq, d, generator=gen).to(dtype).cuda()
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), layout)
+    w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page_size, causal=causal,
+           q_data_type=dtype)
+    o, lse = w.run(q, cache, return_lse=True)
+    for b in range(len(kv_lens)):
+        s, e = qo_indptr[b], qo_indptr[b + 1]
+        if e == s:
+            continue
+        ro, rl = attention_ref(q[s:e], *seqs[b], causal=causal)
+        _close(o[s:e], ro, dtype)
+        _lse_close(lse[s:e], rl)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_batch_ragged_prefill(dtype, head_dim, causal):
+    gen = torch.Generator().manual_seed(head_dim)
+    hq, hkv = 8, 1
+    qo_lens, kv_lens = [1, 100, 0, 257, 31], [1, 100, 7, 300, 10]
+    q = torch.randn(sum(qo_lens), hq, head_dim, generator=gen).to(dtype).cuda()
+    k = torch.randn(sum(kv_lens), hkv, head_dim, generator=gen).to(dtype).cuda()
+    v = torch.randn(sum(kv_lens), hkv, head_dim, generator=gen).to(dtype).cuda()
+    def cum(xs):
+        return torch.tensor([0] + torch.tensor(xs).cumsum(0).tolist(), dtype=torch.int32)
+    qi, ki = cum(qo_lens), cum(kv_lens)
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"))
+    w.plan(qi.cuda(), ki.cuda(), hq, hkv, head_dim, causal=causal, q_data_type=dtype)
+    out = torch.full_like(q, float("nan"))
+    o = w.run(q, k, v, out=out)
+    assert o is out
+    for b in range(len(qo_lens)):
+        if qo_lens[b] == 0:
+            continue
+        ro, _ = attention_ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]],
+                              causal=causal)
+        _close(o[qi[b]:qi[b + 1]], ro, dtype)
+
+
+@pytest.mark.gpu
+def test_batch_prefill_replan_custom_mask_then_causal():
+    gen = torch.Generator().manual_seed(5)
+    hq, hkv, d, dtype = 8, 8, 128, torch.bfloat16
+    qo_lens, kv_lens = [9, 20], [30, 20]
+    q = torch.randn(29, hq, d, generator=gen).to(dtype).cuda()
+    k = torch.randn(50, hkv, d, generator=gen).to(dtype).cuda()
+    v = torch.randn(50, hkv, d, generator=gen).to(dtype).cuda()
+    qi = torch.tensor([0, 9, 29], dtype=torch.int32)
+    ki = torch.tensor([0, 30, 50], dtype=torch.int32)
+    masks = [torch.rand(q_, k_, generator=gen) > 0.3 for q_, k_ in zip(qo_lens, kv_lens)]
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+    w.plan(qi, ki, hq, hkv, d, custom_mask=torch.cat([m.flatten() for m in masks]).cuda(),
+           q_data_type=dtype)
+    o = w.run(q, k, v)
+    for b in range(2):
+        ro, _ = attention_ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]],
+                              mask=masks[b])
+        _close(o[qi[b]:qi[b + 1]], ro, dtype)
+    w.plan(qi, ki, hq, hkv, d, causal=True, q_data_type=dtype)
+    o = w.run(q, k, v)
+    for b in range(2):
+        ro, _ = attention_ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]],
+                              causal=True)
+        _close(o[qi[b]:qi[b + 1]], ro, dtype)
+
+
+@pytest.mark.gpu
+def test_run_rejects_unplanned_dtype():
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(1 << 20, dtype=torch.uint8, device="cuda"))
+    qi = torch.tensor([0, 4], dtype=torch.int32)
+    w.plan(qi, qi, 4, 4, 64)  # q_data_type defaults to float16
+    x = torch.randn(4, 4, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="q_data_type"):
+        w.run(x, x, x)
+
+
+@pytest.mark.gpu
+def test_long_prefill_against_reference():
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = _qkv(512, 16384, 8, 2, 128, torch.bfloat16, gen)
+    o, lse = flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True, return_lse=True)
+    ro, rl = attention_ref(q, k, v, causal=True)
+    _close(o, ro, torch.bfloat16)
+    _lse_close(lse, rl)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_multilevel_cascade_matches_flat_attention(causal):
+    """Level 0: one prefix shared by every request; level 1: each request's own pages."""
+    gen = torch.Generator().manual_seed(9)
+    dtype, hq, hkv, d, page = torch.float16, 8, 2, 128, 16
+    prefix, own, qo = 100, [33, 1, 64], [3, 1, 20]
+    cache, indptr, indices, last, seqs = make_paged([prefix] + own, page, hkv, d, dtype, "cuda",
+                                                    "NHD", False, gen)
+    total = sum(qo)
+    q = torch.randn(total, hq, d, generator=gen).to(dtype).cuda()
+    i32 = dict(dtype=torch.int32)
+    qo_indptr = torch.tensor([0] + torch.tensor(qo).cumsum(0).tolist(), **i32)
+    levels = (
+        [torch.tensor([0, total], **i32), qo_indptr],
+        [indptr[:2] - indptr[0], indptr[1:] - indptr[1]],
+        [indices[: indptr[1]], indices[indptr[1]:]],
+        [last[:1], last[1:]],
+    )
+    w = flashinfer.MultiLevelCascadeAttentionWrapper(
+        2, torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+    w.plan(*levels, hq, hkv, d, page, causal=causal, q_data_type=dtype)
+    o = w.run(q, cache)
+    for b in range(len(own)):
+        s, e = qo_indptr[b], qo_indptr[b + 1]
+        k = torch.cat([seqs[0][0], seqs[b + 1][0]])
+        v = torch.cat([seqs[0][1], seqs[b + 1][1]])
+        ro, _ = attention_ref(q[s:e], k, v, causal=causal)
+        _close(o[s:e], ro, dtype)
