@@ -21,6 +21,7 @@ from .prefill import (
     _BatchAttentionBase,
     _check_head_dim,
     _check_heads,
+    _check_single_kv,
     _host_ints,
     _single,
     _variant,
@@ -60,13 +61,7 @@ def single_decode_with_kv_cache(
     if not isinstance(q, torch.Tensor) or q.dim() != 2:
         raise ValueError(f"q must be 2-D (num_qo_heads, head_dim), got "
                          f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
-    for name, x in (("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 3:
-            raise ValueError(f"{name} must be a 3-D tensor")
-    rt.check_half(q.dtype, "q")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"k and v must have q's dtype ({rt.dtype_name(q.dtype)}), got "
-                         f"{rt.dtype_name(k.dtype)} and {rt.dtype_name(v.dtype)}")
+    _check_single_kv(q, k, v)
     num_qo_heads, head_dim = q.shape
     _check_head_dim(head_dim)
     if k.shape[-1] != head_dim or v.shape != k.shape:
@@ -211,9 +206,6 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
         self._check_kv_dtype(k)
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
                             kw["q_scale"], kw["k_scale"], kw["v_scale"])
-
-    def run_return_lse(self, q, paged_kv_cache, *args, **kwargs):
-        return self.run(q, paged_kv_cache, *args, return_lse=True, **kwargs)
 
     def forward(self, q, paged_kv_cache, pos_encoding_mode: str = "NONE", **kwargs):
         warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,

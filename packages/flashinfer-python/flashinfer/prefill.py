@@ -54,6 +54,18 @@ def _host_ints(x: torch.Tensor, name: str) -> list[int]:
     return x.detach().to("cpu", torch.int64).tolist()
 
 
+def _check_single_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """k and v of a single-request call: 3-D, q's (half) dtype."""
+    for name, x in (("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            raise ValueError(f"{name} must be a 3-D tensor, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    rt.check_half(q.dtype, "q")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"k and v must have q's dtype ({rt.dtype_name(q.dtype)}), got "
+                         f"{rt.dtype_name(k.dtype)} and {rt.dtype_name(v.dtype)}")
+
+
 def _lens_from_indptr(indptr: list[int], name: str) -> list[int]:
     if len(indptr) < 1 or indptr[0] != 0:
         raise ValueError(f"{name} must start with 0, got {indptr[:4]}")
@@ -172,14 +184,10 @@ def single_prefill_with_kv_cache(
     """
     layout = rt.check_kv_layout(kv_layout)
     rt.check_pos_encoding(pos_encoding_mode)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 3:
-            raise ValueError(f"{name} must be a 3-D tensor, got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    rt.check_half(q.dtype, "q")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"k and v must have q's dtype ({rt.dtype_name(q.dtype)}), got "
-                         f"{rt.dtype_name(k.dtype)} and {rt.dtype_name(v.dtype)}")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be a 3-D tensor, got "
+                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+    _check_single_kv(q, k, v)
     if kv_cache_sf is not None or scale_q is not None or scale_k is not None or scale_v is not None:
         raise ValueError("FP8 scale tensors are not supported (q, k and v must be fp16 or bf16)")
     qo_len, num_qo_heads, head_dim = q.shape
@@ -273,6 +281,10 @@ class _BatchAttentionBase:
 
     def end_forward(self) -> None:
         """Kept for compatibility; does nothing."""
+
+    def run_return_lse(self, *args, **kwargs):
+        """``run(..., return_lse=True)``."""
+        return self.run(*args, return_lse=True, **kwargs)
 
     @staticmethod
     def _copy_into(buf: Optional[torch.Tensor], src: torch.Tensor, name: str,
@@ -539,9 +551,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchAttentionBase):
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
                             kw["q_scale"], kw["k_scale"], kw["v_scale"])
 
-    def run_return_lse(self, q, paged_kv_cache, *args, **kwargs):
-        return self.run(q, paged_kv_cache, *args, return_lse=True, **kwargs)
-
     def forward(self, q, paged_kv_cache, causal: bool = False, **kwargs):
         """Deprecated: plan() then run()."""
         warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
@@ -626,9 +635,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchAttentionBase):
         v_scale_total = kw["v_scale"] if o_scale is None else (kw["v_scale"] or 1.0) * o_scale
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
                             kw["q_scale"], kw["k_scale"], v_scale_total)
-
-    def run_return_lse(self, q, k, v, *args, **kwargs):
-        return self.run(q, k, v, *args, return_lse=True, **kwargs)
 
     def forward(self, q, k, v, causal: bool = False, **kwargs):
         warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,

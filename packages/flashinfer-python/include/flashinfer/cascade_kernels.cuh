@@ -12,6 +12,7 @@
 
 #include "fastdiv.cuh"
 #include "launch.cuh"
+#include "vec.cuh"  // PackedWords
 
 // The FLASHINFER_CASCADE_* macros exist for side-by-side tuning builds; the defaults follow the
 // copy-like kernels measured on the H100 (rope.cuh, benchmarks/NOTES.md).
@@ -65,18 +66,13 @@ __device__ __forceinline__ PairWeights pair_weights(float sa, float sb) {
   return {ea * inv, eb * inv, m + log2f(sum)};
 }
 
-/*!
- * @brief N elements of T held as raw 32-bit words (16-bit types two to a word) and converted to
- *        float32 at use. An array of 16-bit values takes one register per element: for bf16,
- *        4 items x 2 vectors of them spilled under the 64-register cap; raw words do not.
- */
+/// A PackedWords vector (vec.cuh) with this file's loads: 16-byte ones may ask L2 to fetch the
+/// whole 128/256-byte line (FLASHINFER_CASCADE_L2_PREFETCH).
 template <typename T, int N>
-struct Raw {
-  static constexpr int kBytes = static_cast<int>(sizeof(T)) * N;
-  static_assert(kBytes == 2 || kBytes == 4 || kBytes == 8 || kBytes == 16,
-                "a raw vector is 2, 4, 8 or 16 bytes");
-  static constexpr int kWords = kBytes >= 4 ? kBytes / 4 : 1;
-  uint32_t w[kWords];
+struct Raw : PackedWords<Raw<T, N>, T, N> {
+  using Base = PackedWords<Raw<T, N>, T, N>;
+  using Base::kBytes;
+  using Base::w;
 
   __device__ __forceinline__ void load(const T* ptr) {
     if constexpr (kBytes == 16) {
@@ -102,54 +98,6 @@ struct Raw {
     }
   }
 
-  __device__ __forceinline__ void store(T* ptr) const {
-    if constexpr (kBytes == 16) {
-      *reinterpret_cast<uint4*>(ptr) = make_uint4(w[0], w[1], w[2], w[3]);
-    } else if constexpr (kBytes == 8) {
-      *reinterpret_cast<uint2*>(ptr) = make_uint2(w[0], w[1]);
-    } else if constexpr (kBytes == 4) {
-      *reinterpret_cast<uint32_t*>(ptr) = w[0];
-    } else {
-      *reinterpret_cast<uint16_t*>(ptr) = static_cast<uint16_t>(w[0]);
-    }
-  }
-
-  /// Element j as float32 (j a constant after unrolling).
-  __device__ __forceinline__ float get(int j) const {
-    if constexpr (sizeof(T) == 4) {
-      return __uint_as_float(w[j]);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      const uint32_t word = w[j / 2];  // little-endian: element 2k is the low half
-      return __uint_as_float(j % 2 == 0 ? word << 16 : word & 0xffff0000u);
-    } else {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j / 2]));
-      return j % 2 == 0 ? f.x : f.y;
-    }
-  }
-
-  /// N floats rounded to T (to nearest even), two per instruction for 16-bit types.
-  __device__ __forceinline__ static Raw pack(const float (&f)[N]) {
-    Raw r;
-    if constexpr (sizeof(T) == 4) {
-#pragma unroll
-      for (int j = 0; j < N; ++j) r.w[j] = __float_as_uint(f[j]);
-    } else if constexpr (N == 1) {
-      r.w[0] = std::is_same_v<T, __nv_bfloat16> ? __bfloat16_as_ushort(__float2bfloat16_rn(f[0]))
-                                                : __half_as_ushort(__float2half_rn(f[0]));
-    } else {
-#pragma unroll
-      for (int k = 0; k < kWords; ++k) {
-        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-          const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
-          r.w[k] = *reinterpret_cast<const uint32_t*>(&h);
-        } else {
-          const __half2 h = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
-          r.w[k] = *reinterpret_cast<const uint32_t*>(&h);
-        }
-      }
-    }
-    return r;
-  }
 };
 
 /// wa * a + wb * b; an operand whose weight is 0 is left out, not multiplied (it may be garbage:

@@ -147,11 +147,11 @@ enum class LoadMode { kStream, kReadOnly, kCached };
  * element (N = 1, low half of the word for 16-bit types).
  */
 template <typename T, int N>
-struct Packed {
+struct Packed : PackedWords<Packed<T, N>, T, N> {
   static_assert(sizeof(T) * N == 16 || N == 1, "Packed holds one 16-byte vector or one element");
-  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "Packed supports 16- and 32-bit elements");
-  static constexpr int kWords = sizeof(T) * N >= 4 ? static_cast<int>(sizeof(T)) * N / 4 : 1;
-  uint32_t w[kWords];
+  using Base = PackedWords<Packed<T, N>, T, N>;
+  using Base::kWords;
+  using Base::w;
 
   __device__ __forceinline__ static Packed zero() {
     Packed p;
@@ -184,53 +184,6 @@ struct Packed {
       p.w[0] = v.x, p.w[1] = v.y, p.w[2] = v.z, p.w[3] = v.w;
     } else {
       p.w[0] = v;
-    }
-    return p;
-  }
-
-  __device__ __forceinline__ void store(T* ptr) const {
-    if constexpr (sizeof(T) * N == 16) {
-      *reinterpret_cast<uint4*>(ptr) = make_uint4(w[0], w[1], w[2], w[3]);
-    } else if constexpr (sizeof(T) == 4) {
-      *reinterpret_cast<uint32_t*>(ptr) = w[0];
-    } else {
-      *reinterpret_cast<uint16_t*>(ptr) = static_cast<uint16_t>(w[0]);
-    }
-  }
-
-  /// Element j as float32 (j a compile-time constant after unrolling).
-  __device__ __forceinline__ float get(int j) const {
-    if constexpr (sizeof(T) == 4) {
-      return __uint_as_float(w[j]);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      const uint32_t word = w[j / 2];  // little-endian: element 2k is the low half
-      return __uint_as_float(j % 2 == 0 ? word << 16 : word & 0xffff0000u);
-    } else {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j / 2]));
-      return j % 2 == 0 ? f.x : f.y;
-    }
-  }
-
-  /// Round N floats to T (round to nearest even), two per instruction for 16-bit types.
-  __device__ __forceinline__ static Packed pack(const float (&f)[N]) {
-    Packed p;
-    if constexpr (sizeof(T) == 4) {
-#pragma unroll
-      for (int j = 0; j < N; ++j) p.w[j] = __float_as_uint(f[j]);
-    } else if constexpr (N == 1) {
-      p.w[0] = std::is_same_v<T, __nv_bfloat16> ? __bfloat16_as_ushort(__float2bfloat16_rn(f[0]))
-                                                : __half_as_ushort(__float2half_rn(f[0]));
-    } else {
-#pragma unroll
-      for (int k = 0; k < kWords; ++k) {
-        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-          const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
-          p.w[k] = *reinterpret_cast<const uint32_t*>(&h);
-        } else {
-          const __half2 h = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
-          p.w[k] = *reinterpret_cast<const uint32_t*>(&h);
-        }
-      }
     }
     return p;
   }

@@ -98,18 +98,18 @@ __device__ __forceinline__ void group_sync(int group) {
   }
 }
 
-/// Rotate rows [0, rows) of a swizzled tile by RoPE (rotate-half) at positions pos0 + row.
-template <class KT, typename T>
-__device__ __forceinline__ void rope_tile(T* tile, int rows, int pos0, const int* row_pos,
-                                          int tid, int nthreads, const AttentionParams& p) {
+/// Rotate rows [0, rows) of a swizzled tile by RoPE (rotate-half); row r sits at position
+/// pos(r). Threads tid, tid + nthreads, ... each take one (row, pair).
+template <class KT, typename T, typename Pos>
+__device__ __forceinline__ void rope_tile(T* tile, int rows, Pos pos, int tid, int nthreads,
+                                          const AttentionParams& p) {
   constexpr int D = KT::kHeadDim;
   constexpr int kHalf = D / 2;
   for (int idx = tid; idx < rows * kHalf; idx += nthreads) {
     const int row = idx / kHalf, i = idx % kHalf;
-    const int pos = row_pos != nullptr ? row_pos[row] : pos0 + row;
     const float freq = p.rope_rcp_scale * exp2f(-(2.f * i / D) * p.rope_log2_theta);
     float s, c;
-    sincosf(float(pos) * freq, &s, &c);
+    sincosf(float(pos(row)) * freq, &s, &c);
     T* a = tile + KT::Tile::elem(row, i);
     T* b = tile + KT::Tile::elem(row, i + kHalf);
     const float x1 = to_float(*a), x2 = to_float(*b);
@@ -272,17 +272,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   __syncthreads();
   if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
     // q row r sits at position delta + (row_begin + r) / G.
-    for (int idx = tid; idx < kTileQ * (D / 2); idx += KT::kThreads) {
-      const int r = idx / (D / 2), i = idx % (D / 2);
-      const float freq = p.rope_rcp_scale * exp2f(-(2.f * i / D) * p.rope_log2_theta);
-      float s, c;
-      sincosf(float(delta + (row_begin + r) / G) * freq, &s, &c);
-      T* a = q_smem + Tile::elem(r, i);
-      T* bb = q_smem + Tile::elem(r, i + D / 2);
-      const float x1 = to_float(*a), x2 = to_float(*bb);
-      *a = from_float<T>(x1 * c - x2 * s);
-      *bb = from_float<T>(x2 * c + x1 * s);
-    }
+    rope_tile<KT>(q_smem, kTileQ, [&](int r) { return delta + (row_begin + r) / G; }, tid,
+                  KT::kThreads, p);
     __syncthreads();
   }
 
@@ -321,7 +312,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
     group_sync<KT>(wkv);
     T* ks = k_tile(stage);
     if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
-      rope_tile<KT>(ks, kTileKV, base, nullptr, gtid, KT::kGroupThreads, p);
+      rope_tile<KT>(ks, kTileKV, [&](int r) { return base + r; }, gtid, KT::kGroupThreads, p);
       group_sync<KT>(wkv);
     }
 
