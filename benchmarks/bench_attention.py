@@ -20,13 +20,17 @@ def _ws():
     return torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
 
-def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=""):
+def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note="",
+            layout="NHD", shuffle_pages=True):
+    """Pages in random order by default (a long-running server's cache), NHD."""
     pages = (kv_len + PAGE - 1) // PAGE
-    cache = torch.randn(batch * pages, 2, PAGE, HKV, D, dtype=DT, device="cuda")
+    shape = (PAGE, HKV, D) if layout == "NHD" else (HKV, PAGE, D)
+    cache = torch.randn(batch * pages, 2, *shape, dtype=DT, device="cuda")
     indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
-    indices = torch.randperm(batch * pages, dtype=torch.int32)
+    indices = (torch.randperm(batch * pages, dtype=torch.int32) if shuffle_pages
+               else torch.arange(batch * pages, dtype=torch.int32))
     last = torch.full((batch,), kv_len - (pages - 1) * PAGE, dtype=torch.int32)
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD",
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), layout,
                                                       use_tensor_cores=use_tensor_cores)
     w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=DT, fixed_split_size=split)
     q = torch.randn(batch, HQ, D, dtype=DT, device="cuda")

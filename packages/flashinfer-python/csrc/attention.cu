@@ -39,7 +39,14 @@ using Traits = KernelTraits<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, W
 //   2: 128 rows, 4 x 1 warps, two MMA tiles per warp (head_dim <= 128: register budget)
 // KV step: 64 keys for head_dim <= 128, 32 for 256 (shared memory: two stages of K and V).
 constexpr int kStepKV = kHeadDim <= 128 ? 4 : 2;
-using Cta0 = Traits<1, 4, 1, 1>;
+// Shape knobs of CTA 0 for benchmarks/tune_attention.py, which compiles variants side by side.
+#ifndef FLASHINFER_ATTENTION_CTA0_WARPS_KV
+#define FLASHINFER_ATTENTION_CTA0_WARPS_KV 4
+#endif
+#ifndef FLASHINFER_ATTENTION_CTA0_MMA_KV
+#define FLASHINFER_ATTENTION_CTA0_MMA_KV 1
+#endif
+using Cta0 = Traits<1, FLASHINFER_ATTENTION_CTA0_WARPS_KV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV>;
 using Cta1 = Traits<4, 1, 1, kStepKV>;
 // Two MMA tiles per warp hold 2 x head_dim/8 x 4 accumulators: 32-key steps keep S small
 // enough that nothing spills at head_dim 128 (64-key steps spilled 224 bytes).

@@ -98,6 +98,12 @@ inline KVView check_attention_inputs(const TensorView& q, const TensorView& k,
   kv.k_stride_h = k.stride(first + (hnd ? 0 : 1));
   kv.v_stride_n = v.stride(first + (hnd ? 1 : 0));
   kv.v_stride_h = v.stride(first + (hnd ? 0 : 1));
+  // The kernel multiplies row indices by these strides in 32 x 32 -> 64-bit products.
+  for (int64_t stride : {kv.k_stride_page, kv.k_stride_n, kv.k_stride_h, kv.v_stride_page,
+                         kv.v_stride_n, kv.v_stride_h}) {
+    TVM_FFI_CHECK(stride < (int64_t{1} << 31), ValueError)
+        << "k and v strides must be below 2^31 elements, got " << stride;
+  }
   TVM_FFI_CHECK(kv.num_heads > 0 && q.size(1) % kv.num_heads == 0, ValueError)
       << "the number of q heads (" << q.size(1) << ") must be a multiple of the number of kv "
       << "heads (" << kv.num_heads << ")";
@@ -121,7 +127,7 @@ inline void fill_tensor_params(AttentionParams& p, const TensorView& q, const Te
   p.v_stride_page = kv.v_stride_page;
   p.v_stride_n = kv.v_stride_n;
   p.v_stride_h = kv.v_stride_h;
-  p.page_size = static_cast<int32_t>(kv.page_size);
+  p.page_size = flashinfer::FastDiv(static_cast<uint32_t>(kv.page_size));
   p.num_qo_heads = static_cast<int32_t>(q.size(1));
   p.num_kv_heads = static_cast<int32_t>(kv.num_heads);
   p.group_size = p.num_qo_heads / p.num_kv_heads;

@@ -68,6 +68,21 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float c[4], const uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/// a * b as a 64-bit product of two 32-bit ints (one IMAD.WIDE; C++ would widen both first).
+__device__ __forceinline__ int64_t mul_wide(int a, int b) {
+  int64_t c;
+  asm("mul.wide.s32 %0, %1, %2;" : "=l"(c) : "r"(a), "r"(b));
+  return c;
+}
+
+/// 2^x in one instruction (MUFU.EX2); subnormal results flush to 0, which for softmax weights
+/// (all <= 1, summed with at least one 1) changes nothing.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 /// Two floats rounded into one register of two T (the A operand of P*V).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);

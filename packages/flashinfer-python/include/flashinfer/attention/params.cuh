@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "../fastdiv.cuh"
+
 namespace flashinfer {
 namespace attn {
 
@@ -43,7 +45,7 @@ struct AttentionParams {
   const int32_t* kv_indptr;
   const int32_t* kv_indices;
   const int32_t* kv_last_page_len;
-  int32_t page_size;
+  FastDiv page_size;  // tokens per page (.d); divides token indices without a hardware division
 
   // The plan. Work item i (of *num_items) is request request_idx[i], packed-row tile
   // qo_tile_idx[i] (CTA_TILE_Q rows of the request's qo_len * group_size packed rows) and KV

@@ -31,6 +31,10 @@
 #include "mma.cuh"
 #include "params.cuh"
 
+#ifndef FLASHINFER_ATTENTION_STAGES
+#define FLASHINFER_ATTENTION_STAGES 3
+#endif
+
 namespace flashinfer {
 namespace attn {
 
@@ -69,8 +73,10 @@ struct KernelTraits {
   // are re-read from shared memory for each KV tile (the O accumulators need the registers).
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
   // Tiles in flight per key stream: three (loads issued two tiles ahead) where shared memory
-  // allows two CTAs per SM; head_dim 256 keeps two.
-  static constexpr int kStages = HEAD_DIM_ <= 128 ? 3 : 2;
+  // allows two CTAs per SM; head_dim 256 keeps two. FLASHINFER_ATTENTION_STAGES overrides the
+  // first (benchmarks/tune_attention.py).
+  static constexpr int kStages = HEAD_DIM_ <= 128 ? FLASHINFER_ATTENTION_STAGES : 2;
+  static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
   static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
   static constexpr size_t kKVSmem = size_t(kWarpsKV) * kStages * 2 /*K,V*/ * kTileKV *
@@ -150,7 +156,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   if constexpr (KT::kPaged) {
     page_begin = p.kv_indptr[b];
     const int pages = p.kv_indptr[b + 1] - page_begin;
-    kv_len = pages > 0 ? (pages - 1) * p.page_size + p.kv_last_page_len[b] : 0;
+    kv_len = pages > 0 ? (pages - 1) * int(p.page_size.d) + p.kv_last_page_len[b] : 0;
   } else {
     kv_token_begin = p.kv_indptr[b];
     kv_len = p.kv_indptr[b + 1] - int(kv_token_begin);
@@ -196,47 +202,56 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   cp_async_commit();
 
   // 3. K/V tile loader: thread gtid owns chunk gtid % kChunks of rows gtid / kChunks + j * step.
-  // The rows' token offsets (page table lookups for a paged cache) are fetched one tile ahead
-  // into registers and shared by the K and V loads of that tile: a lookup is a dependent global
-  // load, and issuing it just before the copies it feeds would double the latency of each tile.
+  // Where each of its rows lives (page id and slot for a paged cache, token for a ragged one) is
+  // looked up one tile ahead into registers and shared by the K and V loads of that tile: a page
+  // table read is a dependent global load, and issuing it just before the copies it feeds would
+  // double the latency of each tile. Rows past the end are clamped to the last key (an address
+  // that exists) and copied as zeros, so the loads need no branches.
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   constexpr int kRowStep = KT::kGroupThreads / kChunks;
   constexpr int kRowsPerThread = kTileKV / kRowStep;
+  static_assert(kRowsPerThread <= 32, "row validity is a 32-bit mask");
   const int my_chunk = gtid % kChunks, my_row0 = gtid / kChunks;
-  int row_page[kRowsPerThread], row_tok[kRowsPerThread];  // page id (paged) and token index
+  const T* k_base = k + int64_t(kv_head) * p.k_stride_h + my_chunk * 8;
+  const T* v_base = v + int64_t(kv_head) * p.v_stride_h + my_chunk * 8;
+  if constexpr (!KT::kPaged) {
+    k_base += kv_token_begin * p.k_stride_n;
+    v_base += kv_token_begin * p.v_stride_n;
+  }
+  int row_page[KT::kPaged ? kRowsPerThread : 1];  // page id (paged only)
+  int row_slot[kRowsPerThread];                    // slot in the page, or token (ragged)
+  uint32_t row_valid = 0;                          // bit j: row j is a key of this chunk
   auto lookup = [&](int tile) {
     const int base = kv_lo + tile * kTileKV;
+    row_valid = 0;
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
       const int tok = base + my_row0 + j * kRowStep;
-      row_tok[j] = tok;
+      row_valid |= uint32_t(tok < kv_hi) << j;
+      const int clamped = min(tok, kv_hi - 1);
       if constexpr (KT::kPaged) {
-        row_page[j] = tok < kv_hi ? p.kv_indices[page_begin + tok / p.page_size] : 0;
+        uint32_t page, slot;
+        p.page_size.divmod(uint32_t(clamped), page, slot);
+        row_page[j] = p.kv_indices[page_begin + int(page)];
+        row_slot[j] = int(slot);
+      } else {
+        row_slot[j] = clamped;
       }
     }
   };
   auto load = [&](int stage, bool is_v) {
     T* dst = is_v ? v_tile(stage) : k_tile(stage);
-    const T* src0 = is_v ? v : k;
-    const int64_t s_page = is_v ? p.v_stride_page : p.k_stride_page;
-    const int64_t s_n = is_v ? p.v_stride_n : p.k_stride_n;
-    const int64_t s_h = is_v ? p.v_stride_h : p.k_stride_h;
+    const T* src0 = is_v ? v_base : k_base;
+    // Strides are below 2^31 (checked by the binding): 32 x 32 -> 64-bit products.
+    const int s_page = int(is_v ? p.v_stride_page : p.k_stride_page);
+    const int s_n = int(is_v ? p.v_stride_n : p.k_stride_n);
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
-      const int tok = row_tok[j];
-      const bool valid = tok < kv_hi;
-      const T* src = src0;
-      if (valid) {
-        int64_t off;
-        if constexpr (KT::kPaged) {
-          off = int64_t(row_page[j]) * s_page + int64_t(tok % p.page_size) * s_n;
-        } else {
-          off = (kv_token_begin + tok) * s_n;
-        }
-        src = src0 + off + int64_t(kv_head) * s_h + my_chunk * 8;
-      }
-      cp_async_16(dst + Tile::offset(my_row0 + j * kRowStep, my_chunk), src, valid);
+      int64_t off = mul_wide(row_slot[j], s_n);
+      if constexpr (KT::kPaged) off += mul_wide(row_page[j], s_page);
+      cp_async_16(dst + Tile::offset(my_row0 + j * kRowStep, my_chunk), src0 + off,
+                  (row_valid >> j) & 1);
     }
   };
 
@@ -349,30 +364,53 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
     if (ahead < my_tiles) load(ahead % kStages, false);
     cp_async_commit();
 
-    // Logits transform and mask.
+    // Logits transform, then the mask: each a straight pass over S with its run-time choice
+    // made once outside it (a per-element branch splits the unrolled loop into hundreds of
+    // small blocks, and the compiler then cannot overlap it with the MMAs around it).
+    if (p.softcap_post != 0.f) {
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int n = 0; n < 2 * kMmaKV; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s[mq][n][e] = p.softcap_post * tanhf(s[mq][n][e] * p.softcap_pre);
+    } else {
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int n = 0; n < 2 * kMmaKV; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mq][n][e] *= p.sm_scale_log2;
+    }
+    if constexpr (KT::kPos == PosEncoding::kAlibi) {
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int n = 0; n < 2 * kMmaKV; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int kv = base + n * 8 + 2 * t + (e & 1);
+            s[mq][n][e] += row_slope[mq][e / 2] * float(kv - (delta + row_qo[mq][e / 2]));
+          }
+    }
     const bool need_mask = kCustom || base + kTileKV > kv_hi ||
                            (kCausal && base + kTileKV - 1 > delta + qo_first) ||
                            (p.window_left >= 0 && base < delta + qo_last - p.window_left);
+    if (need_mask) {
+      // With no window the lower bound lies far below every key.
+      const int window = p.window_left >= 0 ? p.window_left : 0x3fffffff;
 #pragma unroll
-    for (int mq = 0; mq < kMmaQ; ++mq) {
+      for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
-      for (int n = 0; n < 2 * kMmaKV; ++n) {
+        for (int n = 0; n < 2 * kMmaKV; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e / 2;
-          const int kv = base + n * 8 + 2 * t + (e & 1);
-          const int q_pos = delta + row_qo[mq][r];
-          float x = s[mq][n][e];
-          if (p.softcap_post != 0.f) {
-            x = p.softcap_post * tanhf(x * p.softcap_pre);
-          } else {
-            x *= p.sm_scale_log2;
-          }
-          if constexpr (KT::kPos == PosEncoding::kAlibi) x += row_slope[mq][r] * float(kv - q_pos);
-          if (need_mask) {
-            bool keep = kv < kv_hi;
+          for (int e = 0; e < 4; ++e) {
+            const int r = e / 2;
+            const int kv = base + n * 8 + 2 * t + (e & 1);
+            const int q_pos = delta + row_qo[mq][r];
+            bool keep = kv < kv_hi && kv >= q_pos - window;
             if constexpr (kCausal) keep = keep && kv <= q_pos;
-            if (p.window_left >= 0) keep = keep && kv >= q_pos - p.window_left;
             if constexpr (kCustom) {
               if (keep) {
                 const int64_t bit = int64_t(row_qo[mq][r]) * kv_len + kv;
@@ -380,14 +418,14 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
                        ((p.custom_mask[p.mask_indptr[b] + (bit >> 3)] >> (bit & 7)) & 1);
               }
             }
-            if (!keep) x = -INFINITY;
+            s[mq][n][e] = keep ? s[mq][n][e] : -INFINITY;
           }
-          s[mq][n][e] = x;
-        }
-      }
     }
 
-    // Online softmax (base 2).
+    // Online softmax (base 2). The O rescale is skipped when no row of the warp raised its
+    // maximum (the usual case once a row has seen its largest logits; exp2(0) is exactly 1).
+    bool rescale = false;
+    float row_scale[kMmaQ][2];
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
@@ -398,19 +436,26 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
         const float m_safe = mx == -INFINITY ? 0.f : mx;
-        const float scale = exp2f(m[mq][r] - m_safe);  // m_old = -inf -> 0
+        rescale |= mx != m[mq][r];
+        row_scale[mq][r] = fast_exp2(m[mq][r] - m_safe);  // m_old = -inf -> 0
         m[mq][r] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < 2 * kMmaKV; ++n) {
-          s[mq][n][2 * r] = exp2f(s[mq][n][2 * r] - m_safe);
-          s[mq][n][2 * r + 1] = exp2f(s[mq][n][2 * r + 1] - m_safe);
+          s[mq][n][2 * r] = fast_exp2(s[mq][n][2 * r] - m_safe);
+          s[mq][n][2 * r + 1] = fast_exp2(s[mq][n][2 * r + 1] - m_safe);
           sum += s[mq][n][2 * r] + s[mq][n][2 * r + 1];
         }
-        d[mq][r] = d[mq][r] * scale + sum;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) o[mq][n][2 * r] *= scale, o[mq][n][2 * r + 1] *= scale;
+        d[mq][r] = d[mq][r] * row_scale[mq][r] + sum;
       }
+    }
+    if (__any_sync(0xffffffff, rescale)) {
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[mq][n][e] *= row_scale[mq][e / 2];
     }
 
     cp_async_wait<2 * kStages - 3>();  // V[j]
