@@ -30,11 +30,11 @@ from flashinfer.jit.core import get_module  # noqa: E402
 
 VARIANTS = {
     "default": (),
-    "stages 2": ("STAGES=2",),
-    "stages 4": ("STAGES=4",),
-    "cta0 4 streams x 32 keys": ("CTA0_MMA_KV=2",),
+    "cta2 = 8 warps x 16 rows, 64-key steps": ("CTA2_WARPS_Q=8", "CTA2_MMA_Q=1", "CTA2_MMA_KV=4"),
+    "cta2 64-key steps (spills)": ("CTA2_MMA_KV=4",),
+    "cta1 32-key steps": ("CTA1_MMA_KV=2",),
     "cta0 2 streams x 32 keys": ("CTA0_WARPS_KV=2", "CTA0_MMA_KV=2"),
-    "cta0 8 streams x 16 keys, stages 2": ("CTA0_WARPS_KV=8", "STAGES=2"),
+    "stages 2": ("STAGES=2",),
 }
 MODULES = [
     AttentionVariant("bfloat16", "bfloat16", 128, "none", "NONE", True),     # decode
@@ -94,10 +94,14 @@ def cases():
                    shuffle_pages=False),
         ba._decode(64, 4096, True, 362.8, "<= 350 us", note=", HND", layout="HND"),
         ba._decode(1, 32768, True, 56.0, "<= 50 us"),
+        *(ba._decode(1, 32768, True, 56.0, "<= 50 us", split, f", chunk {split}")
+          for split in (256, 512, 2048)),
+        ba._decode(64, 4096, True, 362.8, "<= 350 us", 2048, ", chunk 2048"),
         ba._decode(128, 8192, True, 1420.0, "<= 1390 us"),
         ba._single_prefill(16384, 5824.0, "<= 5800 us"),
         ba._with_cta(1, ba._single_prefill, 16384, 5824.0, "<= 5800 us"),
         ba._ragged_prefill(16, 1024, 452.0, "<= 450 us"),
+        ba._with_cta(1, ba._ragged_prefill, 16, 1024, 452.0, "<= 450 us"),
         ba._paged_prefill(8, 2048, 906.0, "<= 900 us"),
     ]
 

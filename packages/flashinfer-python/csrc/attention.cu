@@ -39,7 +39,8 @@ using Traits = KernelTraits<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, W
 //   2: 128 rows, 4 x 1 warps, two MMA tiles per warp (head_dim <= 128: register budget)
 // KV step: 64 keys for head_dim <= 128, 32 for 256 (shared memory: two stages of K and V).
 constexpr int kStepKV = kHeadDim <= 128 ? 4 : 2;
-// Shape knobs of CTA 0 for benchmarks/tune_attention.py, which compiles variants side by side.
+// Shape knobs (FLASHINFER_ATTENTION_CTA{0,1,2}_*) for benchmarks/tune_attention.py, which
+// compiles variants side by side.
 #ifndef FLASHINFER_ATTENTION_CTA0_WARPS_KV
 #define FLASHINFER_ATTENTION_CTA0_WARPS_KV 4
 #endif
@@ -47,10 +48,24 @@ constexpr int kStepKV = kHeadDim <= 128 ? 4 : 2;
 #define FLASHINFER_ATTENTION_CTA0_MMA_KV 1
 #endif
 using Cta0 = Traits<1, FLASHINFER_ATTENTION_CTA0_WARPS_KV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV>;
-using Cta1 = Traits<4, 1, 1, kStepKV>;
+#ifndef FLASHINFER_ATTENTION_CTA1_MMA_KV
+#define FLASHINFER_ATTENTION_CTA1_MMA_KV kStepKV
+#endif
+using Cta1 = Traits<4, 1, 1, FLASHINFER_ATTENTION_CTA1_MMA_KV>;
 // Two MMA tiles per warp hold 2 x head_dim/8 x 4 accumulators: 32-key steps keep S small
-// enough that nothing spills at head_dim 128 (64-key steps spilled 224 bytes).
-using Cta2 = Traits<4, 1, (kHeadDim <= 128 ? 2 : 1), (kHeadDim == 128 ? 2 : kStepKV)>;
+// enough that almost nothing spills at head_dim 128 (64-key steps spill 168 bytes and run 40%
+// slower: benchmarks/results/*-tune-attention.json).
+#ifndef FLASHINFER_ATTENTION_CTA2_MMA_KV
+#define FLASHINFER_ATTENTION_CTA2_MMA_KV (kHeadDim == 128 ? 2 : kStepKV)
+#endif
+#ifndef FLASHINFER_ATTENTION_CTA2_WARPS_Q  // with CTA2_MMA_Q: warps x 16-row tiles = 128 rows
+#define FLASHINFER_ATTENTION_CTA2_WARPS_Q 4
+#endif
+#ifndef FLASHINFER_ATTENTION_CTA2_MMA_Q
+#define FLASHINFER_ATTENTION_CTA2_MMA_Q (kHeadDim <= 128 ? 2 : 1)
+#endif
+using Cta2 = Traits<FLASHINFER_ATTENTION_CTA2_WARPS_Q, 1, FLASHINFER_ATTENTION_CTA2_MMA_Q,
+                    FLASHINFER_ATTENTION_CTA2_MMA_KV>;
 
 int tile_q(int64_t cta) {
   switch (cta) {
