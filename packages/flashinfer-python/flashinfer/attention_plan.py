@@ -73,12 +73,14 @@ def choose_cta(max_packed_rows: int, head_dim: int) -> int:
     """The CTA shape for a batch whose longest request has ``max_packed_rows`` packed rows.
 
     16 rows when every request fits one MMA tile (decode, short queries): four independent key
-    streams keep the memory system busy. 64 rows for medium queries; 128 rows (head_dim <= 128)
-    for long ones, where sharing each K/V tile among more rows halves the shared-memory traffic.
+    streams keep the memory system busy. 64 rows otherwise, except for long queries at
+    head_dim 64, which take 128 rows. At head_dim 128 the 128-row shape shares each K/V tile
+    among twice the rows but needs 32-key steps to fit its registers, and measured 3-7% slower
+    on the H100 (benchmarks/results/*-tune-attention*.json).
     """
     if max_packed_rows <= 16:
         return 0
-    if max_packed_rows <= 64 or head_dim > 128:
+    if max_packed_rows <= 64 or head_dim >= 128:
         return 1
     return 2
 

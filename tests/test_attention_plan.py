@@ -1,0 +1,114 @@
+"""The host scheduler (flashinfer.attention_plan): pure functions, tested on the CPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from flashinfer.attention_plan import HEADER, choose_chunk_size, choose_cta, schedule
+
+SMS = 132
+
+
+def _items(plan, buf):
+    """(request, qo_tile, kv_chunk) of every item, in plan order."""
+    cap = plan.item_capacity
+    cols = [buf[HEADER + i * cap:HEADER + i * cap + plan.num_items].tolist() for i in range(3)]
+    return list(zip(*cols))
+
+
+def _check_cover(qo_lens, kv_lens, plan, buf, group_size):
+    """Every (request, qo tile, kv chunk) appears exactly once."""
+    expect = set()
+    for b, (qo, kv) in enumerate(zip(qo_lens, kv_lens)):
+        tiles = math.ceil(qo * group_size / plan.tile_q)
+        chunks = max(1, math.ceil(kv / plan.kv_chunk_size)) if plan.kv_chunk_size else 1
+        expect |= {(b, t, c) for t in range(tiles) for c in range(chunks)}
+    got = _items(plan, buf)
+    assert len(got) == len(set(got)) == plan.num_items
+    assert set(got) == expect
+
+
+@pytest.mark.parametrize("rows, head_dim, cta", [
+    (1, 128, 0), (16, 128, 0), (17, 128, 1), (64, 128, 1), (65, 128, 1), (100_000, 128, 1),
+    (65, 64, 2), (100_000, 256, 1),
+])
+def test_choose_cta(rows, head_dim, cta):
+    assert choose_cta(rows, head_dim) == cta
+
+
+def test_chunk_size_splits_long_sequences_only_when_the_chip_is_not_full():
+    assert choose_chunk_size([32768], [1], 8, 264) == 1024
+    assert choose_chunk_size([4096] * 64, [1] * 64, 8, 264) == 0  # 512 CTAs already
+    assert choose_chunk_size([100], [1], 8, 264) == 0  # shorter than the smallest chunk
+    chunk = choose_chunk_size([5000, 70, 131072], [1, 1, 1], 4, 264)
+    assert chunk % 64 == 0 and chunk >= 256
+    ctas = 4 * sum(max(1, math.ceil(k / chunk)) for k in (5000, 70, 131072))
+    assert ctas <= 264
+
+
+@pytest.mark.parametrize("qo_lens, kv_lens, group_size", [
+    ([1] * 7, [1, 17, 4096, 0, 33, 999, 131072], 4),  # decode with an empty request
+    ([1], [32768], 8),
+    ([300, 1, 0, 2048], [700, 5, 9, 2048], 1),         # prefill, qo > kv nowhere
+    ([513], [513], 4),
+])
+def test_schedule_covers_every_tile_and_chunk_once(qo_lens, kv_lens, group_size):
+    plan, buf = schedule(qo_lens, kv_lens, group_size=group_size, num_kv_heads=8,
+                         head_dim=128, num_sms=SMS)
+    assert buf.dtype == torch.int32 and buf.numel() == plan.buffer_len
+    assert buf[0].item() == plan.num_items and buf[1].item() == plan.kv_chunk_size
+    _check_cover(qo_lens, kv_lens, plan, buf, group_size)
+    assert plan.grid_x == plan.num_items == plan.item_capacity
+    assert plan.num_rows == sum(qo_lens)
+
+
+def test_split_merge_indptr_counts_chunks_per_query_row():
+    qo_lens, kv_lens = [1, 2, 1], [5000, 10, 0]
+    plan, buf = schedule(qo_lens, kv_lens, group_size=4, num_kv_heads=8, head_dim=128,
+                         num_sms=SMS, kv_chunk_size=1024)
+    assert plan.split_kv and plan.kv_chunk_size == 1024
+    merge = buf[HEADER + 3 * plan.item_capacity:].tolist()
+    assert merge == [0, 5, 6, 7, 8]  # 5 chunks for row 0, 1 each for the rest
+    assert plan.num_partials == 8
+
+
+def test_items_longest_first_and_causal_cost():
+    plan, buf = schedule([1024, 1024], [1024, 4096], group_size=1, num_kv_heads=1,
+                         head_dim=128, num_sms=SMS, causal=True, disable_split_kv=True)
+    items = _items(plan, buf)
+    # The first item is a tile of the long request: its last tile sees all 4096 keys.
+    assert items[0] == (1, plan.num_items // 2 - 1, 0)
+    assert items[-1] == (0, 0, 0)  # the first tile of the short causal request sees 64 keys
+
+
+def test_no_split_options():
+    for kwargs in ({"disable_split_kv": True}, {"kv_chunk_size": 0}):
+        plan, _ = schedule([1], [131072], group_size=4, num_kv_heads=8, head_dim=128,
+                           num_sms=SMS, **kwargs)
+        assert not plan.split_kv and plan.kv_chunk_size == 0 and plan.num_items == 1
+
+
+def test_cuda_graph_capacity_keeps_the_launch_shape():
+    plan, buf = schedule([1] * 3, [10, 20, 30], group_size=4, num_kv_heads=8, head_dim=128,
+                         num_sms=SMS, item_capacity=64, force_split=True, cta=0)
+    assert plan.grid_x == plan.item_capacity == 64 and plan.num_items == 3
+    assert plan.split_kv  # forced: the captured graph always runs the merge
+    assert buf.numel() == HEADER + 3 * 64 + 3 + 1
+    with pytest.raises(ValueError, match="more than the 2 this wrapper was sized for"):
+        schedule([1] * 3, [10, 20, 30], group_size=4, num_kv_heads=8, head_dim=128,
+                 num_sms=SMS, item_capacity=2)
+
+
+@pytest.mark.parametrize("qo_lens, kv_lens, kwargs, match", [
+    ([1, 2], [3], {}, "one entry per request"),
+    ([-1], [3], {}, ">= 0"),
+    ([1], [-3], {}, ">= 0"),
+    ([1], [3], {"kv_chunk_size": -5}, "fixed_split_size must be >= 0"),
+])
+def test_schedule_rejects_bad_input(qo_lens, kv_lens, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        schedule(qo_lens, kv_lens, group_size=1, num_kv_heads=1, head_dim=128, num_sms=SMS,
+                 **kwargs)
