@@ -202,16 +202,15 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   cp_async_commit();
 
   // 3. K/V tile loader: thread gtid owns chunk gtid % kChunks of rows gtid / kChunks + j * step.
-  // Where each of its rows lives (page id and slot for a paged cache, token for a ragged one) is
-  // looked up one tile ahead into registers and shared by the K and V loads of that tile: a page
-  // table read is a dependent global load, and issuing it just before the copies it feeds would
-  // double the latency of each tile. Rows past the end are clamped to the last key (an address
-  // that exists) and copied as zeros, so the loads need no branches.
+  // The page ids of its rows are looked up one tile ahead into registers and shared by the K and
+  // V loads of that tile: a page table read is a dependent global load, and issuing it just
+  // before the copies it feeds would double the latency of each tile. Rows past the end are
+  // clamped to the last key (an address that exists) and copied as zeros, so the loads need no
+  // branches.
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   constexpr int kRowStep = KT::kGroupThreads / kChunks;
   constexpr int kRowsPerThread = kTileKV / kRowStep;
-  static_assert(kRowsPerThread <= 32, "row validity is a 32-bit mask");
   const int my_chunk = gtid % kChunks, my_row0 = gtid / kChunks;
   const T* k_base = k + int64_t(kv_head) * p.k_stride_h + my_chunk * 8;
   const T* v_base = v + int64_t(kv_head) * p.v_stride_h + my_chunk * 8;
@@ -219,24 +218,17 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
     k_base += kv_token_begin * p.k_stride_n;
     v_base += kv_token_begin * p.v_stride_n;
   }
-  int row_page[KT::kPaged ? kRowsPerThread : 1];  // page id (paged only)
-  int row_slot[kRowsPerThread];                    // slot in the page, or token (ragged)
-  uint32_t row_valid = 0;                          // bit j: row j is a key of this chunk
+  // Per row only the page id is kept (registers are scarce at 128 rows x 64 keys); token, slot
+  // and validity are recomputed from the tile's first key when the copies are issued.
+  int row_page[KT::kPaged ? kRowsPerThread : 1];
+  int fetched_base = 0;  // first key of the tile the lookup was for
   auto lookup = [&](int tile) {
-    const int base = kv_lo + tile * kTileKV;
-    row_valid = 0;
+    fetched_base = kv_lo + tile * kTileKV;
+    if constexpr (KT::kPaged) {
 #pragma unroll
-    for (int j = 0; j < kRowsPerThread; ++j) {
-      const int tok = base + my_row0 + j * kRowStep;
-      row_valid |= uint32_t(tok < kv_hi) << j;
-      const int clamped = min(tok, kv_hi - 1);
-      if constexpr (KT::kPaged) {
-        uint32_t page, slot;
-        p.page_size.divmod(uint32_t(clamped), page, slot);
-        row_page[j] = p.kv_indices[page_begin + int(page)];
-        row_slot[j] = int(slot);
-      } else {
-        row_slot[j] = clamped;
+      for (int j = 0; j < kRowsPerThread; ++j) {
+        const int tok = min(fetched_base + my_row0 + j * kRowStep, kv_hi - 1);
+        row_page[j] = p.kv_indices[page_begin + int(p.page_size.div(uint32_t(tok)))];
       }
     }
   };
@@ -248,10 +240,18 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
     const int s_n = int(is_v ? p.v_stride_n : p.k_stride_n);
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
-      int64_t off = mul_wide(row_slot[j], s_n);
-      if constexpr (KT::kPaged) off += mul_wide(row_page[j], s_page);
+      const int tok = fetched_base + my_row0 + j * kRowStep;
+      const int clamped = min(tok, kv_hi - 1);
+      int64_t off;
+      if constexpr (KT::kPaged) {
+        uint32_t page, slot;
+        p.page_size.divmod(uint32_t(clamped), page, slot);
+        off = mul_wide(int(slot), s_n) + mul_wide(row_page[j], s_page);
+      } else {
+        off = mul_wide(clamped, s_n);
+      }
       cp_async_16(dst + Tile::offset(my_row0 + j * kRowStep, my_chunk), src0 + off,
-                  (row_valid >> j) & 1);
+                  tok < kv_hi);
     }
   };
 
