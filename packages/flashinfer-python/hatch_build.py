@@ -30,9 +30,19 @@ def git_commit(root: Path) -> str:
     return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
+#: extra name -> sibling distribution; each extra pins its sibling to exactly our version.
+SIBLING_EXTRAS = {"jit-cache": "flashinfer-jit-cache", "cubin": "flashinfer-cubin"}
+
+
 class CustomMetadataHook(MetadataHookInterface):
     def update(self, metadata: dict) -> None:
-        metadata["version"] = read_version(Path(self.root))
+        version = read_version(Path(self.root))
+        metadata["version"] = version
+        # "==X.Y.Z" also matches the jit-cache wheel's "X.Y.Z+cu130" (PEP 440 ignores the local
+        # label when the specifier has none); which CUDA build is chosen by the index.
+        metadata["optional-dependencies"] = {
+            extra: [f"{dist}=={version}"] for extra, dist in SIBLING_EXTRAS.items()
+        }
 
 
 class CustomBuildHook(BuildHookInterface):

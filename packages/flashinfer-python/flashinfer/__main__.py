@@ -124,6 +124,13 @@ def _jit_lines() -> List[str]:
     return lines
 
 
+def _jit_cache_lines() -> List[str]:
+    """The installed flashinfer-jit-cache's manifest: version, arch list, CUDA, modules."""
+    from .jit import jit_cache
+
+    return jit_cache.describe()
+
+
 def _cubin_count(cubin_dir: Path) -> int:
     return sum(1 for _ in cubin_dir.rglob("*.cubin")) if cubin_dir.is_dir() else 0
 
@@ -154,6 +161,7 @@ def show_config() -> None:
     _section("Torch Version Info", _torch_lines)
     _section("Environment Variables", _env_lines)
     _section("JIT", _jit_lines)
+    _section("JIT Cache Wheel", _jit_cache_lines)
     _section("Artifact Path", lambda: [str(knobs.artifacts.cubin_dir)])
     _section("Downloaded Cubins", lambda: [str(_cubin_count(knobs.artifacts.cubin_dir))])
     _section("Module Status", lambda: [_module_counts(_jit_core().module_status())])

@@ -38,9 +38,17 @@ def registered_specs() -> list[JitSpec]:
     ]
 
 
+def _minutes(s: float) -> str:
+    return f"{int(s) // 60}m{int(s) % 60:02d}s"
+
+
 def build_all(specs: Sequence[JitSpec], jobs: int = 4) -> dict[str, float]:
-    """Build (or load) every spec, ``jobs`` at a time; returns seconds per module."""
+    """Build (or load) every spec, ``jobs`` at a time; returns seconds per module.
+
+    Prints one progress line per finished module on stderr: ``[i/N] name: seconds``, the time
+    since the start and a naive estimate of what is left (the mean so far times what remains)."""
     seconds: dict[str, float] = {}
+    start = time.monotonic()
 
     def one(spec: JitSpec) -> tuple[str, float]:
         start = time.monotonic()
@@ -52,7 +60,10 @@ def build_all(specs: Sequence[JitSpec], jobs: int = 4) -> dict[str, float]:
         for i, fut in enumerate(as_completed(futures), 1):
             name, secs = fut.result()
             seconds[name] = secs
-            print(f"[{i}/{len(specs)}] {name}: {secs:.1f} s", file=sys.stderr, flush=True)
+            elapsed = time.monotonic() - start
+            left = elapsed / i * (len(specs) - i)
+            print(f"[{i}/{len(specs)}] {name}: {secs:.1f} s (elapsed {_minutes(elapsed)}, "
+                  f"~{_minutes(left)} left)", file=sys.stderr, flush=True)
     return seconds
 
 

@@ -170,6 +170,10 @@ class JitKnobs(KnobGroup):
     debug = env_bool("FLASHINFER_JIT_DEBUG", doc="Build with -g -G -O0.")
     lineinfo = env_bool("FLASHINFER_JIT_LINEINFO", doc="Build with -lineinfo.")
     disable_jit = env_bool("FLASHINFER_DISABLE_JIT", doc="Never compile; missing module raises.")
+    aot_modules = env_str(
+        "FLASHINFER_AOT_MODULES",
+        doc="Comma-separated module names the jit-cache wheel build is limited to; default: all.",
+    )
 
 
 class CacheKnobs(KnobGroup):

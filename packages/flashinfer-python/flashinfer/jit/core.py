@@ -18,7 +18,6 @@ any number of processes can start cold at once and a killed build blocks nothing
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -28,13 +27,14 @@ import shutil
 import subprocess
 import threading
 import time
+import warnings
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 from .. import knobs
+from .._filelock import file_lock
 from ..exceptions import CompilerNotFoundError, JitCompileError, MissingJITCacheError
 from . import archs as _archs
 from . import toolchain
@@ -158,10 +158,18 @@ def local_headers(sources: Sequence[Path], include_dirs: Sequence[Path]) -> list
     return sorted(seen)
 
 
+#: Force-included into every translation unit (found on the csrc include path, so the flag
+#: names no install path): it keeps the host code's glibc/libstdc++ symbol versions within
+#: manylinux_2_28, so a module built on a new distribution loads on an old one (the jit-cache
+#: wheel's tag promises it; tools/wheels/check.py verifies it).
+COMPAT_HEADER = "manylinux_compat.h"
+
+
 def _flags(spec: JitSpec, archs: Sequence[_archs.Arch]) -> tuple[list[str], list[str], list[str]]:
     jk = knobs.jit
     opt = ["-O0", "-g"] if jk.debug else ["-O3", "-DNDEBUG"]
-    cuda = ["-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", *opt]
+    compat = ["-include", COMPAT_HEADER]
+    cuda = ["-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", *compat, *opt]
     if jk.debug:
         cuda.append("-G")
     elif jk.lineinfo:
@@ -169,7 +177,7 @@ def _flags(spec: JitSpec, archs: Sequence[_archs.Arch]) -> tuple[list[str], list
     cuda += [f for a in archs for f in a.gencode_flags()]
     cuda += ["--threads", str(jk.nvcc_threads), "-ccbin", toolchain.host_compiler()]
     cuda += [*spec.extra_cuda_cflags, *jk.extra_cudaflags]
-    cflags = ["-std=c++17", "-fPIC", *opt, *spec.extra_cflags, *jk.extra_cflags]
+    cflags = ["-std=c++17", "-fPIC", *compat, *opt, *spec.extra_cflags, *jk.extra_cflags]
     _, libtvm = toolchain.tvm_ffi_paths()
     home = toolchain.cuda_home()
     cudalib = [f"-L{home / 'lib64'}", f"-Wl,-rpath,{home / 'lib64'}"] if home else []
@@ -178,11 +186,45 @@ def _flags(spec: JitSpec, archs: Sequence[_archs.Arch]) -> tuple[list[str], list
     return cuda, cflags, ldflags
 
 
-def plan_build(spec: JitSpec) -> BuildPlan:
-    """Resolve ``spec`` against the current knobs and toolchain, and hash it."""
-    archs = _archs.select_archs(
-        _archs.requested_archs(), spec.supported_major_versions, spec.name
-    )
+def target_archs(spec: JitSpec) -> list[_archs.Arch]:
+    """The archs ``spec`` is built for now: the requested ones whose major it supports."""
+    return _archs.select_archs(_archs.requested_archs(), spec.supported_major_versions, spec.name)
+
+
+class _SourceHash(NamedTuple):
+    hasher: Any  # hashlib sha256, fed with everything but the toolchain's identity
+    sources: list[Path]
+    include_dirs: list[Path]
+    cuda: list[str]
+    cflags: list[str]
+    ldflags: list[str]
+    inputs: list[str]
+
+
+def _add(h: Any, tag: str, data: bytes) -> None:
+    h.update(tag.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+
+
+def _key_flags(flags: Sequence[str]) -> list[str]:
+    """The flags that name the binary. Paths are dropped (the bytes behind -I count, not where
+    they are: they differ between installs of one version), and so are ``-ccbin X`` (the host
+    compiler's identity is in the build key) and ``--threads N`` (no effect on the output), so
+    the URI stays toolchain-independent and a jit-cache wheel matches whatever CXX or
+    FLASHINFER_NVCC_THREADS the user has."""
+    kept, skip_next = [], False
+    for f in flags:
+        if skip_next:
+            skip_next = False
+        elif f in ("-ccbin", "--threads"):
+            skip_next = True
+        elif not f.startswith(("-I", "-L", "-Wl,-rpath")):
+            kept.append(f)
+    return kept
+
+
+def _hash_sources(spec: JitSpec, archs: Sequence[_archs.Arch]) -> _SourceHash:
+    """Hash what the module's URI names (versions, archs, flags, source and header bytes).
+    Touches neither nvcc nor the host compiler, so a jit-cache lookup works without them."""
     sources = spec.source_paths()
     tvm_includes, _ = toolchain.tvm_ffi_paths()
     ours = [toolchain.include_dir(), toolchain.csrc_dir(), *map(Path, spec.extra_include_dirs)]
@@ -194,43 +236,52 @@ def plan_build(spec: JitSpec) -> BuildPlan:
     from .. import __version__
 
     h = hashlib.sha256()
-
-    def add(tag: str, data: bytes) -> None:
-        h.update(tag.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
-
-    add("flashinfer", __version__.encode())
-    add("tvm-ffi", toolchain.tvm_ffi_version().encode())
-    add("archs", " ".join(map(str, archs)).encode())
-    # Include dirs differ between installs of the same version; the headers' bytes matter, not
-    # where they are, so flags are hashed without the -I entries.
+    _add(h, "flashinfer", __version__.encode())
+    _add(h, "tvm-ffi", toolchain.tvm_ffi_version().encode())
+    _add(h, "archs", " ".join(map(str, archs)).encode())
     for tag, flags in (("cuda_cflags", cuda), ("cflags", cflags), ("ldflags", ldflags)):
-        add(tag, "\0".join(f for f in flags if not f.startswith(("-I", "-L", "-Wl,-rpath"))).encode())
-    headers = local_headers(sources, ours)
+        _add(h, tag, "\0".join(_key_flags(flags)).encode())
+    compat = (toolchain.csrc_dir() / COMPAT_HEADER).resolve()
+    headers = sorted({compat, *local_headers([*sources, compat], ours)})
     inputs = []
     for path in [*sources, *headers]:
         try:
             data = path.read_bytes()
         except OSError as e:
             raise FileNotFoundError(f"source of JIT module {spec.name!r} not found: {path}") from e
-        add("file:" + path.name, data)
+        _add(h, "file:" + path.name, data)
         inputs.append(str(path))
+    return _SourceHash(h, sources, include_dirs, cuda, cflags, ldflags, inputs)
+
+
+def module_uri(spec: JitSpec, archs: Sequence[_archs.Arch]) -> str:
+    """The URI of ``spec`` built for ``archs`` here: the key of the jit-cache wheel."""
+    return f"{spec.name}_{_hash_sources(spec, archs).hasher.hexdigest()[:16]}"
+
+
+def plan_build(spec: JitSpec, archs: Optional[Sequence[_archs.Arch]] = None) -> BuildPlan:
+    """Resolve ``spec`` against the current knobs and toolchain, and hash it (for ``archs``,
+    default :func:`target_archs`)."""
+    archs = target_archs(spec) if archs is None else list(archs)
+    hashed = _hash_sources(spec, archs)
+    h = hashed.hasher
     source_key = h.hexdigest()
     nvcc = toolchain.find_nvcc()
     cxx = shutil.which(toolchain.host_compiler())
-    add("nvcc", toolchain.file_identity(nvcc).encode())
-    add("cxx", toolchain.file_identity(Path(cxx) if cxx else None).encode())
+    _add(h, "nvcc", toolchain.file_identity(nvcc).encode())
+    _add(h, "cxx", toolchain.file_identity(Path(cxx) if cxx else None).encode())
     return BuildPlan(
         spec=spec,
         archs=tuple(archs),
-        sources=tuple(sources),
-        include_dirs=tuple(include_dirs),
-        cuda_cflags=tuple(cuda),
-        cflags=tuple(cflags),
-        ldflags=tuple(ldflags),
+        sources=tuple(hashed.sources),
+        include_dirs=tuple(hashed.include_dirs),
+        cuda_cflags=tuple(hashed.cuda),
+        cflags=tuple(hashed.cflags),
+        ldflags=tuple(hashed.ldflags),
         nvcc=nvcc,
         source_key=source_key,
         build_key=h.hexdigest(),
-        inputs=tuple(inputs),
+        inputs=tuple(hashed.inputs),
     )
 
 
@@ -259,16 +310,15 @@ def clear_jit_cache() -> Path:
     return root
 
 
-def _aot_path(plan: BuildPlan) -> Optional[Path]:
-    """The module in the installed flashinfer-jit-cache wheel, if it has this URI."""
-    import importlib.util
+def _aot_module(spec: JitSpec, archs: Sequence[_archs.Arch]) -> Optional[Any]:
+    """The installed flashinfer-jit-cache's build of ``spec``, if one covers ``archs`` and has
+    the URI ``spec`` would have here when built for that build's archs (same sources, flags,
+    flashinfer and TVM-FFI versions). The wheel's version and CUDA major are checked once per
+    process (:mod:`flashinfer.jit.jit_cache`). Needs no nvcc: nothing here looks at it."""
+    from . import jit_cache
 
-    spec = importlib.util.find_spec("flashinfer_jit_cache")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for root in spec.submodule_search_locations:
-        candidate = Path(root) / "modules" / plan.uri / f"{plan.spec.name}.so"
-        if candidate.is_file():
+    for candidate in jit_cache.candidates(spec.name, archs):
+        if module_uri(spec, candidate.archs) == candidate.uri:
             return candidate
     return None
 
@@ -280,19 +330,44 @@ def _aot_path(plan: BuildPlan) -> Optional[Path]:
 def get_module(spec: JitSpec) -> Any:
     """Load ``spec``'s module from the first place that has it, building it if none does.
     See :meth:`JitSpec.build_and_load` for what it raises."""
-    plan = plan_build(spec)
+    archs = target_archs(spec)
+    # The jit-cache wheel first, before anything that needs nvcc (plan_build stats it).
+    aot = _aot_module(spec, archs)
+    if aot is not None:
+        module = _load_aot(aot)
+        if module is not None:
+            return module
+    plan = plan_build(spec, archs)
     with _loaded_lock:
         module = _loaded.get(plan.build_key)
     if module is not None:
         return module
-    path = _aot_path(plan)
-    if path is not None:
-        stats["loaded_aot"] += 1
-    else:
-        path = _disk_or_build(plan)
-    module = _load(path)
+    module = _load(_disk_or_build(plan))
     with _loaded_lock:
         return _loaded.setdefault(plan.build_key, module)
+
+
+def _load_aot(aot: Any) -> Optional[Any]:
+    """The loaded jit-cache module, or None (with a warning) when it does not load here, e.g.
+    on a system whose libstdc++ is older than the build's: the JIT is still there."""
+    key = "aot:" + aot.uri
+    with _loaded_lock:
+        module = _loaded.get(key)
+    if module is not None:
+        return module
+    try:
+        module = _load(aot.path)
+    except Exception as e:  # noqa: BLE001 - any load failure means: use the JIT instead
+        warnings.warn(
+            f"flashinfer-jit-cache's module {aot.uri} ({aot.path}) failed to load, so it is "
+            f"compiled instead: {type(e).__name__}: {e}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    stats["loaded_aot"] += 1
+    with _loaded_lock:
+        return _loaded.setdefault(key, module)
 
 
 def _load(path: Path) -> Any:
@@ -315,26 +390,13 @@ def _disk_or_build(plan: BuildPlan) -> Path:
             "unset FLASHINFER_DISABLE_JIT to compile it.",
             plan.spec,
         )
-    with _file_lock(plan.build_dir.with_name(plan.build_dir.name + ".lock")):
+    with file_lock(plan.build_dir.with_name(plan.build_dir.name + ".lock")):
         if plan.so_path.is_file():  # another process built it while we waited
             stats["loaded_disk"] += 1
             return plan.so_path
         _build(plan)
         stats["built"] += 1
     return plan.so_path
-
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock; the kernel releases it if the holder dies."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def _build(plan: BuildPlan) -> None:
@@ -433,9 +495,9 @@ def module_status() -> list[dict]:
             rows.append({"name": spec.name, "uri": None, "status": "not-compiled",
                          "path": None, "error": str(e)})
             continue
-        aot = _aot_path(plan)
+        aot = _aot_module(spec, plan.archs)
         if aot is not None:
-            status, path = "aot", str(aot)
+            status, path = "aot", str(aot.path)
         elif plan.so_path.is_file():
             status, path = "compiled", str(plan.so_path)
         else:
