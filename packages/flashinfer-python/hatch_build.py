@@ -43,6 +43,9 @@ class CustomMetadataHook(MetadataHookInterface):
         metadata["optional-dependencies"] = {
             extra: [f"{dist}=={version}"] for extra, dist in SIBLING_EXTRAS.items()
         }
+        # s3:// artifact repositories (downloads, mirrors, publishing); conditional writes
+        # (If-None-Match) need botocore 1.35+.
+        metadata["optional-dependencies"]["s3"] = ["boto3>=1.35"]
 
 
 class CustomBuildHook(BuildHookInterface):
@@ -54,3 +57,36 @@ class CustomBuildHook(BuildHookInterface):
             f'__version__ = "{read_version(root)}"\n'
             f'__git_commit__ = "{git_commit(root)}"\n'
         )
+        write_artifact_pin(root, read_version(root))
+
+
+def write_artifact_pin(root: Path, version: str) -> None:
+    """Pin the artifact release's manifest sha256 into the wheel (flashinfer/_artifact_pin.py).
+
+    From the lock ``artifacts/releases/<version>.json`` that publishing a release writes (or the
+    lock file ``FLASHINFER_ARTIFACT_LOCK`` names). In an sdist (no monorepo around it) the pin
+    written when the sdist was made is kept. No lock: no pin (a development build), and the
+    cubin backend then asks for one (FLASHINFER_CUBIN_MANIFEST_SHA256) instead of trusting any
+    manifest a repository serves.
+    """
+    import json
+    import os
+
+    target = root / "flashinfer" / "_artifact_pin.py"
+    lock = os.environ.get("FLASHINFER_ARTIFACT_LOCK")
+    path = Path(lock) if lock else root.parent.parent / "artifacts" / "releases" / f"{version}.json"
+    if path.is_file():
+        data = json.loads(path.read_text())
+        if data.get("release") != version:
+            raise ValueError(f"{path} is the artifact lock of {data.get('release')}, not {version}")
+        pin, repos = str(data["manifest_sha256"]), list(data.get("repositories", []))
+    elif (root / "PKG-INFO").is_file() and target.is_file():
+        return
+    else:
+        pin, repos = None, []
+    target.write_text(
+        '"""Written by hatch_build.py at build time: the artifact release this build trusts."""\n'
+        f"RELEASE_VERSION = {json.dumps(version)}\n"
+        f"MANIFEST_SHA256 = {json.dumps(pin) if pin else 'None'}\n"
+        f"REPOSITORIES = {tuple(repos)!r}\n"
+    )

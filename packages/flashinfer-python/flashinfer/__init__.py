@@ -54,6 +54,7 @@ _SUBMODULES = {
     "activation",
     "aot",
     "api_logging",
+    "artifacts",
     "attention_plan",
     "cascade",
     "decode",

@@ -6,7 +6,6 @@ its own, and a section that fails prints its error instead of stopping the other
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional
@@ -50,11 +49,6 @@ def _section(title: str, body: Callable[[], Iterable[str]]) -> None:
     click.echo("")
 
 
-def _redact(value: str) -> str:
-    """Hide the password of ``scheme://user:password@host`` URLs (repository variables)."""
-    return re.sub(r"(://[^/@:\s]*):[^/@\s]*@", r"\1:***@", value)
-
-
 # --------------------------------------------------------------------------------------------
 # show-config sections
 # --------------------------------------------------------------------------------------------
@@ -95,10 +89,8 @@ def _torch_lines() -> List[str]:
 
 
 def _env_lines() -> List[str]:
-    return [
-        f"{name}={'(unset)' if value is None else _redact(value)}"
-        for name, value in knobs.env_snapshot().items()
-    ]
+    snapshot = knobs.env_snapshot()
+    return [f"{name}={knobs.shown_value(name, value)}" for name, value in snapshot.items()]
 
 
 def _jit_lines() -> List[str]:
@@ -162,8 +154,11 @@ def show_config() -> None:
     _section("Environment Variables", _env_lines)
     _section("JIT", _jit_lines)
     _section("JIT Cache Wheel", _jit_cache_lines)
-    _section("Artifact Path", lambda: [str(knobs.artifacts.cubin_dir)])
-    _section("Downloaded Cubins", lambda: [str(_cubin_count(knobs.artifacts.cubin_dir))])
+    _section("Artifact Path", _artifacts_cli().artifact_path_lines)
+    _section(
+        "Downloaded Cubins",
+        lambda: _artifacts_cli().downloaded_lines(_cubin_count(knobs.artifacts.cubin_dir)),
+    )
     _section("Module Status", lambda: [_module_counts(_jit_core().module_status())])
 
 
@@ -207,6 +202,20 @@ def module_status(detailed: bool, filter_: str) -> None:
                 line += f"\n    error: {m['error']}"
         click.echo(line)
     click.echo(f"\n{_module_counts(modules)}")
+
+
+def _artifacts_cli():
+    """flashinfer.artifacts.cli: the ``artifacts`` group and the show-config artifact sections."""
+    from .artifacts import cli as artifacts_cli
+
+    return artifacts_cli
+
+
+# `flashinfer artifacts ...`, and FlashInfer's names for three of its commands.
+cli.add_command(_artifacts_cli().artifacts_group)
+cli.add_command(_artifacts_cli().download, "download-cubin")
+cli.add_command(_artifacts_cli().list_cmd, "list-cubins")
+cli.add_command(_artifacts_cli().clear, "clear-cubin")
 
 
 def main(argv: Optional[List[str]] = None) -> None:

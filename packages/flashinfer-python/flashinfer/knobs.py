@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import Any, Callable, Generic, Iterator, Optional, Sequence, TypeVar, Union
@@ -100,6 +101,16 @@ def _parse_positive_int(name: str, value: str) -> int:
     return n
 
 
+def _parse_positive_float(name: str, value: str) -> float:
+    try:
+        x = float(value.strip())
+    except ValueError:
+        raise KnobError(name, value, "a positive number") from None
+    if not x > 0:
+        raise KnobError(name, value, "a positive number")
+    return x
+
+
 def _parse_flags(name: str, value: str) -> tuple[str, ...]:
     try:
         return tuple(shlex.split(value))
@@ -123,6 +134,11 @@ def env_int(names, default: Optional[int] = None, doc: str = "", positive: bool 
     return _Knob(names, default, _parse_positive_int if positive else _parse_int, doc)
 
 
+def env_float(names, default: Optional[float] = None, doc: str = "") -> _Knob[Optional[float]]:
+    """A positive float (seconds, say)."""
+    return _Knob(names, default, _parse_positive_float, doc)
+
+
 def env_flags(names, doc: str = "") -> _Knob[tuple[str, ...]]:
     return _Knob(names, (), _parse_flags, doc)
 
@@ -140,6 +156,12 @@ class KnobGroup:
     @classmethod
     def knobs(cls) -> dict[str, _Knob]:
         return {k: v for k, v in vars(cls).items() if isinstance(v, _Knob)}
+
+    def check(self) -> None:
+        """Read every knob of the group, so a bad value fails now, naming its variable
+        (:class:`~flashinfer.exceptions.KnobError`), and not halfway through the work."""
+        for attr in self.knobs():
+            getattr(self, attr)
 
     @contextlib.contextmanager
     def scope(self) -> Iterator["KnobGroup"]:
@@ -196,8 +218,34 @@ class ArtifactKnobs(KnobGroup):
     )
     repository = env_str("FLASHINFER_CUBINS_REPOSITORY", None, "Ordered artifact repositories.")
     no_download = env_bool("FLASHINFER_NO_DOWNLOAD", doc="Never download kernel binaries.")
-    checksum_disabled = env_bool("FLASHINFER_CUBIN_CHECKSUM_DISABLED")
-    disable_version_check = env_bool("FLASHINFER_DISABLE_VERSION_CHECK")
+    checksum_disabled = env_bool(
+        "FLASHINFER_CUBIN_CHECKSUM_DISABLED",
+        doc="Accepted for compatibility and ignored: every kernel binary is always verified.",
+    )
+    disable_version_check = env_bool(
+        "FLASHINFER_DISABLE_VERSION_CHECK",
+        doc="Use an installed flashinfer-cubin of another version if its manifest is the pinned "
+        "one, and a flashinfer-jit-cache of another version or CUDA major.",
+    )
+    manifest_sha256 = env_str(
+        "FLASHINFER_CUBIN_MANIFEST_SHA256",
+        None,
+        "Trust this release-manifest sha256 when the installed wheel pins none (development builds).",
+    )
+    download_timeout = env_float(
+        "FLASHINFER_DOWNLOAD_TIMEOUT", 30.0, "Seconds to connect, and without data while reading."
+    )
+    download_retries = env_int(
+        "FLASHINFER_DOWNLOAD_RETRIES", 5, "Attempts per file and repository.", positive=True
+    )
+    download_backoff = env_float(
+        "FLASHINFER_DOWNLOAD_BACKOFF", 0.5, "Base of the jittered exponential backoff, seconds."
+    )
+    ca_bundle = env_path(
+        ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"),
+        None,
+        "CA certificates for https repositories (proxies: HTTPS_PROXY, NO_PROXY, as usual).",
+    )
 
 
 class NormKnobs(KnobGroup):
@@ -229,6 +277,36 @@ def all_env_vars() -> list[str]:
 def env_snapshot() -> dict[str, Optional[str]]:
     """The raw value of every variable we read (None where unset), for show-config."""
     return {name: os.environ.get(name) for name in all_env_vars()}
+
+
+# scheme://user:password@ or scheme://token@ (URLs in repository lists, proxies, messages)
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@")
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY")
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it hidden: ``https://bob:pw@host`` becomes
+    ``https://bob:***@host``, and ``https://token@host`` becomes ``https://***@host``.
+
+    >>> redact("https://bob:s3cret@mirror.example/fi /srv/mirror")
+    'https://bob:***@mirror.example/fi /srv/mirror'
+    """
+
+    def hide(m: re.Match) -> str:
+        user, sep, _ = m.group("userinfo").partition(":")
+        return f"{m.group('scheme')}{user + ':***' if sep else '***'}@"
+
+    return _USERINFO.sub(hide, text)
+
+
+def shown_value(name: str, value: Optional[str]) -> str:
+    """How show-config prints variable ``name``: ``(unset)``, ``***`` for a name that looks
+    like a secret, else the value with URL credentials hidden (:func:`redact`)."""
+    if value is None:
+        return "(unset)"
+    if _SECRET_NAME.search(name.upper()):
+        return "***"
+    return redact(value)
 
 
 # Variables that change the compiled binary. They are not hashed by name: their *effect*

@@ -1,0 +1,62 @@
+"""Kernel binaries (cubins): the release manifest, repositories, the verified store, the loader.
+
+The design in one paragraph (details in docs/artifacts.md): a release is a manifest plus files in
+an artifact repository (a directory, https, or S3); the manifest's sha256 is pinned inside the
+flashinfer-python wheel at build time; :func:`get_cubin` finds a file of the pinned release in the
+installed ``flashinfer-cubin`` wheel, the local store or a repository, verifying every byte; the
+loader hands only verified bytes to the CUDA driver.
+
+Importing this package imports neither torch nor requests nor boto3.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    ArtifactError,
+    ChecksumError,
+    DownloadError,
+    LoaderError,
+    ManifestError,
+    NotInManifestError,
+    OfflineError,
+    PinError,
+    PublishConflictError,
+    RepositoryError,
+    VersionMismatchError,
+)
+from .manifest import FileEntry, KernelInfo, Manifest, ParamLayout
+from .resolve import (
+    Release,
+    download_release,
+    get_cubin,
+    load_manifest,
+    pinned_release,
+    release_status,
+)
+from .store import Store, VerifiedBlob
+
+__all__ = [
+    "ArtifactError",
+    "ChecksumError",
+    "DownloadError",
+    "FileEntry",
+    "KernelInfo",
+    "LoaderError",
+    "Manifest",
+    "ManifestError",
+    "NotInManifestError",
+    "OfflineError",
+    "ParamLayout",
+    "PinError",
+    "PublishConflictError",
+    "Release",
+    "RepositoryError",
+    "Store",
+    "VerifiedBlob",
+    "VersionMismatchError",
+    "download_release",
+    "get_cubin",
+    "load_manifest",
+    "pinned_release",
+    "release_status",
+]

@@ -1,0 +1,478 @@
+"""Finding a kernel binary: the pinned release, its manifest, and the file's verified bytes.
+
+``get_cubin(path)`` checks that ``path`` is in the release manifest (whose sha256 is pinned inside
+this flashinfer-python build), then looks in the installed ``flashinfer-cubin`` wheel, then the
+local store (``FLASHINFER_CUBIN_DIR``), then downloads from the repositories in
+``FLASHINFER_CUBINS_REPOSITORY`` (tried in order) unless ``FLASHINFER_NO_DOWNLOAD=1``, in which
+case it fails at once, opening no socket, naming the file and the remedy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+from .. import knobs
+from .errors import (
+    ChecksumError,
+    DownloadError,
+    NotInManifestError,
+    OfflineError,
+    PinError,
+    VersionMismatchError,
+)
+from .fetch import Progress, fetch_file, fetch_small
+from .manifest import FileEntry, Manifest, check_sha256, check_version, manifest_path
+from .repository import Repository, open_repository, parse_repository_list
+from .store import Store, VerifiedBlob, hash_file, verify
+
+logger = logging.getLogger("flashinfer.artifacts")
+
+_OFFLINE_REMEDY = (
+    "remedy: install the flashinfer-cubin wheel of this release (pip install "
+    "flashinfer-cubin=={version}), or run `flashinfer artifacts download` on a machine with "
+    "network access and copy its store to {store} (or point FLASHINFER_CUBINS_REPOSITORY at an "
+    "offline mirror made with `flashinfer artifacts mirror`), or unset FLASHINFER_NO_DOWNLOAD"
+)
+
+
+@dataclass(frozen=True)
+class Release:
+    """A release of the artifact repository, identified by version and manifest sha256."""
+
+    version: str
+    manifest_sha256: str
+    repositories: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_version(self.version)
+        check_sha256(self.manifest_sha256, f"manifest sha256 of release {self.version}")
+
+
+def _build_pin():
+    try:
+        from .. import _artifact_pin as pin
+    except ImportError:  # a source tree that was never built
+        return None
+    return pin
+
+
+def pinned_release(version: Optional[str] = None, manifest_sha256: Optional[str] = None) -> Release:
+    """The release this build trusts: the pin written into the wheel at build time.
+
+    ``FLASHINFER_CUBIN_MANIFEST_SHA256`` pins one where the build carries none (a development
+    build); it cannot replace a build's pin. Explicit arguments (the CLI's ``--version`` and
+    ``--manifest-sha256``) name another release, which must then come with its hash.
+
+    Raises
+    ------
+    PinError
+        Nothing is pinned, or the variable contradicts the build's pin.
+    """
+    pin = _build_pin()
+    built_sha = getattr(pin, "MANIFEST_SHA256", None)
+    built_version = getattr(pin, "RELEASE_VERSION", None)
+    built_repos = tuple(getattr(pin, "REPOSITORIES", ()) or ())
+    if manifest_sha256 is not None:
+        if version is None:
+            raise PinError("--manifest-sha256 names a release: give its --version too")
+        return Release(version, manifest_sha256.lower(), built_repos)
+    if version is not None and version != (built_version or _package_version()):
+        raise PinError(
+            f"release {version} is not the one this flashinfer build pins "
+            f"({built_version or 'none'}); give its manifest hash too (--manifest-sha256), "
+            "taken from a source you trust (its release notes, artifacts/releases/ in the repo)"
+        )
+    env_sha = knobs.artifacts.manifest_sha256
+    if built_sha:
+        if env_sha and env_sha.lower() != built_sha:
+            raise PinError(
+                f"FLASHINFER_CUBIN_MANIFEST_SHA256={env_sha} contradicts the release manifest "
+                f"sha256 {built_sha} pinned in this flashinfer-python build; unset it"
+            )
+        return Release(built_version or _package_version(), built_sha, built_repos)
+    if env_sha:
+        return Release(built_version or _package_version(), env_sha.lower(), built_repos)
+    raise PinError(
+        f"this flashinfer-python build ({_package_version()}) pins no artifact release (a "
+        "development build, or no cubin release was published for it); install a released "
+        "wheel, or set FLASHINFER_CUBIN_MANIFEST_SHA256 to the manifest hash of a release you "
+        "trust (artifacts/releases/<version>.json)"
+    )
+
+
+def _package_version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def repository_urls(release: Release) -> list[str]:
+    """``FLASHINFER_CUBINS_REPOSITORY`` if set, else the repositories the release was published to."""
+    return parse_repository_list(knobs.artifacts.repository) or list(release.repositories)
+
+
+def _repositories(release: Release, urls: Optional[Sequence[str]] = None) -> list[Repository]:
+    return [open_repository(u) for u in (urls if urls is not None else repository_urls(release))]
+
+
+# ---------------------------------------------------------------------------------------------
+# The flashinfer-cubin wheel
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CubinWheel:
+    """An installed flashinfer-cubin: a verified release laid out as ``release/files/<path>``."""
+
+    version: str
+    release: Optional[str]
+    manifest_sha256: Optional[str]
+    root: Path
+
+    def manifest_bytes(self) -> bytes:
+        return (self.root / "manifest.json").read_bytes()
+
+    def file(self, path: str) -> Path:
+        return self.root / "files" / path
+
+
+def installed_cubin_wheel() -> Optional[CubinWheel]:
+    if importlib.util.find_spec("flashinfer_cubin") is None:
+        return None
+    mod = importlib.import_module("flashinfer_cubin")
+    return CubinWheel(
+        version=getattr(mod, "__version__", "unknown"),
+        release=getattr(mod, "RELEASE_VERSION", None),
+        manifest_sha256=getattr(mod, "MANIFEST_SHA256", None),
+        root=Path(getattr(mod, "RELEASE_DIR", Path(mod.__file__).parent / "release")),
+    )
+
+
+def check_cubin_release(
+    pinned_version: str, pinned_sha: str, cubin_release: Optional[str], cubin_sha: Optional[str]
+) -> Optional[str]:
+    """Why an installed flashinfer-cubin does not serve the pinned release (None: it does).
+
+    >>> check_cubin_release("0.2.0", "a" * 64, "0.2.0", "a" * 64) is None
+    True
+    >>> check_cubin_release("0.2.0", "a" * 64, "0.1.9", "b" * 64)[:40]
+    'flashinfer-cubin holds release 0.1.9, bu'
+    """
+    if cubin_release is None or cubin_sha is None:
+        return "flashinfer-cubin holds no release (it was built without one)"
+    if cubin_release != pinned_version:
+        return (
+            f"flashinfer-cubin holds release {cubin_release}, but flashinfer-python pins "
+            f"{pinned_version}; install the matching one: pip install "
+            f"flashinfer-cubin=={pinned_version}"
+        )
+    if cubin_sha != pinned_sha:
+        return (
+            f"flashinfer-cubin holds a release {cubin_release} whose manifest sha256 is "
+            f"{cubin_sha}, not the pinned {pinned_sha}; reinstall flashinfer-cubin from the "
+            "official index"
+        )
+    return None
+
+
+def cubin_wheel_for(release: Release) -> Optional[CubinWheel]:
+    """The installed flashinfer-cubin if it serves ``release``.
+
+    A wheel of another release raises :class:`VersionMismatchError` unless
+    ``FLASHINFER_DISABLE_VERSION_CHECK=1``, which skips it instead. With the check disabled a
+    wheel whose manifest *is* the pinned one serves whatever its version says (a post-release of
+    flashinfer-python pins the same cubins).
+    """
+    wheel = installed_cubin_wheel()
+    if wheel is None:
+        return None
+    if knobs.artifacts.disable_version_check:
+        if wheel.manifest_sha256 == release.manifest_sha256:
+            return wheel
+        logger.info("ignoring the installed flashinfer-cubin: %s", check_cubin_release(
+            release.version, release.manifest_sha256, wheel.release, wheel.manifest_sha256))
+        return None
+    problem = check_cubin_release(
+        release.version, release.manifest_sha256, wheel.release, wheel.manifest_sha256
+    )
+    if problem is None:
+        return wheel
+    if wheel.release is None:
+        return None  # an empty development wheel: nothing to serve, nothing to complain about
+    raise VersionMismatchError(
+        problem + " (or set FLASHINFER_DISABLE_VERSION_CHECK=1 to ignore the installed wheel)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifests and files
+# ---------------------------------------------------------------------------------------------
+
+_MANIFESTS: dict[tuple[str, str], Manifest] = {}
+_MANIFEST_LOCK = threading.Lock()
+
+
+def _parse_pinned(data: bytes, release: Release) -> Manifest:
+    manifest = Manifest.from_bytes(data, release.manifest_sha256)
+    if manifest.release != release.version:
+        raise PinError(
+            f"the pinned manifest is of release {manifest.release}, not {release.version}"
+        )
+    return manifest
+
+
+def default_store() -> Store:
+    return Store(knobs.artifacts.cubin_dir)
+
+
+def load_manifest(
+    release: Release,
+    store: Optional[Store] = None,
+    allow_download: Optional[bool] = None,
+    repositories: Optional[Sequence[str]] = None,
+) -> Manifest:
+    """The release's manifest, verified against its pinned sha256 (cached per process)."""
+    key = (release.version, release.manifest_sha256)
+    with _MANIFEST_LOCK:
+        if key in _MANIFESTS:
+            return _MANIFESTS[key]
+    store = store or default_store()
+    allow_download = (not knobs.artifacts.no_download) if allow_download is None else allow_download
+    manifest = _local_manifest(release, store)
+    if manifest is None:
+        if not allow_download:
+            raise OfflineError(
+                f"the manifest of artifact release {release.version} is neither in an installed "
+                f"flashinfer-cubin nor in {store.root}, and downloads are off "
+                "(FLASHINFER_NO_DOWNLOAD=1); "
+                + _OFFLINE_REMEDY.format(version=release.version, store=store.root)
+            )
+        repos = _repositories(release, repositories)
+        if not repos:
+            raise DownloadError(
+                manifest_path(release.version), [],
+                "remedy: set FLASHINFER_CUBINS_REPOSITORY (https://, s3:// or a directory)",
+            )
+        with store.lock(f"manifest-{release.version}"):
+            manifest = _local_manifest(release, store)
+            if manifest is None:
+                (manifest, data), _ = fetch_small(
+                    repos,
+                    manifest_path(release.version),
+                    lambda d: (_parse_pinned(d, release), d),
+                )
+                store.save_manifest(release.version, data)
+    with _MANIFEST_LOCK:
+        _MANIFESTS[key] = manifest
+    return manifest
+
+
+def _local_manifest(release: Release, store: Store) -> Optional[Manifest]:
+    """From the cubin wheel, else the store; a stored copy that is not the pinned one is dropped."""
+    wheel = cubin_wheel_for(release)
+    if wheel is not None:
+        return _parse_pinned(wheel.manifest_bytes(), release)
+    data = store.read_manifest(release.version)
+    if data is None:
+        return None
+    try:
+        return _parse_pinned(data, release)
+    except PinError as e:
+        logger.warning("discarding a stored manifest that is not the pinned one: %s", e)
+        store.discard_manifest(release.version)
+        return None
+
+
+def clear_manifest_cache() -> None:
+    with _MANIFEST_LOCK:
+        _MANIFESTS.clear()
+
+
+def lookup(manifest: Manifest, path: str) -> FileEntry:
+    entry = manifest.get(path)
+    if entry is None:
+        raise NotInManifestError(
+            f"{path!r} is not in the manifest of artifact release {manifest.release} "
+            f"({len(manifest.files)} files); a kernel binary can only be loaded if the pinned "
+            "release lists it (is flashinfer-python newer than its cubin release?)"
+        )
+    return entry
+
+
+_WARNED: set = set()
+
+
+def _warn_ignored_knobs() -> None:
+    if knobs.artifacts.checksum_disabled and "checksum" not in _WARNED:
+        _WARNED.add("checksum")
+        logger.warning(
+            "FLASHINFER_CUBIN_CHECKSUM_DISABLED is ignored: kernel binaries are always verified "
+            "(a file that does not match the pinned manifest is never kept or loaded)"
+        )
+
+
+def get_cubin(
+    path: str,
+    release: Optional[Release] = None,
+    allow_download: Optional[bool] = None,
+) -> VerifiedBlob:
+    """The verified bytes of the kernel binary ``path`` of the pinned release.
+
+    Looks in the installed flashinfer-cubin, then the local store, then downloads (unless
+    ``FLASHINFER_NO_DOWNLOAD=1``).
+
+    Raises
+    ------
+    PinError, VersionMismatchError
+        No release is pinned, or a manifest/wheel is not the pinned one.
+    NotInManifestError
+        ``path`` is not part of the release.
+    OfflineError
+        The file is not local and downloads are off; the message names it and the remedy.
+    DownloadError
+        No repository provided bytes that verify.
+    """
+    _warn_ignored_knobs()
+    release = release or pinned_release()
+    allow_download = (not knobs.artifacts.no_download) if allow_download is None else allow_download
+    store = default_store()
+    manifest = load_manifest(release, store, allow_download)
+    entry = lookup(manifest, path)
+    wheel = cubin_wheel_for(release)
+    if wheel is not None:
+        try:
+            return verify(entry, wheel.file(path).read_bytes(), str(wheel.file(path)))
+        except (OSError, ChecksumError) as e:
+            logger.warning("the installed flashinfer-cubin has a bad copy of %s: %s", path, e)
+    blob = store.read_verified(entry)
+    if blob is not None:
+        return blob
+    if not allow_download:
+        raise OfflineError(
+            f"kernel binary {path} (release {release.version}, sha256 {entry.sha256[:12]}...) "
+            f"is not available locally and downloads are off (FLASHINFER_NO_DOWNLOAD=1); "
+            + _OFFLINE_REMEDY.format(version=release.version, store=store.root)
+        )
+    ensure_object(store, _repositories(release), entry)
+    blob = store.read_verified(entry)
+    if blob is None:  # removed or corrupted between the download and this read
+        raise ChecksumError(f"{path}: stored copy", entry.sha256, "a file that does not verify")
+    return blob
+
+
+def _present(store: Store, entry: FileEntry, rehash: bool) -> bool:
+    """Whether the store has ``entry``: by size, or (``rehash``) by hash, deleting a bad copy."""
+    dest = store.object_file(entry)
+    try:
+        if dest.stat().st_size != entry.size:
+            return False
+    except FileNotFoundError:
+        return False
+    if not rehash or hash_file(dest) == (entry.sha256, entry.size):
+        return True
+    logger.warning("deleting a stored copy of %s that does not verify", entry.path)
+    dest.unlink(missing_ok=True)
+    return False
+
+
+def ensure_object(
+    store: Store,
+    repos: Sequence[Repository],
+    entry: FileEntry,
+    progress: Progress = None,
+    rehash: bool = False,
+) -> str:
+    """Make sure the store holds a verified copy of ``entry``: ``"present"`` or ``"downloaded"``.
+
+    One process downloads a given file at a time (a per-object lock); the others wait and find
+    it present. A copy already there is checked by size, or by hash with ``rehash`` (``download``
+    does: it repairs a store); every read hashes it again anyway.
+    """
+    dest = store.object_file(entry)
+    if _present(store, entry, rehash):
+        return "present"
+    if not repos:
+        raise DownloadError(
+            entry.path, [], "remedy: set FLASHINFER_CUBINS_REPOSITORY (https://, s3:// or a "
+            "directory)"
+        )
+    with store.lock(entry.sha256):
+        if _present(store, entry, False):  # another process just finished it
+            return "present"
+        tmp = store.temp_path(entry.sha256)
+        fetch_file(repos, entry.object_path, entry.size, entry.sha256, tmp, progress, entry.path)
+        store.commit(tmp, dest)
+    return "downloaded"
+
+
+def download_release(
+    release: Release,
+    archs: Optional[Iterable[str]] = None,
+    store: Optional[Store] = None,
+    repositories: Optional[Sequence[str]] = None,
+    progress: Progress = None,
+    jobs: int = 4,
+) -> dict[str, int]:
+    """Download every file of a release (for ``archs``, or all) into the store.
+
+    Files download ``jobs`` at a time (many small cubins are latency-bound). Returns counts
+    ``{"present": n, "downloaded": m}``; raises the first failure after the others finished.
+    """
+    store = store or default_store()
+    manifest = load_manifest(release, store, True, repositories)
+    repos = _repositories(release, repositories)
+    entries = manifest.select(None if archs is None else list(archs))
+    counts = {"present": 0, "downloaded": 0}
+    lock = threading.Lock()
+    safe_progress: Optional[Callable[[int], None]] = None
+    if progress is not None:
+
+        def safe_progress(n: int) -> None:
+            with lock:
+                progress(n)
+
+    errors: list[BaseException] = []
+
+    def one(entry: FileEntry) -> None:
+        try:
+            state = ensure_object(store, repos, entry, safe_progress, rehash=True)
+        except BaseException as e:  # collected; the first is raised once all are done
+            with lock:
+                errors.append(e)
+            return
+        with lock:
+            counts[state] += 1
+        if state == "present" and safe_progress is not None:
+            safe_progress(entry.size)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, entries))
+    if errors:
+        raise errors[0]
+    return counts
+
+
+def release_status(
+    release: Release, store: Optional[Store] = None, archs: Optional[Iterable[str]] = None
+) -> list[tuple[FileEntry, str]]:
+    """Each file of the release and where it is: ``wheel``, ``present`` (in the store),
+    ``missing`` or ``corrupt``. Reads only; needs the manifest locally unless downloads are on."""
+    store = store or default_store()
+    manifest = load_manifest(release, store)
+    wheel = cubin_wheel_for(release)
+    out = []
+    for entry in manifest.select(None if archs is None else list(archs)):
+        state = store.check(entry)
+        if state != "present" and wheel is not None:
+            f = wheel.file(entry.path)
+            if f.is_file() and f.stat().st_size == entry.size:
+                state = "wheel" if hash_file(f)[0] == entry.sha256 else "corrupt"
+        out.append((entry, state))
+    return out

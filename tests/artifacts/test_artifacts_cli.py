@@ -1,0 +1,83 @@
+"""``flashinfer artifacts`` and FlashInfer's aliases, through click's CliRunner."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from flashinfer.__main__ import cli
+from flashinfer.artifacts import cli as artifacts_cli
+from flashinfer.artifacts import get_cubin
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_aliases_are_the_artifacts_commands():
+    assert cli.commands["download-cubin"] is artifacts_cli.download
+    assert cli.commands["list-cubins"] is artifacts_cli.list_cmd
+    assert cli.commands["clear-cubin"] is artifacts_cli.clear
+    group = cli.commands["artifacts"]
+    assert {"download", "verify", "status", "list", "mirror", "publish", "clear"} <= set(group.commands)
+
+
+def test_without_a_pin_every_command_fails_with_the_remedy(monkeypatch):
+    from flashinfer.artifacts import resolve
+
+    monkeypatch.setattr(resolve, "_build_pin", lambda: None)  # a development build
+    for args in (["artifacts", "status"], ["list-cubins"], ["artifacts", "verify"],
+                 ["download-cubin"]):
+        r = invoke(*args)
+        assert r.exit_code == 1, (args, r.output)
+        assert "FLASHINFER_CUBIN_MANIFEST_SHA256" in r.output
+
+
+def test_status_and_show_config_with_a_pinned_release(release, monkeypatch, store_dir):
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", str(release.root))
+    get_cubin("sm_90a/norm/b.cubin")
+    r = invoke("artifacts", "status")
+    assert r.exit_code == 0, r.output
+    assert "3 files" in r.output and "in store: 1" in r.output and "missing: 2" in r.output
+    assert "missing  sm_90a/norm/a.cubin" in r.output
+    r = invoke("show-config")
+    section = r.output.split("=== Artifact Path ===\n", 1)[1].split("===", 1)[0]
+    assert section.splitlines()[0] == str(store_dir)
+    assert f"pinned release: 7.7.7 (manifest sha256 {release.sha256})" in section
+    assert f"repositories: {release.root}" in section
+    downloaded = r.output.split("=== Downloaded Cubins ===\n", 1)[1].split("===", 1)[0]
+    assert downloaded.splitlines()[:2] == ["1", "release 7.7.7: 1 of 3 files available"]
+
+
+def test_clear_cubin_removes_the_store(release, monkeypatch, store_dir):
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", str(release.root))
+    get_cubin("sm_90a/norm/b.cubin")
+    r = invoke("clear-cubin")
+    assert r.exit_code == 0 and "removed" in r.output and not store_dir.exists()
+
+
+def test_bad_knob_values_exit_non_zero(monkeypatch):
+    monkeypatch.setenv("FLASHINFER_DOWNLOAD_TIMEOUT", "soon")
+    monkeypatch.setenv("FLASHINFER_CUBIN_MANIFEST_SHA256", "ab" * 32)
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", "http://127.0.0.1:9")
+    r = invoke("download-cubin")
+    assert r.exit_code == 1 and "FLASHINFER_DOWNLOAD_TIMEOUT" in r.output
+
+
+def test_credentials_never_reach_the_output(release, monkeypatch):
+    """show-config with a pinned release prints the repositories, and a download failure names
+    the URL it tried: neither shows a password."""
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", "http://bob:s3cret@127.0.0.1:9/fi")
+    monkeypatch.setenv("FLASHINFER_DOWNLOAD_RETRIES", "1")
+    out = invoke("show-config").output
+    assert "repositories: http://bob:***@127.0.0.1:9/fi" in out
+    r = invoke("download-cubin")
+    assert r.exit_code == 1 and "http://bob:***@127.0.0.1:9/fi" in r.output, r.output
+    assert "s3cret" not in out + r.output
+
+
+def test_redact():
+    from flashinfer.knobs import redact, shown_value
+
+    assert redact("https://tok@h/x s3://b/p file:///a@b") == "https://***@h/x s3://b/p file:///a@b"
+    assert redact("a https://u:p@h/ b http://v:q@i/") == "a https://u:***@h/ b http://v:***@i/"
+    assert shown_value("HF_TOKEN", "abc") == "***" and shown_value("X", None) == "(unset)"

@@ -1,0 +1,270 @@
+"""Downloads over a real loopback HTTP server, with faults injected. Every failure is a typed
+error (or a non-zero exit) and leaves no corrupt or partial file behind."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+
+import pytest
+from artifact_server import Fault, RepoServer
+from artifacthelpers import leftovers, objects, run_cli
+
+from flashinfer import knobs
+from flashinfer.artifacts import (
+    DownloadError,
+    OfflineError,
+    PinError,
+    download_release,
+    get_cubin,
+    load_manifest,
+)
+from flashinfer.artifacts.resolve import Release
+
+BIG = "sm_90a/norm/a.cubin"
+
+
+@pytest.fixture
+def use(monkeypatch):
+    def set_repos(*urls):
+        monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", " ".join(urls))
+
+    return set_repos
+
+
+def big_object(release) -> str:
+    return release.entry(BIG).object_path
+
+
+def gets(server, path):
+    return [rng for p, rng in server.log if p == path]
+
+
+def test_get_cubin_downloads_verifies_and_caches(release, http_server, use, store_dir):
+    use(http_server.url)
+    blob = get_cubin(BIG)
+    assert blob.data == release.files[BIG] and blob.entry.path == BIG
+    assert objects(store_dir) == {release.entry(BIG).object_path.rsplit("/", 1)[1]: release.files[BIG]}
+    assert (store_dir / "releases" / "7.7.7" / "manifest.json").read_bytes() == release.data
+    n = len(http_server.log)
+    assert get_cubin(BIG).data == release.files[BIG]  # from the store: no request
+    assert len(http_server.log) == n and leftovers(store_dir) == []
+
+
+def test_dropped_connection_resumes_with_range(release, http_server, use, store_dir):
+    http_server.faults.append(Fault("drop", match=big_object(release), at=1_000_000))
+    use(http_server.url)
+    assert get_cubin(BIG).data == release.files[BIG]
+    ranges = gets(http_server, big_object(release))
+    assert ranges == [None, "bytes=1000000-"], ranges  # the second request continued the first
+    assert leftovers(store_dir) == []
+
+
+def test_connection_always_dropped_fails_and_leaves_nothing(release, http_server, use, store_dir):
+    http_server.faults.append(Fault("drop", match=big_object(release), at=500_000, times=-1))
+    use(http_server.url)
+    with pytest.raises(DownloadError, match="a.cubin") as info:
+        get_cubin(BIG)
+    assert "attempt 3 of 3" in str(info.value) and "remedy" in str(info.value)
+    assert objects(store_dir) == {} and leftovers(store_dir) == []
+
+
+def test_truncated_body_is_refused_and_nothing_kept(release, http_server, use, store_dir):
+    # A consistent response that is simply short: the repository's copy is wrong.
+    http_server.faults.append(Fault("short", match=big_object(release), at=12345, times=-1))
+    use(http_server.url)
+    with pytest.raises(DownloadError, match="12345 bytes"):
+        get_cubin(BIG)
+    assert objects(store_dir) == {} and leftovers(store_dir) == []
+
+
+def test_one_flipped_byte_is_refused_and_nothing_kept(release, http_server, use, store_dir):
+    http_server.faults.append(Fault("flip", match=big_object(release), at=2_000_000, times=-1))
+    use(http_server.url)
+    with pytest.raises(DownloadError, match="sha256") as info:
+        get_cubin(BIG)
+    assert "discarded" in str(info.value)
+    assert objects(store_dir) == {} and leftovers(store_dir) == []
+
+
+def test_404_is_a_typed_error(release, http_server, use, store_dir):
+    http_server.faults.append(Fault("status", match=big_object(release), status=404, times=-1))
+    use(http_server.url)
+    with pytest.raises(DownloadError, match="HTTP 404"):
+        get_cubin(BIG)
+    assert len(gets(http_server, big_object(release))) == 1  # a 404 is not retried
+    assert objects(store_dir) == {} and leftovers(store_dir) == []
+
+
+def test_server_slower_than_the_timeout(release, http_server, use, store_dir, monkeypatch):
+    monkeypatch.setenv("FLASHINFER_DOWNLOAD_TIMEOUT", "0.3")
+    monkeypatch.setenv("FLASHINFER_DOWNLOAD_RETRIES", "2")
+    http_server.faults.append(Fault("slow", match=big_object(release), delay=1.5, times=-1))
+    use(http_server.url)
+    with pytest.raises(DownloadError, match="Timeout|timed out"):
+        get_cubin(BIG)
+    assert objects(store_dir) == {} and leftovers(store_dir) == []
+
+
+def test_server_that_ignores_range_restarts_cleanly(release, http_server, use, store_dir):
+    http_server.faults.extend([Fault("drop", match=big_object(release), at=700_000),
+                               Fault("ignore_range", match=big_object(release))])
+    use(http_server.url)
+    assert get_cubin(BIG).data == release.files[BIG]
+    assert leftovers(store_dir) == []
+
+
+def test_5xx_is_retried(release, http_server, use):
+    http_server.faults.append(Fault("status", match=big_object(release), status=503, times=2))
+    use(http_server.url)
+    assert get_cubin(BIG).data == release.files[BIG]
+    assert len(gets(http_server, big_object(release))) == 3
+
+
+def test_repositories_are_tried_in_order(release, use, store_dir):
+    with RepoServer(release.root, [Fault("status", status=404, times=-1)]) as dead, \
+            RepoServer(release.root, [Fault("flip", match="objects/*", at=10, times=-1)]) as bad, \
+            RepoServer(release.root) as good:
+        use(dead.url, bad.url, good.url)
+        assert get_cubin(BIG).data == release.files[BIG]
+        assert dead.log and bad.log and good.log
+    assert leftovers(store_dir) == []
+
+
+def test_resume_continues_from_another_repository(release, use, store_dir):
+    obj = big_object(release)
+    with RepoServer(release.root, [Fault("drop", match=obj, at=1 << 20, times=-1)]) as flaky, \
+            RepoServer(release.root) as good:
+        use(flaky.url, good.url)
+        assert get_cubin(BIG).data == release.files[BIG]
+        # Three attempts (FLASHINFER_DOWNLOAD_RETRIES=3) each added 1 MB before the drop; the
+        # next repository continued from there.
+        assert [rng for p, rng in flaky.log if p == obj] == [None, "bytes=1048576-",
+                                                             "bytes=2097152-"]
+        assert [rng for p, rng in good.log if p == obj] == [f"bytes={3 << 20}-"]
+
+
+def test_manifest_not_matching_the_pin(release, http_server, use, store_dir, monkeypatch):
+    from artifacthelpers import pin
+
+    pin(monkeypatch, Release("7.7.7", "0" * 64))
+    use(http_server.url)
+    with pytest.raises(PinError, match="pinned"):
+        get_cubin(BIG)
+    assert not (store_dir / "releases" / "7.7.7").exists()
+    assert objects(store_dir) == {} and leftovers(store_dir) == []
+
+
+def test_a_stored_manifest_that_is_not_the_pinned_one_is_dropped(release, http_server, use, store_dir):
+    stale = store_dir / "releases" / "7.7.7" / "manifest.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b'{"schema_version": 1}')
+    use(http_server.url)
+    assert load_manifest(release.release).release == "7.7.7"
+    assert stale.read_bytes() == release.data
+
+
+def test_a_corrupted_stored_file_is_never_returned(release, http_server, use, store_dir):
+    use(http_server.url)
+    get_cubin(BIG)
+    obj = store_dir / release.entry(BIG).object_path
+    data = bytearray(obj.read_bytes())
+    data[5] ^= 1
+    obj.write_bytes(bytes(data))
+    assert get_cubin(BIG).data == release.files[BIG]  # detected, deleted, downloaded again
+    assert obj.read_bytes() == release.files[BIG]
+
+
+def test_offline_mode_opens_no_socket_and_names_the_remedy(release, http_server, use, monkeypatch):
+    use(http_server.url)
+    monkeypatch.setenv("FLASHINFER_NO_DOWNLOAD", "1")
+
+    def no_network(*a, **k):
+        raise AssertionError("a socket was opened in offline mode")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    with pytest.raises(OfflineError, match="FLASHINFER_NO_DOWNLOAD") as info:
+        get_cubin(BIG)
+    assert "flashinfer-cubin" in str(info.value) and "remedy" in str(info.value)
+    assert http_server.log == []
+
+
+def test_offline_mode_names_the_missing_file(release, http_server, use, monkeypatch):
+    use(http_server.url)
+    get_cubin("sm_90a/norm/b.cubin")  # the manifest is now local
+    monkeypatch.setenv("FLASHINFER_NO_DOWNLOAD", "1")
+    with pytest.raises(OfflineError, match="sm_90a/norm/a.cubin"):
+        get_cubin(BIG)
+
+
+def test_download_release_with_arch_filter(release, http_server, store_dir):
+    counts = download_release(release.release, ["9.0a"], repositories=[http_server.url])
+    assert counts == {"present": 0, "downloaded": 2}
+    again = download_release(release.release, None, repositories=[http_server.url])
+    assert again == {"present": 2, "downloaded": 1}
+    for entry in release.manifest.files:
+        f = store_dir / entry.object_path
+        assert hashlib.sha256(f.read_bytes()).hexdigest() == entry.sha256
+
+
+def test_cli_download_fails_non_zero_and_leaves_nothing(release, store_dir):
+    with RepoServer(release.root, [Fault("flip", match="objects/*", at=3, times=-1)]) as bad:
+        r = run_cli("artifacts", "download", "--version", "7.7.7", "--manifest-sha256",
+                    release.sha256, "--repository", bad.url, "--dest", str(store_dir),
+                    env={"FLASHINFER_DOWNLOAD_RETRIES": "1"})
+    assert r.returncode != 0
+    assert "download failed" in r.stderr and "sha256" in r.stderr and "remedy" in r.stderr
+    assert objects(store_dir) == {} and leftovers(store_dir) == []
+
+
+def test_cli_download_then_verify_then_status(release, http_server, store_dir):
+    common = ["--version", "7.7.7", "--manifest-sha256", release.sha256, "--dest", str(store_dir)]
+    r = run_cli("download-cubin", *common, "--repository", http_server.url)
+    assert r.returncode == 0, r.stderr
+    assert "3 downloaded" in r.stdout
+    r = run_cli("artifacts", "verify", *common)
+    assert r.returncode == 0 and "3 verified" in r.stdout
+    r = run_cli("artifacts", "status", *common, env={"FLASHINFER_NO_DOWNLOAD": "1"})
+    assert r.returncode == 0 and "missing: 0" in r.stdout, r.stdout + r.stderr
+    obj = store_dir / release.entry(BIG).object_path
+    obj.write_bytes(b"x" * obj.stat().st_size)
+    r = run_cli("artifacts", "status", *common)
+    assert r.returncode == 0 and "corrupt: 1" in r.stdout
+    r = run_cli("artifacts", "verify", *common)
+    assert r.returncode == 1 and "a.cubin" in r.stderr and not obj.exists()
+
+
+def test_cli_refuses_to_download_offline(release, http_server, store_dir):
+    r = run_cli("artifacts", "download", "--version", "7.7.7", "--manifest-sha256", release.sha256,
+                "--repository", http_server.url, "--dest", str(store_dir),
+                env={"FLASHINFER_NO_DOWNLOAD": "1"})
+    assert r.returncode != 0 and "FLASHINFER_NO_DOWNLOAD" in r.stderr
+    assert http_server.log == []
+
+
+def test_no_repository_configured(release, store_dir):
+    with pytest.raises(DownloadError, match="FLASHINFER_CUBINS_REPOSITORY"):
+        get_cubin(BIG)
+
+
+def test_download_repairs_a_corrupt_store(release, http_server, store_dir):
+    download_release(release.release, None, repositories=[http_server.url])
+    obj = store_dir / release.entry(BIG).object_path
+    obj.write_bytes(b"z" * obj.stat().st_size)  # same size, other bytes
+    counts = download_release(release.release, None, repositories=[http_server.url])
+    assert counts == {"present": 2, "downloaded": 1}
+    assert obj.read_bytes() == release.files[BIG]
+
+
+def test_checksum_knob_does_not_disable_verification(release, http_server, use, store_dir, caplog):
+    """FLASHINFER_CUBIN_CHECKSUM_DISABLED is accepted (FlashInfer has it) but changes nothing:
+    bytes that do not verify are never kept or loaded."""
+    with knobs.artifacts.scope():
+        knobs.artifacts.checksum_disabled = True
+        http_server.faults.append(Fault("flip", match=big_object(release), at=1, times=-1))
+        use(http_server.url)
+        with pytest.raises(DownloadError):
+            get_cubin(BIG)
+    assert objects(store_dir) == {}
+    assert "FLASHINFER_CUBIN_CHECKSUM_DISABLED is ignored" in caplog.text
