@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -50,6 +52,15 @@ def no_compile(monkeypatch):
 def test_both_import_paths():
     for op in OPS:
         assert getattr(flashinfer, op) is getattr(activation, op)
+
+
+def test_signatures_match_the_contract():
+    from test_norm import contract_params
+
+    E = inspect.Parameter.empty
+    for op in OPS:
+        assert contract_params(getattr(activation, op)) == (
+            [("input", E), ("out", None), ("enable_pdl", None)], {"backend": "auto"})
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -96,18 +96,35 @@ def test_both_import_paths():
         assert getattr(flashinfer, name) is getattr(norm, name)
 
 
-def test_signatures_match_the_contract():
-    def params(f):
-        return [(p.name, p.default) for p in inspect.signature(f).parameters.values()]
+def contract_params(f):
+    """``f``'s parameters as the API contract spells them, plus the keyword-only ones we add.
 
+    The contract's parameters come first, positional-or-keyword, with its defaults, so every
+    call written against it (positional or keyword) binds the same way. Ours (``backend=``,
+    like the contract's attention wrappers have) must be keyword-only with a default, so no
+    contract call can reach them by position or miss them."""
+    contract, extra = [], {}
+    for p in inspect.signature(f).parameters.values():
+        if p.kind is inspect.Parameter.KEYWORD_ONLY:
+            assert p.default is not inspect.Parameter.empty, (f.__name__, p.name)
+            extra[p.name] = p.default
+        else:
+            assert p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, (f.__name__, p.name)
+            contract.append((p.name, p.default))
+    return contract, extra
+
+
+def test_signatures_match_the_contract():
     E = inspect.Parameter.empty
     rms = [("input", E), ("weight", E), ("eps", 1e-6), ("out", None), ("enable_pdl", None)]
     fused = [("input", E), ("residual", E), ("weight", E), ("eps", 1e-6), ("enable_pdl", None)]
-    assert params(norm.rmsnorm) == rms
-    assert params(norm.gemma_rmsnorm) == rms
-    assert params(norm.fused_add_rmsnorm) == fused
-    assert params(norm.gemma_fused_add_rmsnorm) == fused
-    assert params(norm.layernorm) == [("input", E), ("gemma", E), ("beta", E), ("eps", 1e-6)]
+    cubin = {"backend": "auto"}
+    assert contract_params(norm.rmsnorm) == (rms, cubin)
+    assert contract_params(norm.gemma_rmsnorm) == (rms, cubin)
+    assert contract_params(norm.fused_add_rmsnorm) == (fused, cubin)
+    assert contract_params(norm.gemma_fused_add_rmsnorm) == (fused, cubin)
+    assert contract_params(norm.layernorm) == (
+        [("input", E), ("gemma", E), ("beta", E), ("eps", 1e-6)], {})
 
 
 def cpu_args(name, dtype=torch.bfloat16, shape=(4, 64)):

@@ -23,6 +23,7 @@ from ._checks import (
     resolve_pdl,
 )
 from .api_logging import flashinfer_api
+from .artifacts import check_backend
 from .jit.activation import gen_activation_module
 
 __all__ = ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"]
@@ -62,8 +63,13 @@ def _as_rows(t: torch.Tensor, rows: int, cols: int) -> Optional[torch.Tensor]:
 
 
 def _act_and_mul(
-    op: str, input: torch.Tensor, out: Optional[torch.Tensor], enable_pdl: Optional[bool]
+    op: str,
+    input: torch.Tensor,
+    out: Optional[torch.Tensor],
+    enable_pdl: Optional[bool],
+    backend: str = "auto",
 ) -> torch.Tensor:
+    check_backend(backend)
     check_tensor(input, "input")
     check_dtype(input, "input", HALF_DTYPES)
     if input.dim() == 0:
@@ -92,7 +98,13 @@ def _act_and_mul(
     staged = y2 is None
     if staged:
         y2 = torch.empty((rows, d), dtype=out.dtype, device=out.device)
-    getattr(get_activation_module(), op)(y2, x2, resolve_pdl(enable_pdl, input.device))
+    pdl = resolve_pdl(enable_pdl, input.device)
+    if backend == "cubin":
+        from .artifacts import kernels as cubin
+
+        cubin.act_and_mul(op, y2, x2, pdl)
+    else:
+        getattr(get_activation_module(), op)(y2, x2, pdl)
     if staged:
         out.copy_(y2.view(out.shape))
     return out
@@ -101,7 +113,11 @@ def _act_and_mul(
 # [silu_and_mul_api.begin]
 @flashinfer_api
 def silu_and_mul(
-    input: torch.Tensor, out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None
+    input: torch.Tensor,
+    out: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = None,
+    *,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """SiLU-gated product (SwiGLU): ``silu(input[..., :d]) * input[..., d:]``.
 
@@ -114,6 +130,9 @@ def silu_and_mul(
         ``(..., d)`` with the leading dims and dtype of ``input``; written and returned.
     enable_pdl : bool, optional
         Programmatic Dependent Launch; None means on for SM90+. Never changes results.
+    backend : str
+        ``"auto"`` (default): the JIT-compiled module; ``"cubin"``: the kernel binary of the
+        pinned artifact release, loaded through the CUDA driver (no nvcc; same results).
 
     Returns
     -------
@@ -134,13 +153,17 @@ def silu_and_mul(
     >>> x = torch.randn(8, 2 * 11008, dtype=torch.bfloat16, device="cuda")
     >>> y = flashinfer.silu_and_mul(x)  # (8, 11008)
     """
-    return _act_and_mul("silu_and_mul", input, out, enable_pdl)
+    return _act_and_mul("silu_and_mul", input, out, enable_pdl, backend)
 # [silu_and_mul_api.end]
 
 
 @flashinfer_api
 def gelu_and_mul(
-    input: torch.Tensor, out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None
+    input: torch.Tensor,
+    out: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = None,
+    *,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """GELU-gated product (GeGLU, exact GELU): ``gelu(input[..., :d]) * input[..., d:]``.
 
@@ -155,6 +178,9 @@ def gelu_and_mul(
         ``(..., d)``, same dtype; written and returned.
     enable_pdl : bool, optional
         Programmatic Dependent Launch; None means on for SM90+.
+    backend : str
+        ``"auto"`` (default): the JIT-compiled module; ``"cubin"``: the kernel binary of the
+        pinned artifact release, loaded through the CUDA driver (no nvcc; same results).
 
     Returns
     -------
@@ -166,12 +192,16 @@ def gelu_and_mul(
     >>> x = torch.randn(8, 2 * 4096, dtype=torch.float16, device="cuda")
     >>> y = flashinfer.gelu_and_mul(x)  # (8, 4096)
     """
-    return _act_and_mul("gelu_and_mul", input, out, enable_pdl)
+    return _act_and_mul("gelu_and_mul", input, out, enable_pdl, backend)
 
 
 @flashinfer_api
 def gelu_tanh_and_mul(
-    input: torch.Tensor, out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None
+    input: torch.Tensor,
+    out: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = None,
+    *,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """GELU-gated product, tanh approximation: ``gelu_tanh(input[..., :d]) * input[..., d:]``.
 
@@ -187,6 +217,9 @@ def gelu_tanh_and_mul(
         ``(..., d)``, same dtype; written and returned.
     enable_pdl : bool, optional
         Programmatic Dependent Launch; None means on for SM90+.
+    backend : str
+        ``"auto"`` (default): the JIT-compiled module; ``"cubin"``: the kernel binary of the
+        pinned artifact release, loaded through the CUDA driver (no nvcc; same results).
 
     Returns
     -------
@@ -198,4 +231,4 @@ def gelu_tanh_and_mul(
     >>> x = torch.randn(8, 2 * 4096, dtype=torch.bfloat16, device="cuda")
     >>> y = flashinfer.gelu_tanh_and_mul(x)  # (8, 4096)
     """
-    return _act_and_mul("gelu_tanh_and_mul", input, out, enable_pdl)
+    return _act_and_mul("gelu_tanh_and_mul", input, out, enable_pdl, backend)

@@ -27,6 +27,7 @@ from ._checks import (
     resolve_pdl,
 )
 from .api_logging import flashinfer_api
+from .artifacts import check_backend
 from .jit.norm import gen_norm_module
 
 __all__ = [
@@ -41,6 +42,15 @@ __all__ = [
 @functools.cache
 def get_norm_module():
     return gen_norm_module().build_and_load()
+
+
+# Gemma's variants apply the weight as (1 + w): the same kernels with an offset of 1.
+_WEIGHT_OFFSET = {
+    "rmsnorm": 0.0,
+    "gemma_rmsnorm": 1.0,
+    "fused_add_rmsnorm": 0.0,
+    "gemma_fused_add_rmsnorm": 1.0,
+}
 
 
 def _check_rows(x: torch.Tensor, name: str, ndims: Sequence[int]) -> None:
@@ -75,7 +85,9 @@ def _rmsnorm(
     out: Optional[torch.Tensor],
     enable_pdl: Optional[bool],
     op: str,
+    backend: str = "auto",
 ) -> torch.Tensor:
+    check_backend(backend)
     _check_rows(input, "input", (2, 3))
     check_dtype(input, "input", FLOAT_DTYPES)
     _check_param(input, weight, "weight", input.dtype)
@@ -85,9 +97,13 @@ def _rmsnorm(
     check_cuda(input, "input")
     if out is None:
         out = torch.empty_like(input)
-    getattr(get_norm_module(), op)(
-        out, input, weight, float(eps), resolve_pdl(enable_pdl, input.device)
-    )
+    pdl = resolve_pdl(enable_pdl, input.device)
+    if backend == "cubin":
+        from .artifacts import kernels as cubin
+
+        cubin.rmsnorm(out, input, weight, float(eps), _WEIGHT_OFFSET[op], pdl)
+    else:
+        getattr(get_norm_module(), op)(out, input, weight, float(eps), pdl)
     return out
 
 
@@ -98,15 +114,21 @@ def _fused_add_rmsnorm(
     eps: float,
     enable_pdl: Optional[bool],
     op: str,
+    backend: str = "auto",
 ) -> None:
+    check_backend(backend)
     _check_rows(input, "input", (2,))
     check_dtype(input, "input", FLOAT_DTYPES)
     _check_like(input, residual, "residual")
     _check_param(input, weight, "weight", input.dtype)
     check_cuda(input, "input")
-    getattr(get_norm_module(), op)(
-        input, residual, weight, float(eps), resolve_pdl(enable_pdl, input.device)
-    )
+    pdl = resolve_pdl(enable_pdl, input.device)
+    if backend == "cubin":
+        from .artifacts import kernels as cubin
+
+        cubin.fused_add_rmsnorm(input, residual, weight, float(eps), _WEIGHT_OFFSET[op], pdl)
+    else:
+        getattr(get_norm_module(), op)(input, residual, weight, float(eps), pdl)
 
 
 # [rmsnorm_api.begin]
@@ -117,6 +139,8 @@ def rmsnorm(
     eps: float = 1e-6,
     out: Optional[torch.Tensor] = None,
     enable_pdl: Optional[bool] = None,
+    *,
+    backend: str = "auto",
 ) -> torch.Tensor:
     r"""Root mean square normalization over the last dim.
 
@@ -137,6 +161,9 @@ def rmsnorm(
         returned.
     enable_pdl : bool, optional
         Programmatic Dependent Launch; None means on for SM90+. Never changes results.
+    backend : str
+        ``"auto"`` (default): the JIT-compiled module; ``"cubin"``: the kernel binary of the
+        pinned artifact release, loaded through the CUDA driver (no nvcc; same results).
 
     Returns
     -------
@@ -151,7 +178,7 @@ def rmsnorm(
     >>> q = torch.randn(4, 32, 128, dtype=torch.bfloat16, device="cuda")  # per-head QK-norm
     >>> q_normed = flashinfer.rmsnorm(q, torch.ones(128, dtype=torch.bfloat16, device="cuda"))
     """
-    return _rmsnorm(input, weight, eps, out, enable_pdl, "rmsnorm")
+    return _rmsnorm(input, weight, eps, out, enable_pdl, "rmsnorm", backend)
 # [rmsnorm_api.end]
 
 
@@ -162,6 +189,8 @@ def gemma_rmsnorm(
     eps: float = 1e-6,
     out: Optional[torch.Tensor] = None,
     enable_pdl: Optional[bool] = None,
+    *,
+    backend: str = "auto",
 ) -> torch.Tensor:
     r"""Gemma's RMSNorm: the weight is applied as ``(1 + weight)``.
 
@@ -181,6 +210,9 @@ def gemma_rmsnorm(
         ``input``'s shape and dtype, last dim contiguous; written and returned.
     enable_pdl : bool, optional
         Programmatic Dependent Launch; None means on for SM90+. Never changes results.
+    backend : str
+        ``"auto"`` (default): the JIT-compiled module; ``"cubin"``: the kernel binary of the
+        pinned artifact release, loaded through the CUDA driver (no nvcc; same results).
 
     Returns
     -------
@@ -193,7 +225,7 @@ def gemma_rmsnorm(
     >>> w = torch.zeros(3072, dtype=torch.bfloat16, device="cuda")  # (1 + 0): plain RMS scaling
     >>> y = flashinfer.gemma_rmsnorm(x, w)
     """
-    return _rmsnorm(input, weight, eps, out, enable_pdl, "gemma_rmsnorm")
+    return _rmsnorm(input, weight, eps, out, enable_pdl, "gemma_rmsnorm", backend)
 
 
 @flashinfer_api
@@ -203,6 +235,8 @@ def fused_add_rmsnorm(
     weight: torch.Tensor,
     eps: float = 1e-6,
     enable_pdl: Optional[bool] = None,
+    *,
+    backend: str = "auto",
 ) -> None:
     r"""Residual add then RMSNorm, in place on both tensors.
 
@@ -223,6 +257,9 @@ def fused_add_rmsnorm(
         Added to the mean square.
     enable_pdl : bool, optional
         Programmatic Dependent Launch; None means on for SM90+. Never changes results.
+    backend : str
+        ``"auto"`` (default): the JIT-compiled module; ``"cubin"``: the kernel binary of the
+        pinned artifact release, loaded through the CUDA driver (no nvcc; same results).
 
     Returns
     -------
@@ -235,7 +272,7 @@ def fused_add_rmsnorm(
     >>> w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
     >>> flashinfer.fused_add_rmsnorm(x, r, w)  # r = x + r; x = rmsnorm(x + r)
     """
-    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, "fused_add_rmsnorm")
+    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, "fused_add_rmsnorm", backend)
 
 
 @flashinfer_api
@@ -245,6 +282,8 @@ def gemma_fused_add_rmsnorm(
     weight: torch.Tensor,
     eps: float = 1e-6,
     enable_pdl: Optional[bool] = None,
+    *,
+    backend: str = "auto",
 ) -> None:
     r"""Residual add then Gemma RMSNorm (weight applied as ``(1 + weight)``), in place on both.
 
@@ -263,6 +302,9 @@ def gemma_fused_add_rmsnorm(
         Added to the mean square.
     enable_pdl : bool, optional
         Programmatic Dependent Launch; None means on for SM90+. Never changes results.
+    backend : str
+        ``"auto"`` (default): the JIT-compiled module; ``"cubin"``: the kernel binary of the
+        pinned artifact release, loaded through the CUDA driver (no nvcc; same results).
 
     Returns
     -------
@@ -274,7 +316,7 @@ def gemma_fused_add_rmsnorm(
     >>> r = torch.randn(4, 3072, dtype=torch.bfloat16, device="cuda")
     >>> flashinfer.gemma_fused_add_rmsnorm(x, r, torch.zeros(3072, dtype=torch.bfloat16, device="cuda"))
     """
-    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, "gemma_fused_add_rmsnorm")
+    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, "gemma_fused_add_rmsnorm", backend)
 
 
 @flashinfer_api

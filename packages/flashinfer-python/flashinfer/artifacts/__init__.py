@@ -4,7 +4,7 @@ The design in one paragraph (details in docs/artifacts.md): a release is a manif
 an artifact repository (a directory, https, or S3); the manifest's sha256 is pinned inside the
 flashinfer-python wheel at build time; :func:`get_cubin` finds a file of the pinned release in the
 installed ``flashinfer-cubin`` wheel, the local store or a repository, verifying every byte; the
-loader hands only verified bytes to the CUDA driver.
+loader (``loader.py``) hands only verified bytes to the CUDA driver.
 
 Importing this package imports neither torch nor requests nor boto3.
 """
@@ -35,7 +35,22 @@ from .resolve import (
 )
 from .store import Store, VerifiedBlob
 
+#: ``backend=`` of the ops that cubins serve: "auto" is the JIT module, "cubin" the kernel binary
+#: of the pinned release, loaded through the CUDA driver.
+BACKENDS = ("auto", "cubin")
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"backend must be 'auto' (the JIT-compiled module) or 'cubin' (the verified kernel "
+            f"binary of the pinned artifact release), got {backend!r}"
+        )
+
+
 __all__ = [
+    "BACKENDS",
+    "check_backend",
     "ArtifactError",
     "ChecksumError",
     "DownloadError",

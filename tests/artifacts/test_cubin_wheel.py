@@ -1,0 +1,258 @@
+"""The flashinfer-cubin wheel: built hermetically from a verified release, preferred at run time,
+and enough on its own (no download, no network) when it is installed. Also the pin that the
+flashinfer-python build writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from artifacthelpers import make_release, pin, run_cli
+
+from flashinfer.artifacts import VersionMismatchError, get_cubin, resolve
+from flashinfer.artifacts.manifest import ManifestError, check_path
+from flashinfer.artifacts.resolve import CubinWheel, Release, check_cubin_release, cubin_wheel_for
+
+pytest.importorskip("hatchling", reason="building the wheel needs hatchling (nox -s tests has it)")
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = {"sm_90a/norm/a.cubin": 5000, "sm_90a/norm/b.cubin": 3000, "sm_100a/act/c.cubin": 100}
+
+
+def load_hook(package: str):
+    spec = importlib.util.spec_from_file_location(
+        f"hook_{package.replace('-', '_')}", ROOT / "packages" / package / "hatch_build.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def build_wheel(tmp: Path, version: str, env: dict) -> subprocess.CompletedProcess:
+    mono = tmp / "mono"
+    if not mono.exists():
+        shutil.copytree(ROOT / "packages" / "flashinfer-cubin", mono / "packages" / "flashinfer-cubin",
+                        ignore=shutil.ignore_patterns("release", "_build_meta.py", "__pycache__"))
+        (mono / "version.txt").write_text(version + "\n")
+    full = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_CUBIN")}
+    full.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(tmp / "wheels"), str(mono / "packages" / "flashinfer-cubin")],
+        env=full, capture_output=True, text=True, timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def cubin_wheel(tmp_path_factory):
+    """The flashinfer-cubin wheel of a synthetic release 7.7.7, installed into a directory."""
+    tmp = tmp_path_factory.mktemp("cubin-wheel")
+    rel = make_release(tmp / "repo", "7.7.7", FILES)
+    r = build_wheel(tmp, "7.7.7", {"FLASHINFER_CUBIN_RELEASE": str(rel.root),
+                                   "FLASHINFER_CUBIN_MANIFEST_SHA256": rel.sha256})
+    assert r.returncode == 0, r.stderr
+    (wheel,) = (tmp / "wheels").glob("flashinfer_cubin-7.7.7-*.whl")
+    site = tmp / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(site), str(wheel)], check=True, capture_output=True)
+    return rel, wheel, site
+
+
+def test_the_wheel_holds_every_file_and_the_manifest(cubin_wheel):
+    rel, wheel, site = cubin_wheel
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for path in FILES:
+        assert f"flashinfer_cubin/release/files/{path}" in names
+    assert "flashinfer_cubin/release/manifest.json" in names
+    assert (site / "flashinfer_cubin/release/manifest.json").read_bytes() == rel.data
+    ns: dict = {}
+    exec((site / "flashinfer_cubin/_build_meta.py").read_text(), ns)
+    assert (ns["RELEASE_VERSION"], ns["MANIFEST_SHA256"]) == ("7.7.7", rel.sha256)
+    meta = zipfile.ZipFile(wheel).read("flashinfer_cubin-7.7.7.dist-info/METADATA").decode()
+    assert "Requires-Dist: flashinfer-python==7.7.7" in meta
+
+
+def test_offline_with_the_wheel_nothing_is_missing(cubin_wheel, tmp_path):
+    rel, _, site = cubin_wheel
+    env = {"PYTHONPATH": str(site), "FLASHINFER_NO_DOWNLOAD": "1",
+           "FLASHINFER_CUBIN_DIR": str(tmp_path / "empty-store")}
+    r = run_cli("artifacts", "status", "--version", "7.7.7", "--manifest-sha256", rel.sha256, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "in flashinfer-cubin: 3" in r.stdout and "missing: 0" in r.stdout
+    r = run_cli("list-cubins", "--version", "7.7.7", "--manifest-sha256", rel.sha256, env=env)
+    assert r.returncode == 0 and r.stdout.count("wheel ") == 3
+
+
+def test_get_cubin_is_served_by_the_wheel_without_any_socket(cubin_wheel, tmp_path):
+    rel, _, site = cubin_wheel
+    code = f"""
+import socket
+def no_network(*a, **k):
+    raise AssertionError("socket opened")
+socket.socket.connect = no_network
+from flashinfer.artifacts import get_cubin, Release
+release = Release("7.7.7", "{rel.sha256}")
+for path in {sorted(FILES)!r}:
+    blob = get_cubin(path, release)
+    assert "flashinfer_cubin" in blob.source, blob.source
+print("ok")
+"""
+    import flashinfer
+
+    env = dict(os.environ, FLASHINFER_NO_DOWNLOAD="1", FLASHINFER_CUBIN_DIR=str(tmp_path / "s"),
+               PYTHONPATH=os.pathsep.join([str(site), str(Path(flashinfer.__file__).parents[1])]))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_the_runtime_prefers_the_wheel(monkeypatch, tmp_path):
+    rel = make_release(tmp_path / "repo", "7.7.7", FILES)
+    pin(monkeypatch, rel.release)
+    root = tmp_path / "wheel-release"
+    (root / "files" / "sm_90a/norm").mkdir(parents=True)
+    (root / "manifest.json").write_bytes(rel.data)
+    (root / "files" / "sm_90a/norm/a.cubin").write_bytes(rel.files["sm_90a/norm/a.cubin"])
+    wheel = CubinWheel("7.7.7", "7.7.7", rel.sha256, root)
+    monkeypatch.setattr(resolve, "installed_cubin_wheel", lambda: wheel)
+    monkeypatch.setenv("FLASHINFER_NO_DOWNLOAD", "1")
+    assert get_cubin("sm_90a/norm/a.cubin").source.startswith(str(root))
+    # A corrupt copy in the wheel is not used (here: nothing else is available offline).
+    (root / "files" / "sm_90a/norm/a.cubin").write_bytes(b"0" * 5000)
+    from flashinfer.artifacts import OfflineError
+
+    with pytest.raises(OfflineError):
+        get_cubin("sm_90a/norm/a.cubin")
+
+
+def test_version_mismatch(monkeypatch, tmp_path):
+    release = Release("7.7.8", "a" * 64)
+    assert check_cubin_release("7.7.8", "a" * 64, "7.7.8", "a" * 64) is None
+    assert "pip install flashinfer-cubin==7.7.8" in check_cubin_release("7.7.8", "a" * 64, "7.7.7", "b" * 64)
+    assert "reinstall" in check_cubin_release("7.7.8", "a" * 64, "7.7.8", "b" * 64)
+    other = CubinWheel("7.7.7", "7.7.7", "b" * 64, tmp_path)
+    monkeypatch.setattr(resolve, "installed_cubin_wheel", lambda: other)
+    with pytest.raises(VersionMismatchError, match="FLASHINFER_DISABLE_VERSION_CHECK"):
+        cubin_wheel_for(release)
+    monkeypatch.setenv("FLASHINFER_DISABLE_VERSION_CHECK", "1")
+    assert cubin_wheel_for(release) is None  # ignored, not used
+    # With the check off, a wheel of another version whose manifest IS the pinned one serves.
+    same = CubinWheel("7.7.7", "7.7.7", "a" * 64, tmp_path)
+    monkeypatch.setattr(resolve, "installed_cubin_wheel", lambda: same)
+    assert cubin_wheel_for(release) is same
+    # An empty development wheel is neither used nor an error.
+    monkeypatch.delenv("FLASHINFER_DISABLE_VERSION_CHECK")
+    empty = CubinWheel("7.7.8", None, None, tmp_path)
+    monkeypatch.setattr(resolve, "installed_cubin_wheel", lambda: empty)
+    assert cubin_wheel_for(release) is None
+
+
+def test_the_build_refuses_a_release_that_is_not_the_pinned_one(tmp_path):
+    rel = make_release(tmp_path / "repo", "7.7.7", FILES)
+    r = build_wheel(tmp_path, "7.7.7", {"FLASHINFER_CUBIN_RELEASE": str(rel.root),
+                                        "FLASHINFER_CUBIN_MANIFEST_SHA256": "0" * 64})
+    assert r.returncode != 0 and "pinned" in (r.stderr + r.stdout)
+    assert not list(tmp_path.glob("wheels/*.whl"))
+
+
+def test_the_build_refuses_a_file_that_does_not_verify(tmp_path):
+    rel = make_release(tmp_path / "repo", "7.7.7", FILES)
+    obj = rel.root / rel.entry("sm_90a/norm/b.cubin").object_path
+    obj.write_bytes(b"1" * 3000)
+    r = build_wheel(tmp_path, "7.7.7", {"FLASHINFER_CUBIN_RELEASE": str(rel.root),
+                                        "FLASHINFER_CUBIN_MANIFEST_SHA256": rel.sha256})
+    assert r.returncode != 0 and "b.cubin" in (r.stderr + r.stdout)
+    staged = tmp_path / "mono/packages/flashinfer-cubin/flashinfer_cubin"
+    assert not (staged / "release").exists() and not (staged / "release.partial").exists()
+
+
+def test_without_a_release_the_wheel_is_empty_and_says_so(tmp_path):
+    r = build_wheel(tmp_path, "7.7.9", {})
+    assert r.returncode == 0, r.stderr
+    (wheel,) = (tmp_path / "wheels").glob("*.whl")
+    z = zipfile.ZipFile(wheel)
+    assert not [n for n in z.namelist() if "/release/" in n]
+    ns: dict = {}
+    exec(z.read("flashinfer_cubin/_build_meta.py").decode(), ns)
+    assert (ns["__version__"], ns["RELEASE_VERSION"], ns["MANIFEST_SHA256"]) == ("7.7.9", None, None)
+
+
+@pytest.mark.parametrize("path", ["a/b.cubin", "sm_90a/x_1.cubin", "../a", "/a", "a/../b", ".x",
+                                  "a\\b", "a//b", "C:x", ""])
+def test_the_hook_path_rule_is_the_manifest_rule(path):
+    hook = load_hook("flashinfer-cubin")
+    try:
+        check_path(path)
+        ok = True
+    except ManifestError:
+        ok = False
+    try:
+        hook.safe_path(path)
+        hook_ok = True
+    except hook.CubinBuildError:
+        hook_ok = False
+    assert ok == hook_ok
+
+
+def test_flashinfer_python_build_pins_the_lock(tmp_path, monkeypatch):
+    hook = load_hook("flashinfer-python")
+    pkg = tmp_path / "packages" / "flashinfer-python"
+    (pkg / "flashinfer").mkdir(parents=True)
+    monkeypatch.delenv("FLASHINFER_ARTIFACT_LOCK", raising=False)
+    hook.write_artifact_pin(pkg, "3.2.1")
+    text = (pkg / "flashinfer/_artifact_pin.py").read_text()
+    assert "MANIFEST_SHA256 = None" in text
+    lock = tmp_path / "artifacts" / "releases" / "3.2.1.json"
+    lock.parent.mkdir(parents=True)
+    lock.write_text(json.dumps({"release": "3.2.1", "manifest_sha256": "c" * 64,
+                                "repositories": ["https://example.invalid/r"]}))
+    hook.write_artifact_pin(pkg, "3.2.1")
+    ns: dict = {}
+    exec((pkg / "flashinfer/_artifact_pin.py").read_text(), ns)
+    assert ns["MANIFEST_SHA256"] == "c" * 64 and ns["RELEASE_VERSION"] == "3.2.1"
+    assert ns["REPOSITORIES"] == ("https://example.invalid/r",)
+    lock.write_text(json.dumps({"release": "3.2.0", "manifest_sha256": "c" * 64}))
+    with pytest.raises(ValueError, match="3.2.0"):
+        hook.write_artifact_pin(pkg, "3.2.1")
+
+
+def test_sdist_carries_the_verified_release_and_rebuilds_offline(tmp_path):
+    """python -m build makes the wheel from the sdist: the sdist holds the verified release, and
+    the wheel built from it (no repository, no monorepo) re-verifies it against the pin."""
+    rel = make_release(tmp_path / "repo", "7.7.7", FILES)
+    build_wheel(tmp_path, "7.7.7", {})  # lays out the monorepo copy
+    pkg = tmp_path / "mono" / "packages" / "flashinfer-cubin"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_CUBIN")}
+    env.update(FLASHINFER_CUBIN_RELEASE=str(rel.root), FLASHINFER_CUBIN_MANIFEST_SHA256=rel.sha256)
+    subprocess.run([sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d",
+                    str(tmp_path / "sdist")], cwd=pkg, env=env, check=True, capture_output=True)
+    (sdist,) = (tmp_path / "sdist").glob("*.tar.gz")
+    import tarfile
+
+    unpacked = tmp_path / "unpacked"
+    with tarfile.open(sdist) as tf:
+        try:
+            tf.extractall(unpacked, filter="data")
+        except TypeError:  # Python without extraction filters
+            tf.extractall(unpacked)
+    src = unpacked / "flashinfer_cubin-7.7.7"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_CUBIN")}
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                        "--no-build-isolation", "-w", str(tmp_path / "w2"), str(src)],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (wheel,) = (tmp_path / "w2").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert all(f"flashinfer_cubin/release/files/{p}" in names for p in FILES)
+    # Tampering with the bundled copy makes the sdist unbuildable.
+    (src / "flashinfer_cubin/release/files/sm_90a/norm/b.cubin").write_bytes(b"2" * 3000)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                        "--no-build-isolation", "-w", str(tmp_path / "w3"), str(src)],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "b.cubin" in r.stderr + r.stdout
