@@ -19,6 +19,21 @@ def test_ci_runs_the_readme_test_command():
     assert test_cmd in [line.strip() for line in ci]
 
 
+def test_main_job_is_the_release_of_this_version():
+    """The README's first command releases the whole set, of the version in version.txt."""
+    main_job = _readme_commands()[0]
+    assert main_job.startswith("python3 -m pip install -q nox && ")
+    assert main_job.endswith('nox -s release -- "$(cat version.txt)"')
+
+
+def test_readme_has_install_and_release_sections():
+    text = (ROOT / "README.md").read_text()
+    install = text.split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert "'flashinfer-python[jit-cache]==X.Y.Z'" in install and "/cu130/" in install
+    release = text.split("## Release", 1)[1].split("\n## ", 1)[0]
+    assert "nox -s release -- X.Y.Z" in release
+
+
 def test_one_version():
     version = (ROOT / "version.txt").read_text().strip()
     assert re.fullmatch(r"\d+\.\d+\.\d+([.-]?\w+)?", version)
