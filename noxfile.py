@@ -36,8 +36,9 @@ RELEASE_ARCHS = "8.0 9.0a 10.0a 12.0a"
 TEST_ARCHS, TEST_MODULES = "9.0a", "scale"
 BUILD_REQUIREMENTS = ["build", "hatchling>=1.25", "apache-tvm-ffi>=0.1.15,<0.2", "ninja"]
 #: What the tests need besides the set; moto[server] (with boto3): the S3-compatible server the
-#: artifact tests start on loopback.
-TEST_REQUIREMENTS = ["pytest", "numpy", "moto[server]"]
+#: artifact tests start on loopback; hatchling: the cubin-wheel tests build that wheel (also in
+#: the release's fresh venv, which has no build requirements otherwise).
+TEST_REQUIREMENTS = ["pytest", "numpy", "moto[server]", "hatchling>=1.25"]
 #: The extra index a release install takes torch & co from (ours is the main one).
 PYPI = os.environ.get("RELEASE_EXTRA_INDEX_URL", "https://pypi.org/simple")
 
