@@ -14,6 +14,10 @@ import torch
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
+#: ``backend=`` of the ops that cubins serve: "auto" is the JIT module, "cubin" the kernel binary
+#: of the pinned release, loaded through the CUDA driver. Here and not in flashinfer.artifacts,
+#: whose import (the repository client) the first call on the default backend must not pay for.
+BACKENDS = ("auto", "cubin")
 
 
 def _names(dtypes: Iterable[torch.dtype]) -> str:
@@ -87,3 +91,11 @@ def resolve_pdl(enable_pdl: Optional[bool], device: torch.device) -> bool:
 
         return device_support_pdl(device)
     return bool(enable_pdl)
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"backend must be 'auto' (the JIT-compiled module) or 'cubin' (the verified kernel "
+            f"binary of the pinned artifact release), got {backend!r}"
+        )

@@ -15,6 +15,7 @@ import torch
 
 from ._checks import (
     HALF_DTYPES,
+    check_backend,
     check_cuda,
     check_dtype,
     check_same_device,
@@ -23,7 +24,6 @@ from ._checks import (
     resolve_pdl,
 )
 from .api_logging import flashinfer_api
-from .artifacts import check_backend
 from .jit.activation import gen_activation_module
 
 __all__ = ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"]

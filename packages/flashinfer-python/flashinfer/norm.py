@@ -15,6 +15,7 @@ import torch
 
 from ._checks import (
     FLOAT_DTYPES,
+    check_backend,
     check_cuda,
     check_dtype,
     check_last_dim_contiguous,
@@ -27,7 +28,6 @@ from ._checks import (
     resolve_pdl,
 )
 from .api_logging import flashinfer_api
-from .artifacts import check_backend
 from .jit.norm import gen_norm_module
 
 __all__ = [

@@ -11,6 +11,7 @@ Importing this package imports neither torch nor requests nor boto3.
 
 from __future__ import annotations
 
+from .._checks import BACKENDS, check_backend
 from .errors import (
     ArtifactError,
     ChecksumError,
@@ -34,19 +35,6 @@ from .resolve import (
     release_status,
 )
 from .store import Store, VerifiedBlob
-
-#: ``backend=`` of the ops that cubins serve: "auto" is the JIT module, "cubin" the kernel binary
-#: of the pinned release, loaded through the CUDA driver.
-BACKENDS = ("auto", "cubin")
-
-
-def check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(
-            f"backend must be 'auto' (the JIT-compiled module) or 'cubin' (the verified kernel "
-            f"binary of the pinned artifact release), got {backend!r}"
-        )
-
 
 __all__ = [
     "BACKENDS",
