@@ -176,6 +176,16 @@ def tamper_check(tmp: Path) -> dict:
         resolve.installed_cubin_wheel = saved
 
 
+def _commit() -> str:
+    """The commit the carried wheels were built from (tools/prepare_gpu_dist.sh writes it); the
+    device's copy of the tree may carry a stale git HEAD."""
+    stamp = ROOT / ".gpu" / "wheels_set" / "COMMIT"
+    if stamp.is_file():
+        return stamp.read_text().strip()
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -186,7 +196,7 @@ def main() -> int:
     doc: dict = {
         "device": torch.cuda.get_device_name(), "capability": ".".join(map(str, torch.cuda.get_device_capability())),
         "torch": torch.__version__, "flashinfer": flashinfer.__version__,
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
+        "commit": _commit(),
         "release": {"version": release.version, "manifest_sha256": release.manifest_sha256},
         "cubin_wheel": None if wheel is None else {"version": wheel.version, "root": str(wheel.root)},
     }
