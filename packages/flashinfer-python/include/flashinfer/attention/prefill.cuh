@@ -367,32 +367,24 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
     // Logits transform, then the mask: each a straight pass over S with its run-time choice
     // made once outside it (a per-element branch splits the unrolled loop into hundreds of
     // small blocks, and the compiler then cannot overlap it with the MMAs around it).
+    // f(x, mq, r, kv): element x of S, at MMA tile mq, row half r (row g or g + 8), key kv.
+    auto for_each_s = [&](auto&& f) {
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int n = 0; n < 2 * kMmaKV; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) f(s[mq][n][e], mq, e / 2, base + n * 8 + 2 * t + (e & 1));
+    };
     if (p.softcap_post != 0.f) {
-#pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq)
-#pragma unroll
-        for (int n = 0; n < 2 * kMmaKV; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            s[mq][n][e] = p.softcap_post * tanhf(s[mq][n][e] * p.softcap_pre);
+      for_each_s([&](float& x, int, int, int) { x = p.softcap_post * tanhf(x * p.softcap_pre); });
     } else {
-#pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq)
-#pragma unroll
-        for (int n = 0; n < 2 * kMmaKV; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mq][n][e] *= p.sm_scale_log2;
+      for_each_s([&](float& x, int, int, int) { x *= p.sm_scale_log2; });
     }
     if constexpr (KT::kPos == PosEncoding::kAlibi) {
-#pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq)
-#pragma unroll
-        for (int n = 0; n < 2 * kMmaKV; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int kv = base + n * 8 + 2 * t + (e & 1);
-            s[mq][n][e] += row_slope[mq][e / 2] * float(kv - (delta + row_qo[mq][e / 2]));
-          }
+      for_each_s([&](float& x, int mq, int r, int kv) {
+        x += row_slope[mq][r] * float(kv - (delta + row_qo[mq][r]));
+      });
     }
     const bool need_mask = kCustom || base + kTileKV > kv_hi ||
                            (kCausal && base + kTileKV - 1 > delta + qo_first) ||
@@ -400,26 +392,19 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
     if (need_mask) {
       // With no window the lower bound lies far below every key.
       const int window = p.window_left >= 0 ? p.window_left : 0x3fffffff;
-#pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq)
-#pragma unroll
-        for (int n = 0; n < 2 * kMmaKV; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = e / 2;
-            const int kv = base + n * 8 + 2 * t + (e & 1);
-            const int q_pos = delta + row_qo[mq][r];
-            bool keep = kv < kv_hi && kv >= q_pos - window;
-            if constexpr (kCausal) keep = keep && kv <= q_pos;
-            if constexpr (kCustom) {
-              if (keep) {
-                const int64_t bit = int64_t(row_qo[mq][r]) * kv_len + kv;
-                keep = row_qo[mq][r] < qo_len &&
-                       ((p.custom_mask[p.mask_indptr[b] + (bit >> 3)] >> (bit & 7)) & 1);
-              }
-            }
-            s[mq][n][e] = keep ? s[mq][n][e] : -INFINITY;
+      for_each_s([&](float& x, int mq, int r, int kv) {
+        const int q_pos = delta + row_qo[mq][r];
+        bool keep = kv < kv_hi && kv >= q_pos - window;
+        if constexpr (kCausal) keep = keep && kv <= q_pos;
+        if constexpr (kCustom) {
+          if (keep) {
+            const int64_t bit = int64_t(row_qo[mq][r]) * kv_len + kv;
+            keep = row_qo[mq][r] < qo_len &&
+                   ((p.custom_mask[p.mask_indptr[b] + (bit >> 3)] >> (bit & 7)) & 1);
           }
+        }
+        x = keep ? x : -INFINITY;
+      });
     }
 
     // Online softmax (base 2). The O rescale is skipped when no row of the warp raised its
