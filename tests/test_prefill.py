@@ -77,10 +77,12 @@ def test_batch_wrappers_validate_on_cpu():
 @pytest.mark.parametrize("qo_len,kv_len", [(1, 1), (7, 33), (128, 128), (300, 517), (1, 1000),
                                            (65, 17), (17, 2049)])
 @pytest.mark.parametrize("group", [1, 4])
-def test_single_prefill(dtype, head_dim, causal, qo_len, kv_len, group):
+@pytest.mark.parametrize("backend", ["auto", "fa2"])  # auto: the Hopper kernel on an H100
+def test_single_prefill(dtype, head_dim, causal, qo_len, kv_len, group, backend):
     gen = torch.Generator().manual_seed(qo_len * 7 + kv_len)
     q, k, v = _qkv(qo_len, kv_len, 4 * group, 4, head_dim, dtype, gen)
-    o, lse = flashinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True)
+    o, lse = flashinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True,
+                                                     backend=backend)
     ro, rl = attention_ref(q, k, v, causal=causal)
     _close(o, ro, dtype)
     _lse_close(lse, rl)
@@ -164,7 +166,8 @@ def test_causal_rows_without_keys_and_huge_negative_logits():
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("tuple_form", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_batch_paged_prefill(page_size, layout, tuple_form, causal):
+@pytest.mark.parametrize("backend", ["auto", "fa2"])
+def test_batch_paged_prefill(page_size, layout, tuple_form, causal, backend):
     gen = torch.Generator().manual_seed(page_size)
     dtype, hq, hkv, d = torch.bfloat16, 16, 4, 128
     kv_lens = [37, 0, 1, 300, 129, 64]
@@ -174,7 +177,7 @@ def test_batch_paged_prefill(page_size, layout, tuple_form, causal):
     qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
     q = torch.randn(sum(qo_lens), hq, d, generator=gen).to(dtype).cuda()
     w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), layout)
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), layout, backend=backend)
     w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page_size, causal=causal,
            q_data_type=dtype)
     o, lse = w.run(q, cache, return_lse=True)
@@ -293,3 +296,118 @@ def test_multilevel_cascade_matches_flat_attention(causal):
         v = torch.cat([seqs[0][1], seqs[b + 1][1]])
         ro, _ = attention_ref(q[s:e], k, v, causal=causal)
         _close(o[s:e], ro, dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# The Hopper kernel (cta 3): chosen by "auto" on compute capability 9.0 for rows > 64.
+
+needs_sm90 = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="needs a compute capability 9.0 GPU (the Hopper kernel)")
+
+
+def _ragged(qo_lens, kv_lens, hq, hkv, d, dtype, gen):
+    q = torch.randn(sum(qo_lens), hq, d, generator=gen).to(dtype).cuda()
+    k = torch.randn(sum(kv_lens), hkv, d, generator=gen).to(dtype).cuda()
+    v = torch.randn(sum(kv_lens), hkv, d, generator=gen).to(dtype).cuda()
+    cum = lambda xs: torch.tensor([0] + torch.tensor(xs).cumsum(0).tolist(),  # noqa: E731
+                                  dtype=torch.int32)
+    return q, k, v, cum(qo_lens), cum(kv_lens)
+
+
+def _check_ragged(o, lse, q, k, v, qi, ki, dtype, **ref_kw):
+    for b in range(len(qi) - 1):
+        if qi[b + 1] == qi[b]:
+            continue
+        ro, rl = attention_ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]],
+                               **ref_kw)
+        _close(o[qi[b]:qi[b + 1]], ro, dtype)
+        if lse is not None:
+            _lse_close(lse[qi[b]:qi[b + 1]], rl)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("split", [None, 512])
+def test_hopper_kernel_persistent_grid_and_split_kv(head_dim, split):
+    """More (item, head) pairs than SMs, so each CTA loops over several items (its producer runs
+    ahead into the next); with a fixed split the items write partial states that get merged."""
+    gen = torch.Generator().manual_seed(head_dim + (split or 0))
+    qo_lens, kv_lens = [700, 129, 1, 1500, 65], [2000, 129, 3000, 1500, 4000]
+    q, k, v, qi, ki = _ragged(qo_lens, kv_lens, 16, 2, head_dim, torch.bfloat16, gen)
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(256 << 20, dtype=torch.uint8, device="cuda"), backend="fa3")
+    w.plan(qi.cuda(), ki.cuda(), 16, 2, head_dim, causal=True, q_data_type=torch.bfloat16,
+           fixed_split_size=split)
+    assert w._plan.cta == 3 and w._plan.split_kv == (split is not None)
+    o, lse = w.run(q, k, v, return_lse=True)
+    _check_ragged(o, lse, q, k, v, qi, ki, torch.bfloat16, causal=True)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_hopper_kernel_matches_fa2_bitwise_free_of_nan_on_many_shapes():
+    """fa3 and fa2 agree (to rounding) on every request of a mixed batch, window and soft cap
+    included, and neither writes NaN into rows past the requests (output poisoned first)."""
+    gen = torch.Generator().manual_seed(11)
+    qo_lens, kv_lens = [1, 17, 0, 64, 65, 130, 333], [1, 40, 5, 64, 65, 200, 1000]
+    q, k, v, qi, ki = _ragged(qo_lens, kv_lens, 8, 8, 128, torch.float16, gen)
+    outs = []
+    for backend in ("fa3", "fa2"):
+        w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend=backend)
+        w.plan(qi.cuda(), ki.cuda(), 8, 8, 128, causal=True, q_data_type=torch.float16,
+               window_left=100, logits_soft_cap=20.0)
+        out = torch.full_like(q, float("nan"))
+        outs.append(w.run(q, k, v, out=out))
+        assert not torch.isnan(out).any()
+    torch.testing.assert_close(outs[0], outs[1], atol=4e-3, rtol=1e-2)
+    _check_ragged(outs[0], None, q, k, v, qi, ki, torch.float16, causal=True, window_left=100,
+                  soft_cap=20.0)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_hopper_kernel_under_cuda_graph_replan():
+    """A captured paged prefill stays correct after a re-plan with other lengths."""
+    gen = torch.Generator().manual_seed(12)
+    hq, hkv, d, page, dtype = 16, 4, 128, 16, torch.bfloat16
+    first = ([300, 129], [400, 129])
+    second = ([100, 250], [1000, 250])
+    max_pages = sum((k_ + page - 1) // page for k_ in second[1]) + 8
+    bufs = dict(qo_indptr_buf=torch.empty(3, dtype=torch.int32, device="cuda"),
+                paged_kv_indptr_buf=torch.empty(3, dtype=torch.int32, device="cuda"),
+                paged_kv_indices_buf=torch.empty(max_pages, dtype=torch.int32, device="cuda"),
+                paged_kv_last_page_len_buf=torch.empty(2, dtype=torch.int32, device="cuda"))
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+        torch.empty(256 << 20, dtype=torch.uint8, device="cuda"), "NHD", use_cuda_graph=True,
+        **bufs)
+    rows = sum(first[0])
+    q = torch.empty(rows, hq, d, dtype=dtype, device="cuda")
+    out = torch.empty_like(q)
+    plans = [make_paged(kv_lens, page, hkv, d, dtype, "cuda", "NHD", False, gen) + (qo_lens,)
+             for qo_lens, kv_lens in (first, second)]
+    # The captured run reads one cache tensor: each plan's pages are copied into it.
+    big = torch.empty((max(c[0].shape[0] for c in plans),) + tuple(plans[0][0].shape[1:]),
+                      dtype=dtype, device="cuda")
+    graph = None
+    for cache, indptr, indices, last, seqs, qo_lens in plans:
+        big[: cache.shape[0]].copy_(cache)
+        qo_indptr = torch.tensor([0, qo_lens[0], sum(qo_lens)], dtype=torch.int32)
+        w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page, causal=True,
+               q_data_type=dtype)
+        assert w._plan.cta == 3
+        q.copy_(torch.randn(rows, hq, d, generator=gen).to(dtype))
+        if graph is None:
+            w.run(q, big, out=out)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                w.run(q, big, out=out)
+        graph.replay()
+        torch.cuda.synchronize()
+        for b in range(2):
+            s0 = 0 if b == 0 else qo_lens[0]
+            ro, _ = attention_ref(q[s0:s0 + qo_lens[b]], *seqs[b], causal=True)
+            _close(out[s0:s0 + qo_lens[b]], ro, dtype)

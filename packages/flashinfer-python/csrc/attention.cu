@@ -6,9 +6,11 @@
 //   FI_MASK_MODE            0 none, 1 causal, 2 custom (attn::MaskMode)
 //   FI_POS_ENCODING         0 none, 1 RoPE (llama), 2 ALiBi (attn::PosEncoding)
 //   FI_PAGED                0 ragged KV, 1 paged KV
-// The module holds three CTA shapes of that variant (the plan picks one per batch) and the
-// split-KV merge. Exported: `run` (attention, then the merge when the plan splits KV).
+// The module holds three CTA shapes of the FA2 kernel and, where the variant allows it, the
+// Hopper kernel (the plan picks one per batch), and the split-KV merge. Exported: `run`
+// (attention, then the merge when the plan splits KV) and `cta_tile_q`.
 #include <flashinfer/attention/prefill.cuh>
+#include <flashinfer/attention/prefill_sm90.cuh>
 #include <flashinfer/cascade.cuh>
 
 #include "attention_utils.h"
@@ -67,20 +69,54 @@ using Cta1 = Traits<4, 1, 1, FLASHINFER_ATTENTION_CTA1_MMA_KV>;
 using Cta2 = Traits<FLASHINFER_ATTENTION_CTA2_WARPS_Q, 1, FLASHINFER_ATTENTION_CTA2_MMA_Q,
                     FLASHINFER_ATTENTION_CTA2_MMA_KV>;
 
+// 3: the Hopper kernel (wgmma, 128 rows, sm_90 only): head_dim 64/128, no in-kernel RoPE.
+// flashinfer/jit/attention.py (AttentionVariant.has_sm90) mirrors this rule.
+constexpr bool kHasSm90 =
+    (kHeadDim == 64 || kHeadDim == 128) && kPos != PosEncoding::kRopeLlama;
+// Where the module has no Hopper kernel, Cta3 names a valid stand-in that is never launched.
+using Cta3 = Sm90Traits<DTypeQ, DTypeO, kHasSm90 ? kHeadDim : 128, kMask,
+                        kHasSm90 ? kPos : PosEncoding::kNone, kPaged>;
+constexpr int kNumCta = 4;
+
 int tile_q(int64_t cta) {
   switch (cta) {
     case 0: return Cta0::kTileQ;
     case 1: return Cta1::kTileQ;
     case 2: return Cta2::kTileQ;
+    case 3: return kHasSm90 ? Cta3::kTileQ : 0;
   }
   return 0;
 }
 
+/// Launches the Hopper kernel; only instantiated (compiled) where the module has one.
+template <bool kOn = kHasSm90>
+cudaError_t launch_sm90(const AttentionParams& p, int grid_x, bool enable_pdl,
+                        cudaStream_t stream) {
+  if constexpr (kOn) {
+    return LaunchAttentionSm90<Cta3>(p, grid_x, enable_pdl, stream);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+}
+
+/// The Hopper kernel runs on compute capability 9.0 only (wgmma is sm_90a's).
+void check_sm90_device(int device_id) {
+  TVM_FFI_CHECK(kHasSm90, ValueError)
+      << "cta 3 (the Hopper kernel) takes head_dim 64 or 128 without in-kernel RoPE; this "
+      << "module is head_dim " << kHeadDim << ", pos_encoding " << int(kPos);
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id);
+  TVM_FFI_CHECK(major == 9 && minor == 0, ValueError)
+      << "cta 3 (the Hopper kernel) needs a compute capability 9.0 GPU, got " << major << "."
+      << minor;
+}
+
 }  // namespace
 
-/// The packed-row tile of each CTA shape: [tile_q(0), tile_q(1), tile_q(2)].
+/// The packed-row tile of CTA shape `cta` (0 where the module lacks that shape).
 int64_t cta_tile_q(int64_t cta) {
-  TVM_FFI_CHECK(cta >= 0 && cta <= 2, ValueError) << "cta must be 0, 1 or 2, got " << cta;
+  TVM_FFI_CHECK(cta >= 0 && cta < kNumCta, ValueError) << "cta must be 0 to 3, got " << cta;
   return tile_q(cta);
 }
 
@@ -93,7 +129,8 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
          double logits_soft_cap, double o_scale, double rope_scale, double rope_theta,
          int64_t window_left, bool enable_pdl) {
   // 1. Validate.
-  TVM_FFI_CHECK(cta >= 0 && cta <= 2, ValueError) << "cta must be 0, 1 or 2, got " << cta;
+  TVM_FFI_CHECK(cta >= 0 && cta < kNumCta, ValueError) << "cta must be 0 to 3, got " << cta;
+  if (cta == 3) check_sm90_device(q.device().device_id);
   AttentionParams p = {};
   const KVView kv = check_attention_inputs(q, k, v, o, lse, kv_layout, kPaged, kHeadDim,
                                            dtype_code<DTypeQ>(), dtype_code<DTypeO>());
@@ -122,6 +159,7 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
     case 0: status = LaunchAttention<Cta0>(p, int(grid_x), enable_pdl, stream); break;
     case 1: status = LaunchAttention<Cta1>(p, int(grid_x), enable_pdl, stream); break;
     case 2: status = LaunchAttention<Cta2>(p, int(grid_x), enable_pdl, stream); break;
+    case 3: status = launch_sm90(p, int(grid_x), enable_pdl, stream); break;
   }
   check_launch(status, "attention");
   if (split_kv) {

@@ -34,7 +34,8 @@ class AttentionPlan:
     Attributes
     ----------
     cta : int
-        CTA shape (0: 16 rows x 4 key streams, 1: 64 rows, 2: 128 rows; csrc/attention.cu).
+        CTA shape (0: 16 rows x 4 key streams, 1: 64 rows, 2: 128 rows, 3: the Hopper kernel's
+        128 rows; csrc/attention.cu).
     tile_q : int
         Packed query rows per item.
     num_items : int
@@ -42,7 +43,8 @@ class AttentionPlan:
     item_capacity : int
         Items the plan buffer has room for (fixed under CUDA graphs).
     grid_x : int
-        CTAs per KV head of the launch.
+        CTAs per KV head of the launch; for the Hopper kernel (cta 3) the whole persistent grid,
+        whose CTAs take (item, KV head) pairs in turn.
     kv_chunk_size : int
         Keys per chunk; 0 means whole sequences.
     split_kv : bool
@@ -69,24 +71,27 @@ class AttentionPlan:
         return HEADER + 3 * self.item_capacity + (self.num_rows + 1 if self.split_kv else 0)
 
 
-def choose_cta(max_packed_rows: int, head_dim: int) -> int:
+def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False) -> int:
     """The CTA shape for a batch whose longest request has ``max_packed_rows`` packed rows.
 
     16 rows when every request fits one MMA tile (decode, short queries): four independent key
-    streams keep the memory system busy. 64 rows otherwise, except for long queries at
-    head_dim 64, which take 128 rows. At head_dim 128 the 128-row shape shares each K/V tile
-    among twice the rows but needs 32-key steps to fit its registers, and measured 3-7% slower
-    on the H100 (benchmarks/results/*-tune-attention*.json).
+    streams keep the memory system busy. Longer queries take the Hopper kernel (3) where
+    ``sm90`` says the GPU and the variant allow it; otherwise 64 rows, except for long queries
+    at head_dim 64, which take 128 rows. At head_dim 128 the FA2 128-row shape shares each K/V
+    tile among twice the rows but needs 32-key steps to fit its registers, and measured 3-7%
+    slower on the H100 (benchmarks/results/*-tune-attention*.json).
     """
     if max_packed_rows <= 16:
         return 0
+    if sm90 and max_packed_rows > 64:
+        return 3
     if max_packed_rows <= 64 or head_dim >= 128:
         return 1
     return 2
 
 
 def tile_rows(cta: int, head_dim: int) -> int:
-    return {0: 16, 1: 64, 2: 128 if head_dim <= 128 else 64}[cta]
+    return {0: 16, 1: 64, 2: 128 if head_dim <= 128 else 64, 3: 128}[cta]
 
 
 def _num_chunks(kv_len: int, chunk: int) -> int:
@@ -139,7 +144,8 @@ def schedule(
     item_capacity: Optional[int] = None,
     force_split: bool = False,
     cta: Optional[int] = None,
-    ctas_per_sm: int = 2,
+    sm90: bool = False,
+    ctas_per_sm: Optional[int] = None,
 ) -> tuple[AttentionPlan, torch.Tensor]:
     """Plan one batch. Returns the plan and its int32 buffer (CPU; the caller uploads it).
 
@@ -155,6 +161,11 @@ def schedule(
         always runs, so a later plan may split or not under the same captured graph.
     force_split : bool
         Split even with one chunk per request (CUDA-graph mode).
+    sm90 : bool
+        The Hopper kernel may be chosen (compute capability 9.0 and a variant that has it).
+    ctas_per_sm : int, optional
+        Resident CTAs per SM the split heuristic aims to fill (default: 1 for the Hopper kernel,
+        2 for the others).
     """
     if len(qo_lens) != len(kv_lens):
         raise ValueError(f"qo_lens and kv_lens must have one entry per request, got "
@@ -163,7 +174,9 @@ def schedule(
         raise ValueError("sequence lengths must be >= 0")
     max_rows = max((q * group_size for q in qo_lens), default=0)
     if cta is None:
-        cta = choose_cta(max_rows, head_dim)
+        cta = choose_cta(max_rows, head_dim, sm90)
+    if ctas_per_sm is None:
+        ctas_per_sm = 1 if cta == 3 else 2
     tile_q = tile_rows(cta, head_dim)
     qtiles = [math.ceil(q * group_size / tile_q) for q in qo_lens]
 
@@ -197,9 +210,12 @@ def schedule(
         raise ValueError(f"the batch needs {len(items)} work items, more than the "
                          f"{capacity} this wrapper was sized for")
     num_rows = sum(qo_lens)
+    grid_x = capacity if item_capacity is not None else len(items)
+    if cta == 3:  # persistent: at most one CTA per SM over all (item, KV head) pairs
+        grid_x = max(1, min(grid_x * num_kv_heads, num_sms))
     plan_info = AttentionPlan(
         cta=cta, tile_q=tile_q, num_items=len(items), item_capacity=capacity,
-        grid_x=capacity if item_capacity is not None else len(items), kv_chunk_size=chunk,
+        grid_x=grid_x, kv_chunk_size=chunk,
         split_kv=split, num_rows=num_rows,
         num_partials=sum(q * _num_chunks(k, chunk) for q, k in zip(qo_lens, kv_lens)) if split else 0,
     )

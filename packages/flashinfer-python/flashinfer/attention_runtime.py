@@ -97,6 +97,36 @@ def num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+BACKENDS = ("auto", "fa2", "fa3")
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    return backend
+
+
+def use_sm90(device: torch.device, variant: AttentionVariant, backend: str) -> bool:
+    """Whether plans may take the Hopper kernel: ``"auto"`` on a compute capability 9.0 GPU for
+    a variant that has it; ``"fa3"`` insists (and says why it cannot); ``"fa2"`` never."""
+    check_backend(backend)
+    if backend == "fa2" or device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ok = _capability(index) == (9, 0) and variant.has_sm90
+    if backend == "fa3" and not ok:
+        raise ValueError(f"backend='fa3' (the Hopper kernel) needs a compute capability 9.0 GPU "
+                         f"and head_dim 64 or 128 without pos_encoding_mode='ROPE_LLAMA'; got "
+                         f"capability {_capability(index)}, head_dim {variant.head_dim}, "
+                         f"pos_encoding_mode {variant.pos_encoding!r}")
+    return ok
+
+
 class Workspace:
     """The float workspace (split-KV partial states), the int workspace (the plan) and its
     pinned host mirror. ``plan`` writes through the mirror; ``run`` only reads."""

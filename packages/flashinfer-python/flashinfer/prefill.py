@@ -206,12 +206,12 @@ def single_prefill_with_kv_cache(
     check_cuda(q, "q")
     return _single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
                    sm_scale, k_scale, v_scale, window_left, logits_soft_cap, rope_scale,
-                   rope_theta, return_lse, o_dtype, fixed_split_size=None)
+                   rope_theta, return_lse, o_dtype, fixed_split_size=None, backend=backend)
 
 
 def _single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
             sm_scale, k_scale, v_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
-            return_lse, o_dtype, fixed_split_size, paged_k=None):
+            return_lse, o_dtype, fixed_split_size, paged_k=None, backend="auto"):
     """Shared by single prefill and single decode: one request through the batch kernel."""
     device = q.device
     qo_len, num_qo_heads, head_dim = q.shape
@@ -219,9 +219,11 @@ def _single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encodi
     num_kv_heads = k.shape[1] if layout == 0 else k.shape[0]
     use_mask = custom_mask is not None or packed_custom_mask is not None
     mask_mode = "custom" if use_mask else ("causal" if causal else "none")
+    variant = _variant(q.dtype, o_dtype, head_dim, mask_mode, pos_encoding_mode, paged=False)
     plan, buf = schedule([qo_len], [kv_len], group_size=num_qo_heads // num_kv_heads,
                          num_kv_heads=num_kv_heads, head_dim=head_dim, num_sms=_num_sms(device),
-                         causal=mask_mode == "causal", kv_chunk_size=fixed_split_size)
+                         causal=mask_mode == "causal", kv_chunk_size=fixed_split_size,
+                         sm90=rt.use_sm90(device, variant, backend))
     dev = torch.cat([buf, torch.tensor([0, qo_len, 0, kv_len], dtype=torch.int32)]).to(device)
     n = buf.numel()
     partials = None
@@ -237,8 +239,7 @@ def _single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encodi
     rs, rth = rt.rope_defaults(rope_scale, rope_theta)
     o = torch.empty(qo_len, num_qo_heads, head_dim, dtype=o_dtype, device=device)
     lse = torch.empty(qo_len, num_qo_heads, dtype=torch.float32, device=device) if return_lse else None
-    module = rt.get_attention_module(_variant(q.dtype, o_dtype, head_dim, mask_mode,
-                                              pos_encoding_mode, paged=False))
+    module = rt.get_attention_module(variant)
     rt.run_attention(module, plan, dev[:n], q=q, k=k, v=v, o=o, lse=lse, kv_layout=layout,
                      qo_indptr=dev[n:n + 2], kv_indptr=dev[n + 2:n + 4], partials=partials,
                      custom_mask=mask, mask_indptr=mask_indptr,
@@ -262,9 +263,7 @@ class _BatchAttentionBase:
                  use_cuda_graph: bool = False, backend: str = "auto") -> None:
         self._kv_layout = kv_layout
         self._layout = rt.check_kv_layout(kv_layout)
-        if backend not in ("auto", "fa2", "fa3"):
-            raise ValueError(f"backend must be 'auto', 'fa2' or 'fa3', got {backend!r}")
-        self._backend = backend
+        self._backend = rt.check_backend(backend)
         self._ws = rt.Workspace(float_workspace_buffer)
         self._use_cuda_graph = use_cuda_graph
         self._plan: Optional[AttentionPlan] = None
@@ -301,12 +300,12 @@ class _BatchAttentionBase:
     def _schedule(self, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, causal,
                   fixed_split_size, disable_split_kv):
         device = self._ws.device
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"sm90": rt.use_sm90(device, self._variant, self._backend)}
         if self._use_cuda_graph:
             if self._fixed is None:
                 first, _ = schedule(qo_lens, kv_lens, group_size=num_qo_heads // num_kv_heads,
                                     num_kv_heads=num_kv_heads, head_dim=head_dim,
-                                    num_sms=_num_sms(device), causal=causal)
+                                    num_sms=_num_sms(device), causal=causal, **kwargs)
                 sms = _num_sms(device)
                 self._fixed = {
                     "cta": first.cta,
@@ -314,8 +313,8 @@ class _BatchAttentionBase:
                                          -(-2 * sms // num_kv_heads)),
                     "row_capacity": sum(qo_lens),
                 }
-            kwargs = {"cta": self._fixed["cta"], "item_capacity": self._fixed["item_capacity"],
-                      "force_split": True}
+            kwargs.update(cta=self._fixed["cta"], item_capacity=self._fixed["item_capacity"],
+                          force_split=True)
             if sum(qo_lens) > self._fixed["row_capacity"]:
                 raise ValueError(f"CUDA-graph mode: the batch has {sum(qo_lens)} query rows, more "
                                  f"than the {self._fixed['row_capacity']} of the first plan")
@@ -328,7 +327,8 @@ class _BatchAttentionBase:
         if plan.split_kv and plan.num_partials > max_parts and not self._use_cuda_graph:
             plan, buf = schedule(qo_lens, kv_lens, group_size=num_qo_heads // num_kv_heads,
                                  num_kv_heads=num_kv_heads, head_dim=head_dim,
-                                 num_sms=_num_sms(device), causal=causal, disable_split_kv=True)
+                                 num_sms=_num_sms(device), causal=causal, disable_split_kv=True,
+                                 sm90=kwargs["sm90"])
         if self._use_cuda_graph:
             # The merge runs over a fixed number of rows: pad merge_indptr with empty ranges.
             rows = self._fixed["row_capacity"]

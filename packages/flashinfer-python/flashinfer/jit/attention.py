@@ -66,9 +66,15 @@ class AttentionVariant:
             f"_{self.pos_encoding.lower()}"
         )
 
+    @property
+    def has_sm90(self) -> bool:
+        """Whether the module holds the Hopper kernel (CTA shape 3): head_dim 64 or 128, no
+        in-kernel RoPE (mirrors ``kHasSm90`` in csrc/attention.cu)."""
+        return self.head_dim in (64, 128) and self.pos_encoding != "ROPE_LLAMA"
+
     def tile_q(self, cta: int) -> int:
         """Packed query rows per CTA of shape ``cta`` (mirrors the table in csrc/attention.cu)."""
-        return {0: 16, 1: 64, 2: 128 if self.head_dim <= 128 else 64}[cta]
+        return {0: 16, 1: 64, 2: 128 if self.head_dim <= 128 else 64, 3: 128}[cta]
 
     def spec(self) -> JitSpec:
         flags = (

@@ -28,6 +28,7 @@
 
 #include "../launch.cuh"
 #include "../vec.cuh"
+#include "common.cuh"
 #include "mma.cuh"
 #include "params.cuh"
 
@@ -37,8 +38,6 @@
 
 namespace flashinfer {
 namespace attn {
-
-inline constexpr float kLog2e = 1.4426950408889634f;
 
 /*!
  * @brief Everything that is fixed at compile time for one attention kernel.
@@ -137,7 +136,6 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   constexpr int kMmaQ = KT::kMmaQ;
   constexpr int kMmaKV = KT::kMmaKV;
   constexpr bool kCausal = KT::kMask == MaskMode::kCausal;
-  constexpr bool kCustom = KT::kMask == MaskMode::kCustom;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wq = warp % KT::kWarpsQ, wkv = warp / KT::kWarpsQ;
@@ -145,35 +143,10 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   const int g = lane / 4, t = lane % 4;
 
   // 1. Where this item's rows and keys are.
-  const int b = p.request_idx[item];
-  const int qtile = p.qo_tile_idx[item];
-  const int chunk = p.kv_chunk_idx[item];
-  const int qo_begin = p.qo_indptr[b];
-  const int qo_len = p.qo_indptr[b + 1] - qo_begin;
-  int kv_len;
-  int64_t kv_token_begin = 0;
-  int32_t page_begin = 0;
-  if constexpr (KT::kPaged) {
-    page_begin = p.kv_indptr[b];
-    const int pages = p.kv_indptr[b + 1] - page_begin;
-    kv_len = pages > 0 ? (pages - 1) * int(p.page_size.d) + p.kv_last_page_len[b] : 0;
-  } else {
-    kv_token_begin = p.kv_indptr[b];
-    kv_len = p.kv_indptr[b + 1] - int(kv_token_begin);
-  }
-  const int chunk_size = *p.kv_chunk_size;
-  const int chunk_begin = chunk_size > 0 ? chunk * chunk_size : 0;
-  const int chunk_end = chunk_size > 0 ? min(kv_len, chunk_begin + chunk_size) : kv_len;
+  const ItemRange rng = item_range<KT::kPaged, kCausal>(p, item, kTileQ, kTileKV);
   const int G = p.group_size;
-  const int packed_len = qo_len * G;
-  const int row_begin = qtile * kTileQ;
-  const int delta = kv_len - qo_len;  // q row i sits at key position delta + i
-  const int qo_first = row_begin / G;
-  const int qo_last = max(0, min(packed_len, row_begin + kTileQ) - 1) / G;
-  int kv_lo = chunk_begin, kv_hi = chunk_end;
-  if constexpr (kCausal) kv_hi = min(kv_hi, delta + qo_last + 1);
-  if (p.window_left >= 0) kv_lo = max(kv_lo, delta + qo_first - p.window_left);
-  const int num_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + kTileKV - 1) / kTileKV : 0;
+  const int qo_begin = rng.qo_begin, packed_len = rng.packed_len, row_begin = rng.row_begin;
+  const int delta = rng.delta, kv_lo = rng.kv_lo, kv_hi = rng.kv_hi, num_tiles = rng.num_tiles;
   const int my_tiles = num_tiles > wkv ? (num_tiles - wkv + KT::kWarpsKV - 1) / KT::kWarpsKV : 0;
 
   T* q_smem = reinterpret_cast<T*>(smem);
@@ -215,8 +188,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   const T* k_base = k + int64_t(kv_head) * p.k_stride_h + my_chunk * 8;
   const T* v_base = v + int64_t(kv_head) * p.v_stride_h + my_chunk * 8;
   if constexpr (!KT::kPaged) {
-    k_base += kv_token_begin * p.k_stride_n;
-    v_base += kv_token_begin * p.v_stride_n;
+    k_base += rng.kv_token_begin * p.k_stride_n;
+    v_base += rng.kv_token_begin * p.v_stride_n;
   }
   // Per row only the page id is kept (registers are scarce at 128 rows x 64 keys); token, slot
   // and validity are recomputed from the tile's first key when the copies are issued.
@@ -228,7 +201,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
 #pragma unroll
       for (int j = 0; j < kRowsPerThread; ++j) {
         const int tok = min(fetched_base + my_row0 + j * kRowStep, kv_hi - 1);
-        row_page[j] = p.kv_indices[page_begin + int(p.page_size.div(uint32_t(tok)))];
+        row_page[j] = p.kv_indices[rng.page_begin + int(p.page_size.div(uint32_t(tok)))];
       }
     }
   };
@@ -268,20 +241,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   }
 
   // 4. Per-thread row facts: rows g and g + 8 of each of the warp's MMA tiles.
-  int row_qo[kMmaQ][2];
-  float row_slope[kMmaQ][2];
-#pragma unroll
-  for (int mq = 0; mq < kMmaQ; ++mq) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int pr = row_begin + wq * 16 * kMmaQ + mq * 16 + g + 8 * r;
-      row_qo[mq][r] = pr / G;
-      row_slope[mq][r] = 0.f;
-      if constexpr (KT::kPos == PosEncoding::kAlibi) {
-        if (pr < packed_len) row_slope[mq][r] = p.alibi_slopes[kv_head * G + pr % G] * kLog2e;
-      }
-    }
-  }
+  RowFacts<kMmaQ> rows;
+  rows.template init<KT::kPos>(p, rng, row_begin + wq * 16 * kMmaQ, kv_head, g);
 
   cp_async_wait<2 * (kStages - 1)>();  // Q has landed (the prologue's K/V may not)
   __syncthreads();
@@ -364,77 +325,12 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
     if (ahead < my_tiles) load(ahead % kStages, false);
     cp_async_commit();
 
-    // Logits transform, then the mask: each a straight pass over S with its run-time choice
-    // made once outside it (a per-element branch splits the unrolled loop into hundreds of
-    // small blocks, and the compiler then cannot overlap it with the MMAs around it).
-    // f(x, mq, r, kv): element x of S, at MMA tile mq, row half r (row g or g + 8), key kv.
-    auto for_each_s = [&](auto&& f) {
-#pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq)
-#pragma unroll
-        for (int n = 0; n < 2 * kMmaKV; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) f(s[mq][n][e], mq, e / 2, base + n * 8 + 2 * t + (e & 1));
-    };
-    if (p.softcap_post != 0.f) {
-      for_each_s([&](float& x, int, int, int) { x = p.softcap_post * tanhf(x * p.softcap_pre); });
-    } else {
-      for_each_s([&](float& x, int, int, int) { x *= p.sm_scale_log2; });
-    }
-    if constexpr (KT::kPos == PosEncoding::kAlibi) {
-      for_each_s([&](float& x, int mq, int r, int kv) {
-        x += row_slope[mq][r] * float(kv - (delta + row_qo[mq][r]));
-      });
-    }
-    const bool need_mask = kCustom || base + kTileKV > kv_hi ||
-                           (kCausal && base + kTileKV - 1 > delta + qo_first) ||
-                           (p.window_left >= 0 && base < delta + qo_last - p.window_left);
-    if (need_mask) {
-      // With no window the lower bound lies far below every key.
-      const int window = p.window_left >= 0 ? p.window_left : 0x3fffffff;
-      for_each_s([&](float& x, int mq, int r, int kv) {
-        const int q_pos = delta + row_qo[mq][r];
-        bool keep = kv < kv_hi && kv >= q_pos - window;
-        if constexpr (kCausal) keep = keep && kv <= q_pos;
-        if constexpr (kCustom) {
-          if (keep) {
-            const int64_t bit = int64_t(row_qo[mq][r]) * kv_len + kv;
-            keep = row_qo[mq][r] < qo_len &&
-                   ((p.custom_mask[p.mask_indptr[b] + (bit >> 3)] >> (bit & 7)) & 1);
-          }
-        }
-        x = keep ? x : -INFINITY;
-      });
-    }
+    logits_and_mask<KT::kMask, KT::kPos>(s, p, rng, rows, base, kTileKV, t);
 
     // Online softmax (base 2). The O rescale is skipped when no row of the warp raised its
-    // maximum (the usual case once a row has seen its largest logits; exp2(0) is exactly 1).
-    bool rescale = false;
+    // maximum (the usual case once a row has seen its largest logits).
     float row_scale[kMmaQ][2];
-#pragma unroll
-    for (int mq = 0; mq < kMmaQ; ++mq) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = m[mq][r];
-#pragma unroll
-        for (int n = 0; n < 2 * kMmaKV; ++n) mx = fmaxf(mx, fmaxf(s[mq][n][2 * r], s[mq][n][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        const float m_safe = mx == -INFINITY ? 0.f : mx;
-        rescale |= mx != m[mq][r];
-        row_scale[mq][r] = fast_exp2(m[mq][r] - m_safe);  // m_old = -inf -> 0
-        m[mq][r] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < 2 * kMmaKV; ++n) {
-          s[mq][n][2 * r] = fast_exp2(s[mq][n][2 * r] - m_safe);
-          s[mq][n][2 * r + 1] = fast_exp2(s[mq][n][2 * r + 1] - m_safe);
-          sum += s[mq][n][2 * r] + s[mq][n][2 * r + 1];
-        }
-        d[mq][r] = d[mq][r] * row_scale[mq][r] + sum;
-      }
-    }
-    if (__any_sync(0xffffffff, rescale)) {
+    if (softmax_step(s, m, d, row_scale)) {
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
@@ -451,12 +347,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
     for (int kk = 0; kk < kMmaKV; ++kk) {
       uint32_t pa[kMmaQ][4];
 #pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq) {
-        pa[mq][0] = pack2<T>(s[mq][2 * kk][0], s[mq][2 * kk][1]);
-        pa[mq][1] = pack2<T>(s[mq][2 * kk][2], s[mq][2 * kk][3]);
-        pa[mq][2] = pack2<T>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
-        pa[mq][3] = pack2<T>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
-      }
+      for (int mq = 0; mq < kMmaQ; ++mq) pack_p<T>(pa[mq], s, mq, kk);
 #pragma unroll
       for (int n2 = 0; n2 < D / 16; ++n2) {
         uint32_t vb[4];
@@ -474,49 +365,10 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   cp_async_wait<0>();
 
   // 6. Row sums across the quad, then the epilogue.
-#pragma unroll
-  for (int mq = 0; mq < kMmaQ; ++mq)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      d[mq][r] += __shfl_xor_sync(0xffffffff, d[mq][r], 1);
-      d[mq][r] += __shfl_xor_sync(0xffffffff, d[mq][r], 2);
-    }
-
-  // Writes one row-pair of output (columns col, col + 1) for packed row pr.
-  auto store_pair = [&](int pr, int col, float x0, float x1) {
-    const int qo = pr / G, head = kv_head * G + pr % G;
-    if (p.split_kv) {
-      const int64_t part = p.merge_indptr[qo_begin + qo] + chunk;
-      float* dst = p.o_part + (part * p.num_qo_heads + head) * D + col;
-      *reinterpret_cast<float2*>(dst) = make_float2(x0 * p.o_scale, x1 * p.o_scale);
-    } else {
-      TO* dst = static_cast<TO*>(p.o) + (qo_begin + qo) * p.o_stride_n + head * p.o_stride_h + col;
-      *reinterpret_cast<uint32_t*>(dst) = pack2<TO>(x0 * p.o_scale, x1 * p.o_scale);
-    }
-  };
-  auto store_lse = [&](int pr, float lse) {
-    const int qo = pr / G, head = kv_head * G + pr % G;
-    if (p.split_kv) {
-      const int64_t part = p.merge_indptr[qo_begin + qo] + chunk;
-      p.lse_part[part * p.num_qo_heads + head] = lse;
-    } else if (p.lse != nullptr) {
-      p.lse[int64_t(qo_begin + qo) * p.num_qo_heads + head] = lse;
-    }
-  };
-
+  quad_sum(d);
+  const OutputWriter<TO, D> out{p, rng, kv_head};
   if constexpr (KT::kWarpsKV == 1) {
-#pragma unroll
-    for (int mq = 0; mq < kMmaQ; ++mq)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int pr = row_begin + wq * 16 * kMmaQ + mq * 16 + g + 8 * r;
-        if (pr >= packed_len) continue;
-        const float inv = d[mq][r] > 0.f ? 1.f / d[mq][r] : 0.f;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n)
-          store_pair(pr, n * 8 + 2 * t, o[mq][n][2 * r] * inv, o[mq][n][2 * r + 1] * inv);
-        if (t == 0) store_lse(pr, d[mq][r] > 0.f ? m[mq][r] + log2f(d[mq][r]) : -INFINITY);
-      }
+    out.rows(o, m, d, row_begin + wq * 16 * kMmaQ, g, t);
   } else {
     // Groups merge through shared memory (over the K/V stages, all drained above).
     __syncthreads();
@@ -555,8 +407,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
         x1 += ov.y * f;
       }
       const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
-      store_pair(pr, col, x0 * inv, x1 * inv);
-      if (col == 0) store_lse(pr, dsum > 0.f ? mx + log2f(dsum) : -INFINITY);
+      out.pair(pr, col, x0 * inv, x1 * inv);
+      if (col == 0) out.lse(pr, dsum > 0.f ? mx + log2f(dsum) : -INFINITY);
     }
   }
 }

@@ -1,0 +1,269 @@
+// What every attention kernel does the same way, whatever its MMA: where a work item's rows and
+// keys are, the logits transform and mask over a tile of S held in MMA accumulator layout, the
+// online softmax (base 2), and the output stores (final or split-KV partial).
+//
+// Accumulator layout (mma.m16n8 and wgmma m64nN alike): a warp holds 16 rows of S; thread
+// (g = lane / 4, t = lane % 4) holds, for each 8-key block n, s[n][0..1] at row g, keys
+// 8n + 2t, 8n + 2t + 1 and s[n][2..3] at row g + 8. MQ such 16-row tiles per warp.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "mma.cuh"
+#include "params.cuh"
+
+namespace flashinfer {
+namespace attn {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+/// The rows and keys of one work item (request, packed-row tile, KV chunk) for one KV head.
+struct ItemRange {
+  int b;                   // request
+  int chunk;               // KV chunk index (split KV)
+  int qo_begin, qo_len;    // q rows of the request
+  int kv_len;              // keys of the request
+  int64_t kv_token_begin;  // ragged: first token of the request
+  int32_t page_begin;      // paged: first entry of the request in kv_indices
+  int packed_len;          // qo_len * group_size
+  int row_begin;           // first packed row of the tile
+  int delta;               // q row i sits at key position delta + i
+  int qo_first, qo_last;   // q rows the tile touches
+  int kv_lo, kv_hi;        // keys the tile must see (causal and window bounds applied)
+  int num_tiles;           // KV tiles of tile_kv keys over [kv_lo, kv_hi)
+};
+
+template <bool kPaged, bool kCausal>
+__device__ __forceinline__ ItemRange item_range(const AttentionParams& p, int item, int tile_q,
+                                                int tile_kv) {
+  ItemRange r;
+  r.b = p.request_idx[item];
+  const int qtile = p.qo_tile_idx[item];
+  r.chunk = p.kv_chunk_idx[item];
+  r.qo_begin = p.qo_indptr[r.b];
+  r.qo_len = p.qo_indptr[r.b + 1] - r.qo_begin;
+  r.kv_token_begin = 0;
+  r.page_begin = 0;
+  if constexpr (kPaged) {
+    r.page_begin = p.kv_indptr[r.b];
+    const int pages = p.kv_indptr[r.b + 1] - r.page_begin;
+    r.kv_len = pages > 0 ? (pages - 1) * int(p.page_size.d) + p.kv_last_page_len[r.b] : 0;
+  } else {
+    r.kv_token_begin = p.kv_indptr[r.b];
+    r.kv_len = p.kv_indptr[r.b + 1] - int(r.kv_token_begin);
+  }
+  const int chunk_size = *p.kv_chunk_size;
+  const int chunk_begin = chunk_size > 0 ? r.chunk * chunk_size : 0;
+  const int chunk_end = chunk_size > 0 ? min(r.kv_len, chunk_begin + chunk_size) : r.kv_len;
+  const int G = p.group_size;
+  r.packed_len = r.qo_len * G;
+  r.row_begin = qtile * tile_q;
+  r.delta = r.kv_len - r.qo_len;
+  r.qo_first = r.row_begin / G;
+  r.qo_last = max(0, min(r.packed_len, r.row_begin + tile_q) - 1) / G;
+  r.kv_lo = chunk_begin;
+  r.kv_hi = chunk_end;
+  if constexpr (kCausal) r.kv_hi = min(r.kv_hi, r.delta + r.qo_last + 1);
+  if (p.window_left >= 0) r.kv_lo = max(r.kv_lo, r.delta + r.qo_first - p.window_left);
+  r.num_tiles = r.kv_hi > r.kv_lo ? (r.kv_hi - r.kv_lo + tile_kv - 1) / tile_kv : 0;
+  return r;
+}
+
+/// What the logits pass needs of each of a thread's rows: MQ tiles x (row g, row g + 8).
+template <int MQ>
+struct RowFacts {
+  int qo[MQ][2];       // q row within the request
+  float slope[MQ][2];  // ALiBi slope * log2(e), 0 otherwise
+
+  /// `first_row`: the packed row of the warp's first MMA row (tile row 0 of mq = 0).
+  template <PosEncoding kPos>
+  __device__ __forceinline__ void init(const AttentionParams& p, const ItemRange& r,
+                                       int first_row, uint32_t kv_head, int g) {
+    const int G = p.group_size;
+#pragma unroll
+    for (int mq = 0; mq < MQ; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int pr = first_row + mq * 16 + g + 8 * h;
+        qo[mq][h] = pr / G;
+        slope[mq][h] = 0.f;
+        if constexpr (kPos == PosEncoding::kAlibi) {
+          if (pr < r.packed_len) slope[mq][h] = p.alibi_slopes[kv_head * G + pr % G] * kLog2e;
+        }
+      }
+  }
+};
+
+/// f(x, mq, h, key) for every element x of S: tile mq, row half h (row g or g + 8), key index.
+template <int MQ, int NB, class F>
+__device__ __forceinline__ void for_each_s(float (&s)[MQ][NB][4], int base, int t, F&& f) {
+#pragma unroll
+  for (int mq = 0; mq < MQ; ++mq)
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(s[mq][n][e], mq, e / 2, base + n * 8 + 2 * t + (e & 1));
+}
+
+/*!
+ * @brief Logits transform (scale or soft cap, then ALiBi) and mask of one S tile of `tile_kv`
+ *   keys starting at key `base`: masked keys become -inf.
+ *
+ * Each is a straight pass over S with its run-time choice made once outside it (a per-element
+ * branch splits the unrolled loop into hundreds of small blocks that the compiler then cannot
+ * overlap with the MMAs around them); the mask pass runs only on tiles that need it.
+ */
+template <MaskMode kMask, PosEncoding kPos, int MQ, int NB>
+__device__ __forceinline__ void logits_and_mask(float (&s)[MQ][NB][4], const AttentionParams& p,
+                                                const ItemRange& r, const RowFacts<MQ>& rows,
+                                                int base, int tile_kv, int t) {
+  constexpr bool kCausal = kMask == MaskMode::kCausal;
+  constexpr bool kCustom = kMask == MaskMode::kCustom;
+  if (p.softcap_post != 0.f) {
+    for_each_s(s, base, t,
+               [&](float& x, int, int, int) { x = p.softcap_post * tanhf(x * p.softcap_pre); });
+  } else {
+    for_each_s(s, base, t, [&](float& x, int, int, int) { x *= p.sm_scale_log2; });
+  }
+  if constexpr (kPos == PosEncoding::kAlibi) {
+    for_each_s(s, base, t, [&](float& x, int mq, int h, int kv) {
+      x += rows.slope[mq][h] * float(kv - (r.delta + rows.qo[mq][h]));
+    });
+  }
+  const bool need_mask = kCustom || base + tile_kv > r.kv_hi ||
+                         (kCausal && base + tile_kv - 1 > r.delta + r.qo_first) ||
+                         (p.window_left >= 0 && base < r.delta + r.qo_last - p.window_left);
+  if (!need_mask) return;
+  // With no window the lower bound lies far below every key.
+  const int window = p.window_left >= 0 ? p.window_left : 0x3fffffff;
+  const int kv_hi = r.kv_hi;
+  for_each_s(s, base, t, [&](float& x, int mq, int h, int kv) {
+    const int q_pos = r.delta + rows.qo[mq][h];
+    bool keep = kv < kv_hi && kv >= q_pos - window;
+    if constexpr (kCausal) keep = keep && kv <= q_pos;
+    if constexpr (kCustom) {
+      if (keep) {
+        const int64_t bit = int64_t(rows.qo[mq][h]) * r.kv_len + kv;
+        keep = rows.qo[mq][h] < r.qo_len &&
+               ((p.custom_mask[p.mask_indptr[r.b] + (bit >> 3)] >> (bit & 7)) & 1);
+      }
+    }
+    x = keep ? x : -INFINITY;
+  });
+}
+
+/*!
+ * @brief One online-softmax step (base 2) over a masked logits tile: updates the row maxima m
+ *   and (thread-partial) sums d, turns s into exp2(s - m) and returns each row's scale for the
+ *   accumulated output; the result is true when some row of the warp raised its maximum (when
+ *   none did every scale is exactly 1 and the output rescale can be skipped).
+ */
+template <int MQ, int NB>
+__device__ __forceinline__ bool softmax_step(float (&s)[MQ][NB][4], float (&m)[MQ][2],
+                                             float (&d)[MQ][2], float (&row_scale)[MQ][2]) {
+  bool rescale = false;
+#pragma unroll
+  for (int mq = 0; mq < MQ; ++mq) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m[mq][h];
+#pragma unroll
+      for (int n = 0; n < NB; ++n) mx = fmaxf(mx, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      const float m_safe = mx == -INFINITY ? 0.f : mx;
+      rescale |= mx != m[mq][h];
+      row_scale[mq][h] = fast_exp2(m[mq][h] - m_safe);  // m_old = -inf -> 0
+      m[mq][h] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < NB; ++n) {
+        s[mq][n][2 * h] = fast_exp2(s[mq][n][2 * h] - m_safe);
+        s[mq][n][2 * h + 1] = fast_exp2(s[mq][n][2 * h + 1] - m_safe);
+        sum += s[mq][n][2 * h] + s[mq][n][2 * h + 1];
+      }
+      d[mq][h] = d[mq][h] * row_scale[mq][h] + sum;
+    }
+  }
+  return __any_sync(0xffffffff, rescale);
+}
+
+/// The P operand of keys [16 kk, 16 kk + 16) of MMA tile mq: the mma.m16n8k16 A fragment.
+template <typename T, int MQ, int NB>
+__device__ __forceinline__ void pack_p(uint32_t (&a)[4], const float (&s)[MQ][NB][4], int mq,
+                                       int kk) {
+  a[0] = pack2<T>(s[mq][2 * kk][0], s[mq][2 * kk][1]);
+  a[1] = pack2<T>(s[mq][2 * kk][2], s[mq][2 * kk][3]);
+  a[2] = pack2<T>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
+  a[3] = pack2<T>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
+}
+
+/// Row sums of the quad (the four threads that share a row).
+template <int MQ>
+__device__ __forceinline__ void quad_sum(float (&d)[MQ][2]) {
+#pragma unroll
+  for (int mq = 0; mq < MQ; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      d[mq][h] += __shfl_xor_sync(0xffffffff, d[mq][h], 1);
+      d[mq][h] += __shfl_xor_sync(0xffffffff, d[mq][h], 2);
+    }
+}
+
+/// Output stores of one item: the final output (o, lse) or, under split KV, the float32 partial
+/// state of the item's chunk. Packed row pr is q row pr / G of head kv_head * G + pr % G.
+template <typename TO, int D>
+struct OutputWriter {
+  const AttentionParams& p;
+  const ItemRange& r;
+  uint32_t kv_head;
+
+  /// Columns col, col + 1 of packed row pr (already divided by the row sum).
+  __device__ __forceinline__ void pair(int pr, int col, float x0, float x1) const {
+    const int qo = pr / p.group_size, head = kv_head * p.group_size + pr % p.group_size;
+    if (p.split_kv) {
+      const int64_t part = p.merge_indptr[r.qo_begin + qo] + r.chunk;
+      float* dst = p.o_part + (part * p.num_qo_heads + head) * D + col;
+      *reinterpret_cast<float2*>(dst) = make_float2(x0 * p.o_scale, x1 * p.o_scale);
+    } else {
+      TO* dst = static_cast<TO*>(p.o) + (r.qo_begin + qo) * p.o_stride_n + head * p.o_stride_h +
+                col;
+      *reinterpret_cast<uint32_t*>(dst) = pack2<TO>(x0 * p.o_scale, x1 * p.o_scale);
+    }
+  }
+
+  /// The base-2 lse of packed row pr.
+  __device__ __forceinline__ void lse(int pr, float value) const {
+    const int qo = pr / p.group_size, head = kv_head * p.group_size + pr % p.group_size;
+    if (p.split_kv) {
+      const int64_t part = p.merge_indptr[r.qo_begin + qo] + r.chunk;
+      p.lse_part[part * p.num_qo_heads + head] = value;
+    } else if (p.lse != nullptr) {
+      p.lse[int64_t(r.qo_begin + qo) * p.num_qo_heads + head] = value;
+    }
+  }
+
+  /// Rows of one warp straight from accumulator layout: o[mq][n][e] at column 8 n + 2 t (+1).
+  template <int MQ>
+  __device__ __forceinline__ void rows(const float (&o)[MQ][D / 8][4], const float (&m)[MQ][2],
+                                       const float (&d)[MQ][2], int first_row, int g,
+                                       int t) const {
+#pragma unroll
+    for (int mq = 0; mq < MQ; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int pr = first_row + mq * 16 + g + 8 * h;
+        if (pr >= r.packed_len) continue;
+        const float inv = d[mq][h] > 0.f ? 1.f / d[mq][h] : 0.f;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+          pair(pr, n * 8 + 2 * t, o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
+        if (t == 0) lse(pr, d[mq][h] > 0.f ? m[mq][h] + log2f(d[mq][h]) : -INFINITY);
+      }
+  }
+};
+
+}  // namespace attn
+}  // namespace flashinfer

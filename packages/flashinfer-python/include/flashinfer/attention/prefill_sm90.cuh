@@ -1,0 +1,399 @@
+// The Hopper (sm_90a) attention kernel for prefill: warpgroup MMA (wgmma) with a producer warp.
+//
+// CTA. Two consumer warpgroups (threads 0-255) each own 64 of the tile's 128 packed query rows;
+// one producer warpgroup (threads 256-383, each warp 32 of the 128 keys) copies K and V tiles
+// into a ring of kStages shared-memory buffers with cp.async (any page table, any strides), and
+// signals each tile on an mbarrier ("full") once it has landed; consumers hand a buffer back on
+// another ("empty"). No CTA-wide barrier in the main loop: the three warpgroups run decoupled.
+// Registers move from the producer (56 per thread) to the consumers (224) with setmaxnreg.
+//
+// Consumer loop, per KV tile j (FlashAttention-3's intra-warpgroup overlap): issue S_j = Q K_j^T
+// (wgmma, Q and K from shared memory) and O += P_{j-1} V_{j-1} (P from registers, V from shared
+// memory), wait for S_j only, then mask and softmax S_j on the CUDA cores while the tensor cores
+// finish P V; wait, rescale O, pack P_j. The softmax is the FA2 kernel's (common.cuh).
+//
+// Work. The grid is persistent: CTA x takes work w = x, x + gridDim.x, ... of
+// num_items * num_kv_heads, w = item * num_kv_heads + kv_head, so a CTA's producer starts on
+// its next item while its consumers finish the current one.
+//
+// Shared memory (128-byte swizzle, wgmma's own layout): Q [128 x D], kStages x K [128 x D],
+// kStages x V [128 x D], 4 x kStages mbarriers: at D = 128 and 2 stages, 160 KB (one CTA/SM).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../launch.cuh"
+#include "common.cuh"
+#include "params.cuh"
+#include "sm90.cuh"
+
+#ifndef FLASHINFER_ATTENTION_SM90_STAGES
+#define FLASHINFER_ATTENTION_SM90_STAGES 2
+#endif
+
+namespace flashinfer {
+namespace attn {
+
+/*!
+ * @brief Compile-time facts of one Hopper attention kernel.
+ * @tparam HEAD_DIM_ 64 or 128 (256 would need smaller KV tiles: its O alone is 128 registers)
+ * @tparam POS_ kNone or kAlibi (in-kernel RoPE rotates K in shared memory: the FA2 kernel)
+ */
+template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, MaskMode MASK_, PosEncoding POS_,
+          bool PAGED_>
+struct Sm90Traits {
+  using DTypeQ = DTypeQ_;
+  using DTypeO = DTypeO_;
+  static constexpr int kHeadDim = HEAD_DIM_;
+  static constexpr MaskMode kMask = MASK_;
+  static constexpr PosEncoding kPos = POS_;
+  static constexpr bool kPaged = PAGED_;
+  static constexpr int kTileQ = 128;  // two consumer warpgroups x 64 rows
+  static constexpr int kTileKV = 128;
+  static constexpr int kStages = FLASHINFER_ATTENTION_SM90_STAGES;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  // Per consumer thread: O (D / 2), S (64) and P (32) registers and the row state; the
+  // producer's copies need few. 128 x 56 + 256 x 224 <= 65536.
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+  using QTile = sm90::Sw128Tile<kTileQ, HEAD_DIM_>;
+  using KVTile = sm90::Sw128Tile<kTileKV, HEAD_DIM_>;
+  static constexpr size_t kQBytes = size_t(kTileQ) * HEAD_DIM_ * 2;
+  static constexpr size_t kKVBytes = size_t(kTileKV) * HEAD_DIM_ * 2;
+  static constexpr size_t kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
+  // + 1024: the dynamic shared memory base is aligned up to the swizzle atom in the kernel.
+  static constexpr size_t kSmemBytes = kBarrierOffset + 4 * kStages * sizeof(uint64_t) + 1024;
+
+  static_assert(sizeof(DTypeQ) == 2, "wgmma takes fp16 or bf16 q and kv");
+  static_assert(HEAD_DIM_ == 64 || HEAD_DIM_ == 128, "the Hopper kernel takes head_dim 64 or 128");
+  static_assert(POS_ != PosEncoding::kRopeLlama, "in-kernel RoPE runs in the FA2 kernel");
+  static_assert(kStages >= 2, "the producer needs two buffers to run ahead");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per CTA");
+};
+
+/// The mbarriers of the K/V ring: full (the 128 producer threads arrive) and empty (one lane of
+/// each of the 8 consumer warps arrives), for K and V separately so S_j can start before V_j
+/// has landed.
+template <class KT>
+struct Sm90Ring {
+  uint64_t* bars;
+  __device__ __forceinline__ uint64_t* full_k(int s) const { return bars + s; }
+  __device__ __forceinline__ uint64_t* full_v(int s) const { return bars + KT::kStages + s; }
+  __device__ __forceinline__ uint64_t* empty_k(int s) const { return bars + 2 * KT::kStages + s; }
+  __device__ __forceinline__ uint64_t* empty_v(int s) const { return bars + 3 * KT::kStages + s; }
+};
+
+/// Calls f(item, kv_head) for this CTA's share of the persistent work list.
+template <class F>
+__device__ __forceinline__ void for_each_work(const AttentionParams& p, F&& f) {
+  const int num_work = *p.num_items * p.num_kv_heads;
+  for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
+    f(w / p.num_kv_heads, uint32_t(w % p.num_kv_heads));
+  }
+}
+
+#ifdef FLASHINFER_SM90_ENABLED
+
+/*!
+ * @brief The producer warpgroup: for every KV tile of every work item of this CTA, wait for its
+ *   ring buffer to be free, copy K and V in (rows past the sequence as zeros), and signal each
+ *   once it has landed. Warp w copies keys 32 w .. 32 w + 31 of each tile. Tile t is signalled after tile t + 1's K copy is issued, so about one and a
+ *   half tiles are in flight; the last tile of an item is signalled when it lands.
+ */
+template <class KT>
+__device__ __forceinline__ void sm90_produce(const AttentionParams& p, uint8_t* smem,
+                                             Sm90Ring<KT> ring) {
+  using T = typename KT::DTypeQ;
+  constexpr int D = KT::kHeadDim, S = KT::kStages, kTileKV = KT::kTileKV;
+  constexpr int kChunks = D / 8;                   // 16-byte chunks per row
+  constexpr int kRowsPerPass = 32 / kChunks;  // rows one warp-wide copy covers
+  constexpr int kPasses = 32 / kRowsPerPass;  // copies per lane per tile (32 rows per warp)
+  constexpr bool kCausal = KT::kMask == MaskMode::kCausal;
+  static_assert(KT::kProducerThreads == kTileKV, "one producer warp per 32 keys of a tile");
+  const int lane = threadIdx.x % 32, pwarp = (threadIdx.x / 32) % 4;
+  const int my_chunk = lane % kChunks, my_row0 = 32 * pwarp + lane / kChunks;
+  T* kv_smem = reinterpret_cast<T*>(smem + KT::kQBytes);
+  auto k_tile = [&](int s) { return kv_smem + s * kTileKV * D; };
+  auto v_tile = [&](int s) { return kv_smem + (S + s) * kTileKV * D; };
+  // Strides are below 2^31 (checked by the binding): 32 x 32 -> 64-bit products.
+  const int k_s_page = int(p.k_stride_page), k_s_n = int(p.k_stride_n);
+  const int v_s_page = int(p.v_stride_page), v_s_n = int(p.v_stride_n);
+
+  uint32_t c = 0;  // tiles issued by this CTA so far: ring slot c % S, round c / S
+  for_each_work(p, [&](int item, uint32_t kv_head) {
+    const ItemRange r = item_range<KT::kPaged, kCausal>(p, item, KT::kTileQ, kTileKV);
+    const T* k_base = static_cast<const T*>(p.k) + int64_t(kv_head) * p.k_stride_h + my_chunk * 8;
+    const T* v_base = static_cast<const T*>(p.v) + int64_t(kv_head) * p.v_stride_h + my_chunk * 8;
+    if constexpr (!KT::kPaged) {
+      k_base += r.kv_token_begin * p.k_stride_n;
+      v_base += r.kv_token_begin * p.v_stride_n;
+    }
+    for (int i = 0; i < r.num_tiles; ++i, ++c) {
+      const int s = c % S;
+      const uint32_t free_phase = (c / S + 1) & 1;  // completion of round c / S - 1
+      const int base = r.kv_lo + i * kTileKV;
+      // The page id of key 32 pwarp + lane of the tile, one load per lane; the copies fetch
+      // it from the owning lane. Keys past the end are clamped to the last key and copied as
+      // zeros.
+      int page = 0;
+      if constexpr (KT::kPaged) {
+        const int tok = min(base + 32 * pwarp + lane, r.kv_hi - 1);
+        page = p.kv_indices[r.page_begin + int(p.page_size.div(uint32_t(tok)))];
+      }
+      auto copy_tile = [&](T* dst, const T* src, int s_page, int s_n) {
+#pragma unroll
+        for (int it = 0; it < kPasses; ++it) {
+          const int row = my_row0 + it * kRowsPerPass;
+          const int tok = base + row;
+          const int clamped = min(tok, r.kv_hi - 1);
+          int64_t off;
+          if constexpr (KT::kPaged) {
+            const int pg = __shfl_sync(0xffffffff, page, row % 32);
+            const int slot = clamped - int(p.page_size.div(uint32_t(clamped)) * p.page_size.d);
+            off = mul_wide(slot, s_n) + mul_wide(pg, s_page);
+          } else {
+            off = mul_wide(clamped, s_n);
+          }
+          cp_async_16(dst + KT::KVTile::offset(row, my_chunk), src + off, tok < r.kv_hi);
+        }
+      };
+      if (c >= S) sm90::mbar_wait(ring.empty_k(s), free_phase);
+      copy_tile(k_tile(s), k_base, k_s_page, k_s_n);
+      cp_async_commit();
+      if (i > 0) {  // tile c - 1: its K, then its V (groups K[c-1], V[c-1], K[c] in flight)
+        const int prev = (c - 1) % S;
+        cp_async_wait<2>();
+        sm90::fence_proxy_async();
+        sm90::mbar_arrive(ring.full_k(prev));
+        cp_async_wait<1>();
+        sm90::fence_proxy_async();
+        sm90::mbar_arrive(ring.full_v(prev));
+      }
+      if (c >= S) sm90::mbar_wait(ring.empty_v(s), free_phase);
+      copy_tile(v_tile(s), v_base, v_s_page, v_s_n);
+      cp_async_commit();
+    }
+    if (r.num_tiles > 0) {
+      const int last = (c - 1) % S;
+      cp_async_wait<1>();
+      sm90::fence_proxy_async();
+      sm90::mbar_arrive(ring.full_k(last));
+      cp_async_wait<0>();
+      sm90::fence_proxy_async();
+      sm90::mbar_arrive(ring.full_v(last));
+    }
+  });
+}
+
+/// Hands ring slot `bar` back to the producer: one arrival per warp, after the warp's wgmma
+/// wait (which all its lanes have passed).
+__device__ __forceinline__ void sm90_release(uint64_t* bar) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) sm90::mbar_arrive(bar);
+}
+
+/// A consumer warpgroup: 64 rows of every work item of this CTA.
+template <class KT>
+__device__ __forceinline__ void sm90_consume(const AttentionParams& p, uint8_t* smem,
+                                             Sm90Ring<KT> ring) {
+  using T = typename KT::DTypeQ;
+  using TO = typename KT::DTypeO;
+  using Mma = sm90::Wgmma<T, KT::kTileKV>;  // S = Q K^T: 64 x kTileKV per warpgroup
+  using MmaO = sm90::Wgmma<T, KT::kHeadDim>;  // O += P V: 64 x D per warpgroup
+  constexpr int D = KT::kHeadDim, S = KT::kStages, kTileKV = KT::kTileKV;
+  constexpr int kChunks = D / 8;
+  constexpr int NB = kTileKV / 8;  // 8-key blocks of S per thread
+  constexpr bool kCausal = KT::kMask == MaskMode::kCausal;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wg = warp / 4;  // consumer warpgroup: rows 64 wg .. 64 wg + 63 of the tile
+  const int wg_tid = tid % 128;
+  const int g = lane / 4, t = lane % 4;
+
+  T* q_smem = reinterpret_cast<T*>(smem);
+  T* kv_smem = reinterpret_cast<T*>(smem + KT::kQBytes);
+  // Descriptors: K-major Q and K (8-row groups 1024 bytes apart), MN-major V (64-column blocks
+  // kBlockBytes apart). A k16 step moves 32 bytes along a 128-byte row; past 64 columns it
+  // moves to the next column block.
+  const uint64_t q_desc = sm90::smem_desc(q_smem + wg * 64 * 64, 16, 1024);
+  const uint64_t k_desc = sm90::smem_desc(kv_smem, 16, 1024);
+  const uint64_t v_desc = sm90::smem_desc(kv_smem + S * kTileKV * D, KT::KVTile::kBlockBytes, 1024);
+  auto k_step = [](int kk) -> uint64_t {  // descriptor offset (16-byte units) of k16 step kk
+    return ((kk / 4) * KT::KVTile::kBlockBytes + (kk % 4) * 32) >> 4;
+  };
+  auto q_step = [](int kk) -> uint64_t {
+    return ((kk / 4) * KT::QTile::kBlockBytes + (kk % 4) * 32) >> 4;
+  };
+  constexpr uint64_t kStageStep = (uint64_t(kTileKV) * D * 2) >> 4;
+
+  float s[1][NB][4];
+  float o[1][D / 8][4];
+  uint32_t pf[kTileKV / 16][4];
+  auto& s_flat = reinterpret_cast<float(&)[NB * 4]>(s);
+  auto& o_flat = reinterpret_cast<float(&)[D / 2]>(o);
+  auto& pf_flat = reinterpret_cast<uint32_t(&)[kTileKV / 4]>(pf);
+
+  auto issue_qk = [&](int slot) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      Mma::ss(s_flat, q_desc + q_step(kk), k_desc + slot * kStageStep + k_step(kk), kk > 0);
+    }
+    sm90::wgmma_commit();
+  };
+  auto issue_pv = [&](int slot) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTileKV / 16; ++kk) {
+      // Keys 16 kk .. 16 kk + 15: 16 rows of 128 bytes into the slot's V tile.
+      MmaO::rs_mn(o_flat, pf[kk], v_desc + slot * kStageStep + ((kk * 16 * 128) >> 4), 1);
+    }
+    sm90::wgmma_commit();
+  };
+  auto pack_all = [&] {
+#pragma unroll
+    for (int kk = 0; kk < kTileKV / 16; ++kk) pack_p<T>(pf[kk], s, 0, kk);
+  };
+
+  uint32_t c = 0;  // tiles consumed by this CTA so far (the producer counts the same way)
+  for_each_work(p, [&](int item, uint32_t kv_head) {
+    const ItemRange r = item_range<KT::kPaged, kCausal>(p, item, KT::kTileQ, kTileKV);
+    const int G = p.group_size;
+    const int first_row = r.row_begin + wg * 64 + (warp % 4) * 16;  // this warp's 16 rows
+
+    // Q: this warpgroup's 64 rows (rows past the request are zeros). The barrier before keeps
+    // the previous item's Q until all four warps are done with it.
+    sm90::named_barrier(1 + wg, 128);
+    const T* q = static_cast<const T*>(p.q);
+    for (int i = wg_tid; i < 64 * kChunks; i += 128) {
+      const int row = wg * 64 + i / kChunks, chunk = i % kChunks;
+      const int pr = r.row_begin + row;
+      const bool valid = pr < r.packed_len;
+      const T* src = q;
+      if (valid) {
+        const int qo = pr / G, head = kv_head * G + pr % G;
+        src = q + (r.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + chunk * 8;
+      }
+      cp_async_16(q_smem + KT::QTile::offset(row, chunk), src, valid);
+    }
+    cp_async_commit();
+
+    RowFacts<1> rows;
+    rows.template init<KT::kPos>(p, r, first_row, kv_head, g);
+    float m[1][2] = {{-INFINITY, -INFINITY}}, d[1][2] = {{0.f, 0.f}};
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[0][n][e] = 0.f;
+
+    cp_async_wait<0>();
+    sm90::fence_proxy_async();
+    sm90::named_barrier(1 + wg, 128);
+
+    if (r.num_tiles > 0) {
+      // Tile 0: S only.
+      {
+        const int slot = c % S;
+        sm90::mbar_wait(ring.full_k(slot), (c / S) & 1);
+        issue_qk(slot);
+        sm90::wgmma_wait<0>();
+        sm90::fence_operands(s_flat);
+        sm90_release(ring.empty_k(slot));
+        logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, r.kv_lo, kTileKV, t);
+        float scale[1][2];
+        softmax_step(s, m, d, scale);  // O is still zero: nothing to rescale
+        pack_all();
+      }
+      // Tiles 1 ..: S_j overlaps the softmax with P_{j-1} V_{j-1}.
+      for (int j = 1; j < r.num_tiles; ++j) {
+        const uint32_t cj = c + j;
+        const int slot = cj % S, prev = (cj - 1) % S;
+        sm90::mbar_wait(ring.full_k(slot), (cj / S) & 1);
+        issue_qk(slot);
+        sm90::mbar_wait(ring.full_v(prev), ((cj - 1) / S) & 1);
+        issue_pv(prev);
+        sm90::wgmma_wait<1>();  // S_j
+        sm90::fence_operands(s_flat);
+        sm90_release(ring.empty_k(slot));
+        logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, r.kv_lo + j * kTileKV, kTileKV, t);
+        float scale[1][2];
+        const bool rescale = softmax_step(s, m, d, scale);
+        sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1}
+        sm90::fence_operands(o_flat);
+        sm90::fence_operands(pf_flat);
+        sm90_release(ring.empty_v(prev));
+        if (rescale) {
+#pragma unroll
+          for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[0][n][e] *= scale[0][e / 2];
+        }
+        pack_all();
+      }
+      // The last tile's P V.
+      const uint32_t cl = c + r.num_tiles - 1;
+      sm90::mbar_wait(ring.full_v(cl % S), (cl / S) & 1);
+      issue_pv(cl % S);
+      sm90::wgmma_wait<0>();
+      sm90::fence_operands(o_flat);
+      sm90::fence_operands(pf_flat);
+      sm90_release(ring.empty_v(cl % S));
+      c += r.num_tiles;
+    }
+
+    quad_sum(d);
+    const OutputWriter<TO, D> out{p, r, kv_head};
+    out.rows(o, m, d, first_row, g, t);  // a row that saw no key writes 0 and lse -inf
+  });
+}
+
+#endif  // FLASHINFER_SM90_ENABLED
+
+template <class KT>
+__global__ void __launch_bounds__(KT::kThreads, 1)
+    attention_kernel_sm90(const __grid_constant__ AttentionParams p) {
+#ifdef FLASHINFER_SM90_ENABLED
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  const Sm90Ring<KT> ring{reinterpret_cast<uint64_t*>(smem + KT::kBarrierOffset)};
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < KT::kStages; ++s) {
+      sm90::mbar_init(ring.full_k(s), KT::kProducerThreads);
+      sm90::mbar_init(ring.full_v(s), KT::kProducerThreads);
+      sm90::mbar_init(ring.empty_k(s), KT::kConsumerThreads / 32);
+      sm90::mbar_init(ring.empty_v(s), KT::kConsumerThreads / 32);
+    }
+  }
+  __syncthreads();
+  pdl_wait();
+  if (threadIdx.x >= KT::kConsumerThreads) {
+    sm90::set_max_regs_dec<KT::kProducerRegs>();
+    sm90_produce<KT>(p, smem, ring);
+  } else {
+    sm90::set_max_regs_inc<KT::kConsumerRegs>();
+    sm90_consume<KT>(p, smem, ring);
+  }
+  pdl_launch_dependents();
+#endif
+}
+
+/*!
+ * @brief Launch the Hopper attention kernel of traits KT over a persistent grid of `grid_x`
+ *   CTAs (one per SM is resident: 384 threads, 160 KB of shared memory at head_dim 128).
+ */
+template <class KT>
+cudaError_t LaunchAttentionSm90(const AttentionParams& p, int grid_x, bool enable_pdl,
+                                cudaStream_t stream) {
+  auto kernel = attention_kernel_sm90<KT>;
+  constexpr size_t smem = KT::kSmemBytes;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (err != cudaSuccess) return err;
+  if (grid_x <= 0) return cudaSuccess;
+  return launch_kernel(kernel, dim3(grid_x), dim3(KT::kThreads), smem, stream, enable_pdl, p);
+}
+
+}  // namespace attn
+}  // namespace flashinfer
