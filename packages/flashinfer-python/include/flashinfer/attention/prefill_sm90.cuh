@@ -2,9 +2,12 @@
 //
 // CTA. Two consumer warpgroups (threads 0-255) each own 64 of the tile's 128 packed query rows;
 // one producer warpgroup (threads 256-383, each warp 32 of the 128 keys) copies K and V tiles
-// into a ring of kStages shared-memory buffers with cp.async (any page table, any strides), and
-// signals each tile on an mbarrier ("full") once it has landed; consumers hand a buffer back on
-// another ("empty"). No CTA-wide barrier in the main loop: the three warpgroups run decoupled.
+// into a ring of kStages shared-memory buffers with cp.async (any page table, any strides); each
+// copy arrives on the tile's "full" mbarrier when it lands (cp.async.mbarrier.arrive), so the
+// producer never waits for data, only for a free buffer ("empty", handed back by the
+// consumers). The producer also loads each item's Q, and writes its bounds (ItemRange), into
+// one of two Q buffers ahead of time: consumers start an item with no global-memory latency.
+// No CTA-wide barrier in the main loop: the three warpgroups run decoupled.
 // Registers move from the producer (56 per thread) to the consumers (224) with setmaxnreg.
 //
 // Consumer loop, per KV tile j (FlashAttention-3's intra-warpgroup overlap): issue S_j = Q K_j^T
@@ -16,8 +19,9 @@
 // num_items * num_kv_heads, w = item * num_kv_heads + kv_head, so a CTA's producer starts on
 // its next item while its consumers finish the current one.
 //
-// Shared memory (128-byte swizzle, wgmma's own layout): Q [128 x D], kStages x K [128 x D],
-// kStages x V [128 x D], 4 x kStages mbarriers: at D = 128 and 2 stages, 160 KB (one CTA/SM).
+// Shared memory (128-byte swizzle, wgmma's own layout): 2 x Q [128 x D], kStages x K [128 x D],
+// kStages x V [128 x D], the mbarriers and two ItemRange slots: 192 KB at D = 128 with 2 stages,
+// 160 KB at D = 64 with 4 (one CTA per SM).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -28,12 +32,15 @@
 #include "params.cuh"
 #include "sm90.cuh"
 
-#ifndef FLASHINFER_ATTENTION_SM90_STAGES
-#define FLASHINFER_ATTENTION_SM90_STAGES 2
-#endif
 
 namespace flashinfer {
 namespace attn {
+
+/// One work item as the producer hands it to the consumers.
+struct ItemSlot {
+  ItemRange r;
+  uint32_t kv_head;
+};
 
 /*!
  * @brief Compile-time facts of one Hopper attention kernel.
@@ -51,21 +58,28 @@ struct Sm90Traits {
   static constexpr bool kPaged = PAGED_;
   static constexpr int kTileQ = 128;  // two consumer warpgroups x 64 rows
   static constexpr int kTileKV = 128;
+#ifdef FLASHINFER_ATTENTION_SM90_STAGES  // tuning override (benchmarks/tune_attention.py)
   static constexpr int kStages = FLASHINFER_ATTENTION_SM90_STAGES;
+#else
+  static constexpr int kStages = HEAD_DIM_ == 64 ? 4 : 2;  // as many as shared memory holds
+#endif
   static constexpr int kConsumerThreads = 256;
   static constexpr int kProducerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   // Per consumer thread: O (D / 2), S (64) and P (32) registers and the row state; the
   // producer's copies need few. 128 x 56 + 256 x 224 <= 65536.
-  static constexpr int kProducerRegs = 56;
-  static constexpr int kConsumerRegs = 224;
+  static constexpr int kProducerRegs = 72;
+  static constexpr int kConsumerRegs = 216;
   using QTile = sm90::Sw128Tile<kTileQ, HEAD_DIM_>;
   using KVTile = sm90::Sw128Tile<kTileKV, HEAD_DIM_>;
   static constexpr size_t kQBytes = size_t(kTileQ) * HEAD_DIM_ * 2;
   static constexpr size_t kKVBytes = size_t(kTileKV) * HEAD_DIM_ * 2;
-  static constexpr size_t kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
+  static constexpr size_t kRingOffset = 2 * kQBytes;  // after the two Q buffers
+  static constexpr size_t kBarrierOffset = kRingOffset + 2 * kStages * kKVBytes;
+  static constexpr int kBarriers = 4 * kStages + 4;
+  static constexpr size_t kRangeOffset = kBarrierOffset + kBarriers * sizeof(uint64_t);
   // + 1024: the dynamic shared memory base is aligned up to the swizzle atom in the kernel.
-  static constexpr size_t kSmemBytes = kBarrierOffset + 4 * kStages * sizeof(uint64_t) + 1024;
+  static constexpr size_t kSmemBytes = kRangeOffset + 2 * sizeof(ItemSlot) + 1024;
 
   static_assert(sizeof(DTypeQ) == 2, "wgmma takes fp16 or bf16 q and kv");
   static_assert(HEAD_DIM_ == 64 || HEAD_DIM_ == 128, "the Hopper kernel takes head_dim 64 or 128");
@@ -74,16 +88,30 @@ struct Sm90Traits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per CTA");
 };
 
-/// The mbarriers of the K/V ring: full (the 128 producer threads arrive) and empty (one lane of
-/// each of the 8 consumer warps arrives), for K and V separately so S_j can start before V_j
-/// has landed.
+/// Where the warpgroups meet in shared memory. The mbarriers of the K/V ring: full (each of the
+/// 128 producer threads arrives when its copies land) and empty (one lane of each of the 8
+/// consumer warps arrives), for K and V separately so S_j can start before V_j has landed. The
+/// Q buffers: q_full (the producer's 128 copy arrivals, plus one plain arrival that publishes
+/// the item's ItemRange and KV head) and q_empty (the consumer warps, after the epilogue).
 template <class KT>
-struct Sm90Ring {
-  uint64_t* bars;
-  __device__ __forceinline__ uint64_t* full_k(int s) const { return bars + s; }
-  __device__ __forceinline__ uint64_t* full_v(int s) const { return bars + KT::kStages + s; }
-  __device__ __forceinline__ uint64_t* empty_k(int s) const { return bars + 2 * KT::kStages + s; }
-  __device__ __forceinline__ uint64_t* empty_v(int s) const { return bars + 3 * KT::kStages + s; }
+struct Sm90Sync {
+  uint8_t* smem;
+  __device__ __forceinline__ uint64_t* bar(int i) const {
+    return reinterpret_cast<uint64_t*>(smem + KT::kBarrierOffset) + i;
+  }
+  __device__ __forceinline__ uint64_t* full_k(int s) const { return bar(s); }
+  __device__ __forceinline__ uint64_t* full_v(int s) const { return bar(KT::kStages + s); }
+  __device__ __forceinline__ uint64_t* empty_k(int s) const { return bar(2 * KT::kStages + s); }
+  __device__ __forceinline__ uint64_t* empty_v(int s) const { return bar(3 * KT::kStages + s); }
+  __device__ __forceinline__ uint64_t* q_full(int b) const { return bar(4 * KT::kStages + b); }
+  __device__ __forceinline__ uint64_t* q_empty(int b) const { return bar(4 * KT::kStages + 2 + b); }
+  __device__ __forceinline__ ItemSlot* slot(int b) const {
+    return reinterpret_cast<ItemSlot*>(smem + KT::kRangeOffset) + b;
+  }
+  template <typename T>
+  __device__ __forceinline__ T* q_tile(int b) const {
+    return reinterpret_cast<T*>(smem + b * KT::kQBytes);
+  }
 };
 
 /// Calls f(item, kv_head) for this CTA's share of the persistent work list.
@@ -98,51 +126,77 @@ __device__ __forceinline__ void for_each_work(const AttentionParams& p, F&& f) {
 #ifdef FLASHINFER_SM90_ENABLED
 
 /*!
- * @brief The producer warpgroup: for every KV tile of every work item of this CTA, wait for its
- *   ring buffer to be free, copy K and V in (rows past the sequence as zeros), and signal each
- *   once it has landed. Warp w copies keys 32 w .. 32 w + 31 of each tile. Tile t is signalled after tile t + 1's K copy is issued, so about one and a
- *   half tiles are in flight; the last tile of an item is signalled when it lands.
+ * @brief The producer warpgroup. Per work item: Q and the item's bounds into a Q buffer (once
+ *   the consumers are done with the item two back), then for every KV tile: wait for its ring
+ *   buffer to be free, copy K and V in (rows past the sequence as zeros); every copy arrives on
+ *   its barrier when it lands. Warp w copies keys 32 w .. 32 w + 31 of each tile; the page ids
+ *   of the next tile are fetched while the current one is issued.
  */
 template <class KT>
-__device__ __forceinline__ void sm90_produce(const AttentionParams& p, uint8_t* smem,
-                                             Sm90Ring<KT> ring) {
+__device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<KT> sync) {
   using T = typename KT::DTypeQ;
   constexpr int D = KT::kHeadDim, S = KT::kStages, kTileKV = KT::kTileKV;
-  constexpr int kChunks = D / 8;                   // 16-byte chunks per row
+  constexpr int kChunks = D / 8;                // 16-byte chunks per row
   constexpr int kRowsPerPass = 32 / kChunks;  // rows one warp-wide copy covers
   constexpr int kPasses = 32 / kRowsPerPass;  // copies per lane per tile (32 rows per warp)
   constexpr bool kCausal = KT::kMask == MaskMode::kCausal;
   static_assert(KT::kProducerThreads == kTileKV, "one producer warp per 32 keys of a tile");
-  const int lane = threadIdx.x % 32, pwarp = (threadIdx.x / 32) % 4;
+  const int ptid = threadIdx.x - KT::kConsumerThreads;
+  const int lane = ptid % 32, pwarp = ptid / 32;
   const int my_chunk = lane % kChunks, my_row0 = 32 * pwarp + lane / kChunks;
-  T* kv_smem = reinterpret_cast<T*>(smem + KT::kQBytes);
+  T* kv_smem = reinterpret_cast<T*>(sync.smem + KT::kRingOffset);
   auto k_tile = [&](int s) { return kv_smem + s * kTileKV * D; };
   auto v_tile = [&](int s) { return kv_smem + (S + s) * kTileKV * D; };
   // Strides are below 2^31 (checked by the binding): 32 x 32 -> 64-bit products.
   const int k_s_page = int(p.k_stride_page), k_s_n = int(p.k_stride_n);
   const int v_s_page = int(p.v_stride_page), v_s_n = int(p.v_stride_n);
+  const T* q = static_cast<const T*>(p.q);
 
   uint32_t c = 0;  // tiles issued by this CTA so far: ring slot c % S, round c / S
+  uint32_t k = 0;  // items so far: Q buffer k % 2, round k / 2
   for_each_work(p, [&](int item, uint32_t kv_head) {
     const ItemRange r = item_range<KT::kPaged, kCausal>(p, item, KT::kTileQ, kTileKV);
+
+    // Q [128 rows] and the item's facts (rows past the request as zeros).
+    const int qb = k % 2;
+    if (k >= 2) sm90::mbar_wait(sync.q_empty(qb), (k / 2 + 1) & 1);
+    if (ptid == 0) *sync.slot(qb) = ItemSlot{r, kv_head};
+    T* q_smem = sync.template q_tile<T>(qb);
+    const int G = p.group_size;
+    for (int i = ptid; i < KT::kTileQ * kChunks; i += KT::kProducerThreads) {
+      const int row = i / kChunks, chunk = i % kChunks;
+      const int pr = r.row_begin + row;
+      const bool valid = pr < r.packed_len;
+      const T* src = q;
+      if (valid) {
+        const int qo = pr / G, head = kv_head * G + pr % G;
+        src = q + (r.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + chunk * 8;
+      }
+      cp_async_16(q_smem + KT::QTile::offset(row, chunk), src, valid);
+    }
+    sm90::cp_async_arrive_noinc(sync.q_full(qb));
+    if (ptid == 0) sm90::mbar_arrive(sync.q_full(qb));  // publishes the slot (release)
+    ++k;
+
     const T* k_base = static_cast<const T*>(p.k) + int64_t(kv_head) * p.k_stride_h + my_chunk * 8;
     const T* v_base = static_cast<const T*>(p.v) + int64_t(kv_head) * p.v_stride_h + my_chunk * 8;
     if constexpr (!KT::kPaged) {
       k_base += r.kv_token_begin * p.k_stride_n;
       v_base += r.kv_token_begin * p.v_stride_n;
     }
+    // The page id of key 32 pwarp + lane of tile i, one load per lane; the copies fetch it from
+    // the owning lane. Keys past the end are clamped to the last key and copied as zeros.
+    auto lookup = [&](int i) {
+      if constexpr (!KT::kPaged) return 0;
+      const int tok = min(r.kv_lo + i * kTileKV + 32 * pwarp + lane, r.kv_hi - 1);
+      return p.kv_indices[r.page_begin + int(p.page_size.div(uint32_t(tok)))];
+    };
+    int next_page = r.num_tiles > 0 ? lookup(0) : 0;
     for (int i = 0; i < r.num_tiles; ++i, ++c) {
       const int s = c % S;
       const uint32_t free_phase = (c / S + 1) & 1;  // completion of round c / S - 1
       const int base = r.kv_lo + i * kTileKV;
-      // The page id of key 32 pwarp + lane of the tile, one load per lane; the copies fetch
-      // it from the owning lane. Keys past the end are clamped to the last key and copied as
-      // zeros.
-      int page = 0;
-      if constexpr (KT::kPaged) {
-        const int tok = min(base + 32 * pwarp + lane, r.kv_hi - 1);
-        page = p.kv_indices[r.page_begin + int(p.page_size.div(uint32_t(tok)))];
-      }
+      const int page = next_page;
       auto copy_tile = [&](T* dst, const T* src, int s_page, int s_n) {
 #pragma unroll
         for (int it = 0; it < kPasses; ++it) {
@@ -160,73 +214,59 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, uint8_t* 
           cp_async_16(dst + KT::KVTile::offset(row, my_chunk), src + off, tok < r.kv_hi);
         }
       };
-      if (c >= S) sm90::mbar_wait(ring.empty_k(s), free_phase);
+      if (c >= S) sm90::mbar_wait(sync.empty_k(s), free_phase);
       copy_tile(k_tile(s), k_base, k_s_page, k_s_n);
-      cp_async_commit();
-      if (i > 0) {  // tile c - 1: its K, then its V (groups K[c-1], V[c-1], K[c] in flight)
-        const int prev = (c - 1) % S;
-        cp_async_wait<2>();
-        sm90::fence_proxy_async();
-        sm90::mbar_arrive(ring.full_k(prev));
-        cp_async_wait<1>();
-        sm90::fence_proxy_async();
-        sm90::mbar_arrive(ring.full_v(prev));
-      }
-      if (c >= S) sm90::mbar_wait(ring.empty_v(s), free_phase);
+      sm90::cp_async_arrive_noinc(sync.full_k(s));
+      if (i + 1 < r.num_tiles) next_page = lookup(i + 1);  // lands while V is issued
+      if (c >= S) sm90::mbar_wait(sync.empty_v(s), free_phase);
       copy_tile(v_tile(s), v_base, v_s_page, v_s_n);
-      cp_async_commit();
-    }
-    if (r.num_tiles > 0) {
-      const int last = (c - 1) % S;
-      cp_async_wait<1>();
-      sm90::fence_proxy_async();
-      sm90::mbar_arrive(ring.full_k(last));
-      cp_async_wait<0>();
-      sm90::fence_proxy_async();
-      sm90::mbar_arrive(ring.full_v(last));
+      sm90::cp_async_arrive_noinc(sync.full_v(s));
     }
   });
 }
 
-/// Hands ring slot `bar` back to the producer: one arrival per warp, after the warp's wgmma
-/// wait (which all its lanes have passed).
+/// Hands a buffer back to the producer: one arrival per warp, after the warp's wgmma wait (which
+/// all its lanes have passed).
 __device__ __forceinline__ void sm90_release(uint64_t* bar) {
   __syncwarp();
   if (threadIdx.x % 32 == 0) sm90::mbar_arrive(bar);
 }
 
+/// Waits for a buffer the producer filled with cp.async, then orders those (generic-proxy)
+/// writes before this thread's wgmma (async-proxy) reads of it.
+__device__ __forceinline__ void sm90_acquire(uint64_t* bar, uint32_t parity) {
+  sm90::mbar_wait(bar, parity);
+  sm90::fence_proxy_async();
+}
+
 /// A consumer warpgroup: 64 rows of every work item of this CTA.
 template <class KT>
-__device__ __forceinline__ void sm90_consume(const AttentionParams& p, uint8_t* smem,
-                                             Sm90Ring<KT> ring) {
+__device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<KT> sync) {
   using T = typename KT::DTypeQ;
   using TO = typename KT::DTypeO;
-  using Mma = sm90::Wgmma<T, KT::kTileKV>;  // S = Q K^T: 64 x kTileKV per warpgroup
+  using Mma = sm90::Wgmma<T, KT::kTileKV>;    // S = Q K^T: 64 x kTileKV per warpgroup
   using MmaO = sm90::Wgmma<T, KT::kHeadDim>;  // O += P V: 64 x D per warpgroup
   constexpr int D = KT::kHeadDim, S = KT::kStages, kTileKV = KT::kTileKV;
-  constexpr int kChunks = D / 8;
   constexpr int NB = kTileKV / 8;  // 8-key blocks of S per thread
-  constexpr bool kCausal = KT::kMask == MaskMode::kCausal;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wg = warp / 4;  // consumer warpgroup: rows 64 wg .. 64 wg + 63 of the tile
-  const int wg_tid = tid % 128;
   const int g = lane / 4, t = lane % 4;
 
-  T* q_smem = reinterpret_cast<T*>(smem);
-  T* kv_smem = reinterpret_cast<T*>(smem + KT::kQBytes);
+  T* kv_smem = reinterpret_cast<T*>(sync.smem + KT::kRingOffset);
   // Descriptors: K-major Q and K (8-row groups 1024 bytes apart), MN-major V (64-column blocks
   // kBlockBytes apart). A k16 step moves 32 bytes along a 128-byte row; past 64 columns it
-  // moves to the next column block.
-  const uint64_t q_desc = sm90::smem_desc(q_smem + wg * 64 * 64, 16, 1024);
+  // moves to the next column block. Offsets are added in 16-byte units.
+  const uint64_t q_desc = sm90::smem_desc(sync.template q_tile<T>(0) + wg * 64 * 64, 16, 1024);
   const uint64_t k_desc = sm90::smem_desc(kv_smem, 16, 1024);
   const uint64_t v_desc = sm90::smem_desc(kv_smem + S * kTileKV * D, KT::KVTile::kBlockBytes, 1024);
-  auto k_step = [](int kk) -> uint64_t {  // descriptor offset (16-byte units) of k16 step kk
+  auto k_step = [](int kk) -> uint64_t {
     return ((kk / 4) * KT::KVTile::kBlockBytes + (kk % 4) * 32) >> 4;
   };
   auto q_step = [](int kk) -> uint64_t {
     return ((kk / 4) * KT::QTile::kBlockBytes + (kk % 4) * 32) >> 4;
   };
   constexpr uint64_t kStageStep = (uint64_t(kTileKV) * D * 2) >> 4;
+  constexpr uint64_t kQStep = KT::kQBytes >> 4;
 
   float s[1][NB][4];
   float o[1][D / 8][4];
@@ -235,11 +275,12 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, uint8_t* 
   auto& o_flat = reinterpret_cast<float(&)[D / 2]>(o);
   auto& pf_flat = reinterpret_cast<uint32_t(&)[kTileKV / 4]>(pf);
 
-  auto issue_qk = [&](int slot) {
+  auto issue_qk = [&](int qb, int slot) {
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      Mma::ss(s_flat, q_desc + q_step(kk), k_desc + slot * kStageStep + k_step(kk), kk > 0);
+      Mma::ss(s_flat, q_desc + qb * kQStep + q_step(kk), k_desc + slot * kStageStep + k_step(kk),
+              kk > 0);
     }
     sm90::wgmma_commit();
   };
@@ -258,27 +299,13 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, uint8_t* 
   };
 
   uint32_t c = 0;  // tiles consumed by this CTA so far (the producer counts the same way)
-  for_each_work(p, [&](int item, uint32_t kv_head) {
-    const ItemRange r = item_range<KT::kPaged, kCausal>(p, item, KT::kTileQ, kTileKV);
-    const int G = p.group_size;
+  uint32_t k = 0;  // items so far
+  for_each_work(p, [&](int, uint32_t) {
+    const int qb = k % 2;
+    sm90_acquire(sync.q_full(qb), (k / 2) & 1);
+    const ItemRange r = sync.slot(qb)->r;
+    const uint32_t kv_head = sync.slot(qb)->kv_head;
     const int first_row = r.row_begin + wg * 64 + (warp % 4) * 16;  // this warp's 16 rows
-
-    // Q: this warpgroup's 64 rows (rows past the request are zeros). The barrier before keeps
-    // the previous item's Q until all four warps are done with it.
-    sm90::named_barrier(1 + wg, 128);
-    const T* q = static_cast<const T*>(p.q);
-    for (int i = wg_tid; i < 64 * kChunks; i += 128) {
-      const int row = wg * 64 + i / kChunks, chunk = i % kChunks;
-      const int pr = r.row_begin + row;
-      const bool valid = pr < r.packed_len;
-      const T* src = q;
-      if (valid) {
-        const int qo = pr / G, head = kv_head * G + pr % G;
-        src = q + (r.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + chunk * 8;
-      }
-      cp_async_16(q_smem + KT::QTile::offset(row, chunk), src, valid);
-    }
-    cp_async_commit();
 
     RowFacts<1> rows;
     rows.template init<KT::kPos>(p, r, first_row, kv_head, g);
@@ -288,19 +315,15 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, uint8_t* 
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[0][n][e] = 0.f;
 
-    cp_async_wait<0>();
-    sm90::fence_proxy_async();
-    sm90::named_barrier(1 + wg, 128);
-
     if (r.num_tiles > 0) {
       // Tile 0: S only.
       {
         const int slot = c % S;
-        sm90::mbar_wait(ring.full_k(slot), (c / S) & 1);
-        issue_qk(slot);
+        sm90_acquire(sync.full_k(slot), (c / S) & 1);
+        issue_qk(qb, slot);
         sm90::wgmma_wait<0>();
         sm90::fence_operands(s_flat);
-        sm90_release(ring.empty_k(slot));
+        sm90_release(sync.empty_k(slot));
         logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, r.kv_lo, kTileKV, t);
         float scale[1][2];
         softmax_step(s, m, d, scale);  // O is still zero: nothing to rescale
@@ -310,20 +333,20 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, uint8_t* 
       for (int j = 1; j < r.num_tiles; ++j) {
         const uint32_t cj = c + j;
         const int slot = cj % S, prev = (cj - 1) % S;
-        sm90::mbar_wait(ring.full_k(slot), (cj / S) & 1);
-        issue_qk(slot);
-        sm90::mbar_wait(ring.full_v(prev), ((cj - 1) / S) & 1);
+        sm90_acquire(sync.full_k(slot), (cj / S) & 1);
+        issue_qk(qb, slot);
+        sm90_acquire(sync.full_v(prev), ((cj - 1) / S) & 1);
         issue_pv(prev);
         sm90::wgmma_wait<1>();  // S_j
         sm90::fence_operands(s_flat);
-        sm90_release(ring.empty_k(slot));
+        sm90_release(sync.empty_k(slot));
         logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, r.kv_lo + j * kTileKV, kTileKV, t);
         float scale[1][2];
         const bool rescale = softmax_step(s, m, d, scale);
         sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1}
         sm90::fence_operands(o_flat);
         sm90::fence_operands(pf_flat);
-        sm90_release(ring.empty_v(prev));
+        sm90_release(sync.empty_v(prev));
         if (rescale) {
 #pragma unroll
           for (int n = 0; n < D / 8; ++n)
@@ -334,18 +357,20 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, uint8_t* 
       }
       // The last tile's P V.
       const uint32_t cl = c + r.num_tiles - 1;
-      sm90::mbar_wait(ring.full_v(cl % S), (cl / S) & 1);
+      sm90_acquire(sync.full_v(cl % S), (cl / S) & 1);
       issue_pv(cl % S);
       sm90::wgmma_wait<0>();
       sm90::fence_operands(o_flat);
       sm90::fence_operands(pf_flat);
-      sm90_release(ring.empty_v(cl % S));
+      sm90_release(sync.empty_v(cl % S));
       c += r.num_tiles;
     }
 
     quad_sum(d);
     const OutputWriter<TO, D> out{p, r, kv_head};
     out.rows(o, m, d, first_row, g, t);  // a row that saw no key writes 0 and lse -inf
+    sm90_release(sync.q_empty(qb));
+    ++k;
   });
 }
 
@@ -357,23 +382,28 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
 #ifdef FLASHINFER_SM90_ENABLED
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
-  const Sm90Ring<KT> ring{reinterpret_cast<uint64_t*>(smem + KT::kBarrierOffset)};
+  const Sm90Sync<KT> sync{smem};
   if (threadIdx.x == 0) {
+    constexpr uint32_t kConsumerWarps = KT::kConsumerThreads / 32;
     for (int s = 0; s < KT::kStages; ++s) {
-      sm90::mbar_init(ring.full_k(s), KT::kProducerThreads);
-      sm90::mbar_init(ring.full_v(s), KT::kProducerThreads);
-      sm90::mbar_init(ring.empty_k(s), KT::kConsumerThreads / 32);
-      sm90::mbar_init(ring.empty_v(s), KT::kConsumerThreads / 32);
+      sm90::mbar_init(sync.full_k(s), KT::kProducerThreads);
+      sm90::mbar_init(sync.full_v(s), KT::kProducerThreads);
+      sm90::mbar_init(sync.empty_k(s), kConsumerWarps);
+      sm90::mbar_init(sync.empty_v(s), kConsumerWarps);
+    }
+    for (int b = 0; b < 2; ++b) {
+      sm90::mbar_init(sync.q_full(b), KT::kProducerThreads + 1);
+      sm90::mbar_init(sync.q_empty(b), kConsumerWarps);
     }
   }
   __syncthreads();
   pdl_wait();
   if (threadIdx.x >= KT::kConsumerThreads) {
     sm90::set_max_regs_dec<KT::kProducerRegs>();
-    sm90_produce<KT>(p, smem, ring);
+    sm90_produce<KT>(p, sync);
   } else {
     sm90::set_max_regs_inc<KT::kConsumerRegs>();
-    sm90_consume<KT>(p, smem, ring);
+    sm90_consume<KT>(p, sync);
   }
   pdl_launch_dependents();
 #endif
@@ -381,7 +411,7 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
 
 /*!
  * @brief Launch the Hopper attention kernel of traits KT over a persistent grid of `grid_x`
- *   CTAs (one per SM is resident: 384 threads, 160 KB of shared memory at head_dim 128).
+ *   CTAs (one per SM is resident: 384 threads, 192 KB of shared memory at head_dim 128).
  */
 template <class KT>
 cudaError_t LaunchAttentionSm90(const AttentionParams& p, int grid_x, bool enable_pdl,
