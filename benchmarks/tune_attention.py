@@ -9,7 +9,6 @@ order, HND), with the copy and matmul ceilings measured in the same run. GPU onl
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import sys
 import time
@@ -31,9 +30,7 @@ from flashinfer.jit.core import get_module  # noqa: E402
 
 VARIANTS = {
     "default": (),
-    "cta2 48-key steps": ("CTA2_MMA_KV=3",),
-    "cta2 64-key steps": ("CTA2_MMA_KV=4",),
-    "cta2 48-key steps, stages 2": ("CTA2_MMA_KV=3", "STAGES=2"),
+    "sm90 no ping-pong": ("SM90_PINGPONG=0",),
 }
 MODULES = [
     AttentionVariant("bfloat16", "bfloat16", 128, "none", "NONE", True),     # decode
@@ -88,16 +85,10 @@ def check(label) -> dict:
 
 def cases():
     return [
-        ba._decode(64, 4096, True, 362.8, "<= 350 us"),
-        ba._decode(64, 4096, True, 362.8, "<= 350 us", note=", pages in order",
-                   shuffle_pages=False),
         ba._decode(1, 32768, True, 56.0, "<= 50 us"),
-        ba._decode(128, 8192, True, 1420.0, "<= 1390 us"),
-        *(make(*args)
-          for make, args in ((ba._single_prefill, (16384, 5824.0, "<= 5800 us")),
-                             (ba._ragged_prefill, (16, 1024, 452.0, "<= 450 us")),
-                             (ba._paged_prefill, (8, 2048, 906.0, "<= 900 us")))
-          for make in (make, functools.partial(ba._with_cta, 2, make))),
+        ba._single_prefill(16384, 5824.0, "<= 5800 us"),
+        ba._ragged_prefill(16, 1024, 452.0, "<= 450 us"),
+        ba._paged_prefill(8, 2048, 906.0, "<= 900 us"),
     ]
 
 

@@ -71,6 +71,11 @@ __device__ __forceinline__ void set_max_regs_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+/// Arrive at hardware barrier `id` without waiting (the other `count` - 32 x warps wait there).
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // ---- wgmma -----------------------------------------------------------------------------------
 
 __device__ __forceinline__ void wgmma_fence() {
