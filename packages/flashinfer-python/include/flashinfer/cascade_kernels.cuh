@@ -40,6 +40,12 @@
 #ifndef FLASHINFER_CASCADE_MANY_UNROLL
 #define FLASHINFER_CASCADE_MANY_UNROLL 6
 #endif
+// MergeManyKernel: 1 reads indptr before the PDL wait, overlapping that load with the previous
+// kernel's tail. Only correct when no kernel still running may write indptr (split-KV attention:
+// plan() uploads it before the attention kernel). A measuring switch, off by default.
+#ifndef FLASHINFER_CASCADE_INDPTR_BEFORE_PDL_WAIT
+#define FLASHINFER_CASCADE_INDPTR_BEFORE_PDL_WAIT 0
+#endif
 // MergeManyKernel: narrowest column slice of a head row one block may own (in 16-byte
 // vectors; 8 = one 128-byte line per part); a large value turns slicing off.
 #ifndef FLASHINFER_CASCADE_MIN_SLICE_VECS
@@ -394,23 +400,23 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
   const bool active = local < p.block_slices && unit < p.num_slices;
   int64_t r = 0, h = 0, state = 0, slice = 0;
   p.slices.divmod64(unit, state, slice);
+  p.heads.divmod64(state, r, h);
   const uint32_t vec = static_cast<uint32_t>(slice) * p.width + lane;
   Running<N> run;
+  int32_t first = 0, last = 0;  // varlen: this row's parts
+  const bool varlen = p.indptr != nullptr;
+#if FLASHINFER_CASCADE_INDPTR_BEFORE_PDL_WAIT
+  if (active && varlen) first = p.indptr[r], last = p.indptr[r + 1];
+#endif
   pdl_wait();
   if (active) {
-    p.heads.divmod64(state, r, h);
-    int32_t count;  // parts: int32 (indptr's type; the host checks num_parts)
-    int64_t v_base, s_base;
-    if (p.indptr != nullptr) {
-      const int32_t first = p.indptr[r];
-      count = p.indptr[r + 1] - first;
-      v_base = first * p.v_sp;
-      s_base = first * p.s_sp;
-    } else {
-      count = static_cast<int32_t>(p.num_parts);
-      v_base = r * p.v_sr;
-      s_base = r * p.s_sr;
-    }
+#if !FLASHINFER_CASCADE_INDPTR_BEFORE_PDL_WAIT
+    if (varlen) first = p.indptr[r], last = p.indptr[r + 1];
+#endif
+    // Parts counted in int32 (indptr's type; the host checks num_parts).
+    const int32_t count = varlen ? last - first : static_cast<int32_t>(p.num_parts);
+    const int64_t v_base = varlen ? first * p.v_sp : r * p.v_sr;
+    const int64_t s_base = varlen ? first * p.s_sp : r * p.s_sr;
     const TIn* vp = p.v + v_base + h * p.v_sh + int64_t{vec} * N;
     const float* sp = p.s + s_base + h * p.s_sh;
     const int32_t groups = static_cast<int32_t>(p.groups);
