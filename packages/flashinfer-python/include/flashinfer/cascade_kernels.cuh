@@ -252,7 +252,8 @@ struct Tile {
  *        store per state by its first vector's thread).
  * @tparam kInPlace v_out/s_out alias v_a/s_a; mask rows; s is written after a block barrier
  *         (every s of the tile is read before it).
- * @tparam kFlat states addressed as one index (every tensor head-packed, see Stride2)
+ * @tparam kFlat states addressed as one index (every tensor head-packed, see Stride2); never
+ *         launched with a row mask, which needs the row (MergeTwo takes the (row, head) form)
  */
 template <typename T, int N, bool kInPlace, bool kFlat>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
