@@ -490,8 +490,9 @@ struct ManyPlan {
  * Slices: while the states alone would give fewer blocks than SMs, head rows are split in
  * halves (down to kMinSliceVecs vectors), so one state's parts are read by several SMs; one
  * block reading all 132 float32 parts of a head-128 row pulls 66 KB through one SM, a quarter
- * slice 17 KB. Groups double while the grid stays under ~1024 threads per SM (half of the
- * resident threads: enough loads in flight, cheap combine) and each group keeps >= 2 parts.
+ * slice 17 KB. Groups double while the grid stays under ~1024 threads per SM (one wave: an SM
+ * holds 1024 threads of this 64-register kernel; enough loads in flight, a cheap combine) and
+ * each group keeps >= 2 parts.
  * Worked examples (132 SMs):
  * 1 row x 32 heads, float32 parts of 128 (32 vectors): 4 slices of 8 vectors, 32 groups,
  *   128 blocks of 256 threads; 132 parts are ~4 per group: one round of kUnroll loads;
