@@ -6,7 +6,8 @@ Target (H100, bf16): merge_state 8192 x 32 x 128 <= 70 us (FlashInfer 0.7.2: 69.
 
 The rest: fp16, head_dim 256, the in-place merge (with and without a row mask), merge_states over
 8 states, and MergeStatesVarlen (float32 parts -> bf16, the reduction split-KV attention runs):
-one row x 32 heads x 132 parts (split-KV decode, latency-bound), and many rows of 2 parts.
+one row x 32 heads x 132 or 32 parts (split-KV decode, latency-bound), and many rows of 2 parts.
+Kernel variants are compared side by side by tune_cascade.py.
 """
 
 import torch
@@ -89,6 +90,7 @@ def cases() -> list[Case]:
         _merge_states(1, 132, 32, 128),
         # Split-KV reduction (MergeStatesVarlen).
         _varlen([132], 32, 128, "split-KV decode, batch 1"),
+        _varlen([32], 32, 128, "split-KV decode, batch 1, 32 chunks"),
         _varlen([16] * 64, 32, 128, "batch 64 x 16 chunks"),
         _varlen([2] * 8192, 32, 128, "many rows of 2 parts"),
         _varlen([1, 2] * 2048, 32, 128, "rows of 1-2 parts"),

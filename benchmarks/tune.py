@@ -3,6 +3,8 @@ time them on the op's headline shapes, with the copy ceiling and the scale kerne
 in the same run. Also breaks down the host cost of one small op call. GPU only.
 
     python benchmarks/tune.py {rope,norm} OUT.json
+
+The cascade merges have their own script, tune_cascade.py (variants, float64 checks, timings).
 """
 
 from __future__ import annotations

@@ -209,6 +209,8 @@ SHAPES = [
     (2, 1, 1024),  # the longest row
     (1500, 32, 128),  # enough states for full 32-state tiles
     (2048, 27, 80),  # full tiles of 51 states of 10 vectors
+    (1, 32, 128),  # one row: states addressed by head alone
+    (3, 1, 128),  # one head: states addressed by row alone
 ]
 
 
@@ -262,6 +264,22 @@ def test_merge_state_strided(dtype):
     sb = rand_lse((L, 3 * H), 0.2, seed=3)[:, ::3]
     v, s = flashinfer.merge_state(va, sa.half(), vb, sb)
     check(v, s, *ref_pair(va, sa.half().float(), vb, sb))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_merge_state_head_packed_padded(dtype):
+    """Rows head-packed but heads padded (row stride = heads x head stride, head stride 2 x D):
+    the one-index-per-state path with a state stride other than head_dim."""
+    L, H, D = 40, 8, 128
+    va = torch.randn(L, H, 2, D, device="cuda").to(dtype)[:, :, 1]
+    vb = torch.randn(L, H, D, device="cuda").to(dtype)
+    sa = rand_lse((L, H, 3), 0.2)[:, :, 0]  # head-packed s with a state stride of 3
+    sb = rand_lse((L, H), 0.2, seed=4)
+    poison_empty(va, sa)
+    poison_empty(vb, sb)
+    v, s = flashinfer.merge_state(va, sa, vb, sb)
+    check(v, s, *ref_pair(va, sa, vb, sb))
 
 
 @pytest.mark.gpu
@@ -331,7 +349,7 @@ def test_merge_state_in_place_strided_and_non_float32_s():
 @pytest.mark.parametrize(
     "L,S,H,D",
     [(1, 1, 1, 64), (3, 2, 5, 128), (130, 7, 32, 128), (1, 132, 32, 128), (2, 33, 3, 256),
-     (17, 5, 2, 33), (4, 0, 3, 64), (2, 9, 1, 1024)],
+     (17, 5, 2, 33), (4, 0, 3, 64), (2, 9, 1, 1024), (1, 200, 8, 128)],
 )
 def test_merge_states(L, S, H, D, dtype):
     torch.manual_seed(L * 7 + S)
@@ -397,6 +415,8 @@ def ref_varlen(v, s, indptr):
 
 COUNTS = [
     [132],  # split-KV decode: one row, many chunks
+    [32],
+    [200],  # more parts than one round of loads of every group
     [3],
     [0],  # empty row
     [1, 2, 0, 1, 2, 2, 1, 0, 5],
@@ -408,7 +428,7 @@ COUNTS = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("out_dtype", DTYPES)
 @pytest.mark.parametrize("counts", COUNTS)
-@pytest.mark.parametrize("H,D", [(32, 128), (3, 64), (8, 256), (5, 33)])
+@pytest.mark.parametrize("H,D", [(32, 128), (3, 64), (8, 256), (5, 33), (1, 128)])
 def test_merge_states_varlen(counts, H, D, out_dtype):
     v, s, indptr = varlen_case(counts, H, D)
     out, lse = cascade._merge_states_varlen(v, s, indptr, out_dtype=out_dtype)

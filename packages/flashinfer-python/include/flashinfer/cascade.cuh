@@ -14,19 +14,20 @@
 // * MergeTwoKernel (merge_state, merge_state_in_place): a streaming kernel, laid out like a copy.
 //   Work items are 16-byte vectors of a (row, head) state, numbered state by state; a block
 //   owns a tile of whole states, thread t takes items t, t + kThreads, ... of the tile, issues
-//   every load of its items (v_a, v_b, s_a, s_b) before it uses one, then stores. Whole-state
-//   tiles let the in-place form update s safely: every s of the tile is read before the block
-//   barrier and written after it.
+//   every load of its items (v_a, v_b, s_a, s_b) before it uses one, then stores; thread j
+//   stores the merged s of the tile's state j. Whole-state tiles let the in-place form update s
+//   safely: every s of the tile is read before the block barrier and written after it.
 //
 // * MergeManyKernel (merge_states, MergeStatesVarlen): each output state is the merge of many
-//   input states ("parts"). A group of threads, one per vector of the head row, walks the parts
-//   with an online log-sum-exp (rescaling its running sum when the maximum grows), kUnroll parts'
-//   loads in flight at a time. When there are few states (the split-KV case: one row x 32 heads
-//   x 132 parts) one state gets up to kMaxGroups groups that split its parts and combine through
-//   shared memory, so the parts are read by many warps at once; with many states (many rows of
-//   1-2 parts) one group per state suffices and blocks hold several states. The number of parts
-//   per row may live on the device only (indptr, CUDA-graph safe): the launch depends on the
-//   shapes, never on indptr's values.
+//   input states ("parts"). A group of threads, one per vector of the head row (or of a column
+//   slice of it), walks the parts with an online log-sum-exp (rescaling its running sum when the
+//   maximum grows), kUnroll parts' loads in flight at a time. When there are few states (the
+//   split-KV case: one row x 32 heads x 132 parts) head rows are cut into column slices, one
+//   block each, so the parts are read through many SMs, and each slice gets up to kMaxGroups
+//   groups that split its parts and combine through shared memory; with many states (many rows
+//   of 1-2 parts) one group per state suffices and blocks hold several states. The number of
+//   parts per row may live on the device only (indptr, CUDA-graph safe): the launch depends on
+//   the shapes, never on indptr's values.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -90,6 +91,23 @@ struct MergeStatesArgs {
 };
 
 
+namespace detail {
+
+/// Whether a tensor's (row, head) strides are one index over states: stride(row) ==
+/// num_heads * stride(head), or a single row or head (the binding passes 0 for a size-1 dim).
+template <typename T>
+bool flat_stride(const Stride2& s, const MergeStateArgs<T>& a) {
+  return a.seq_len == 1 || a.num_heads == 1 || s.n == a.num_heads * s.h;
+}
+
+/// The stride between consecutive states of a flat tensor.
+template <typename T>
+int64_t state_step(const Stride2& s, const MergeStateArgs<T>& a) {
+  return a.num_heads == 1 ? s.n : s.h;
+}
+
+}  // namespace detail
+
 /*!
  * @brief v_out = merge of (v_a, s_a) and (v_b, s_b), s_out = log2(2^s_a + 2^s_b) (or, with
  *        kInPlace, the same written into v_a / s_a for the rows whose mask is true).
@@ -114,18 +132,42 @@ cudaError_t MergeTwo(const MergeStateArgs<T>& a, bool enable_pdl, cudaStream_t s
   const int64_t tile_states = plan_tile_states(num_states, vph, num_sms);
   const int64_t blocks = ceil_div(num_states, tile_states);
   if (blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
-  MergeTwoParams<T> p{a.v_a,        a.v_b,        a.v_out,       a.s_a,       a.s_b,
-                      a.s_out,      a.mask,       a.va_stride_n, a.va_stride_h, a.vb_stride_n,
-                      a.vb_stride_h, a.vo_stride_n, a.vo_stride_h, a.sa_stride_n, a.sa_stride_h,
-                      a.sb_stride_n, a.sb_stride_h, a.so_stride_n, a.so_stride_h, num_states,
-                      static_cast<uint32_t>(tile_states), FastDiv(static_cast<uint32_t>(vph)),
+  // Flat addressing (one index per state) when every tensor is head-packed; a row mask needs
+  // the row, so masked in-place merges take the (row, head) form.
+  const Stride2 va{a.va_stride_n, a.va_stride_h}, vb{a.vb_stride_n, a.vb_stride_h},
+      vo{a.vo_stride_n, a.vo_stride_h}, sa{a.sa_stride_n, a.sa_stride_h},
+      sb{a.sb_stride_n, a.sb_stride_h}, so{a.so_stride_n, a.so_stride_h};
+  const bool flat = kFlatStates && vec_ok && a.mask == nullptr &&
+                    flat_stride(va, a) && flat_stride(vb, a) && flat_stride(vo, a) &&
+                    flat_stride(sa, a) && flat_stride(sb, a) && flat_stride(so, a);
+  auto state_stride = [&](Stride2 s) { return flat ? Stride2{0, state_step(s, a)} : s; };
+  MergeTwoParams<T> p{a.v_a,
+                      a.v_b,
+                      a.v_out,
+                      a.s_a,
+                      a.s_b,
+                      a.s_out,
+                      a.mask,
+                      state_stride(va),
+                      state_stride(vb),
+                      state_stride(vo),
+                      state_stride(sa),
+                      state_stride(sb),
+                      state_stride(so),
+                      num_states,
+                      static_cast<uint32_t>(tile_states),
+                      FastDiv(static_cast<uint32_t>(vph)),
                       FastDiv(static_cast<uint32_t>(a.num_heads))};
   const dim3 grid(static_cast<unsigned>(blocks));
-  if (vec_ok) {
-    return launch_kernel(MergeTwoKernel<T, kVec, kInPlace>, grid, dim3(kThreads), 0, stream,
-                         enable_pdl, p);
+  if (flat) {
+    return launch_kernel(MergeTwoKernel<T, kVec, kInPlace, true>, grid, dim3(kThreads), 0,
+                         stream, enable_pdl, p);
   }
-  return launch_kernel(MergeTwoKernel<T, 1, kInPlace>, grid, dim3(kThreads), 0, stream,
+  if (vec_ok) {
+    return launch_kernel(MergeTwoKernel<T, kVec, kInPlace, false>, grid, dim3(kThreads), 0,
+                         stream, enable_pdl, p);
+  }
+  return launch_kernel(MergeTwoKernel<T, 1, kInPlace, false>, grid, dim3(kThreads), 0, stream,
                        enable_pdl, p);
 }
 
@@ -162,6 +204,7 @@ cudaError_t MergeStates(const MergeStatesArgs<TIn, TOut>& a, bool enable_pdl,
       divisible(a.vo_stride_n, kVec) && divisible(a.vo_stride_h, kVec);
   const int64_t vph = vec_ok ? a.head_dim / kVec : a.head_dim;
   if (vph > kMaxVectorsPerHead) return cudaErrorInvalidValue;
+  if (uniform && a.num_parts >= (int64_t{1} << 31)) return cudaErrorInvalidValue;  // int32 count
   int num_sms = 0;
   cudaError_t status = num_sms_of_current_device(&num_sms);
   if (status != cudaSuccess) return status;
@@ -174,8 +217,9 @@ cudaError_t MergeStates(const MergeStatesArgs<TIn, TOut>& a, bool enable_pdl,
                                a.v_out,
                                a.s_out,
                                a.num_parts,
-                               num_states,
+                               num_states * plan.slices,
                                FastDiv(static_cast<uint32_t>(a.num_heads)),
+                               FastDiv(static_cast<uint32_t>(plan.slices)),
                                a.v_stride_row,
                                a.v_stride_part,
                                a.v_stride_h,
@@ -186,9 +230,9 @@ cudaError_t MergeStates(const MergeStatesArgs<TIn, TOut>& a, bool enable_pdl,
                                a.vo_stride_h,
                                a.so_stride_n,
                                a.so_stride_h,
-                               static_cast<uint32_t>(vph),
+                               static_cast<uint32_t>(plan.width),
                                static_cast<uint32_t>(plan.groups),
-                               static_cast<uint32_t>(plan.block_states)};
+                               static_cast<uint32_t>(plan.block_slices)};
   const dim3 grid(static_cast<unsigned>(plan.blocks)), block(static_cast<unsigned>(plan.threads));
   if (vec_ok) {
     return launch_kernel(MergeManyKernel<TIn, TOut, kVec>, grid, block, plan.smem_bytes, stream,
