@@ -124,15 +124,6 @@ struct Sm90Sync {
   }
 };
 
-/// Calls f(item, kv_head) for this CTA's share of the persistent work list.
-template <class F>
-__device__ __forceinline__ void for_each_work(const AttentionParams& p, F&& f) {
-  const int num_work = *p.num_items * p.num_kv_heads;
-  for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
-    f(w / p.num_kv_heads, uint32_t(w % p.num_kv_heads));
-  }
-}
-
 #ifdef FLASHINFER_SM90_ENABLED
 
 /*!
@@ -164,8 +155,22 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<
 
   uint32_t c = 0;  // tiles issued by this CTA so far: ring slot c % S, round c / S
   uint32_t k = 0;  // items so far: Q buffer k % 2, round k / 2
-  for_each_work(p, [&](int item, uint32_t kv_head) {
-    const ItemRange r = item_range<KT::kPaged, kCausal>(p, item, KT::kTileQ, kTileKV);
+  // The bounds of the next item are looked up (two dependent global loads) while the current
+  // item's tiles are issued, not at the item boundary, where the consumers wait for them.
+  const int num_work = *p.num_items * p.num_kv_heads;
+  auto range_of = [&](int w) {
+    return item_range<KT::kPaged, kCausal>(p, w / p.num_kv_heads, KT::kTileQ, kTileKV);
+  };
+  ItemRange r_next = int(blockIdx.x) < num_work ? range_of(blockIdx.x) : ItemRange{};
+  for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
+    const ItemRange r = r_next;
+    const uint32_t kv_head = uint32_t(w % p.num_kv_heads);
+    const int w_next = w + int(gridDim.x);
+    bool looked_up = w_next >= num_work;
+    auto look_up_next = [&] {
+      if (!looked_up) r_next = range_of(w_next);
+      looked_up = true;
+    };
 
     // Q [128 rows] and the item's facts (rows past the request as zeros).
     const int qb = k % 2;
@@ -231,8 +236,10 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<
       if (c >= S) sm90::mbar_wait(sync.empty_v(s), free_phase);
       copy_tile(v_tile(s), v_base, v_s_page, v_s_n);
       sm90::cp_async_arrive_noinc(sync.full_v(s));
+      look_up_next();  // after the item's first tile is on its way
     }
-  });
+    look_up_next();
+  }
 }
 
 /// Hands a buffer back to the producer: one arrival per warp, after the warp's wgmma wait (which
@@ -401,18 +408,20 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
     // while this item is written out.
     const uint32_t cl = c + r.num_tiles - 1;
     c += r.num_tiles;
+    sm90_acquire(sync.full_v(cl % S), (cl / S) & 1);
+    my_turn();
+    issue_pv(cl % S);
+    their_turn();
     const int nqb = (k + 1) % 2;
     int next_slot = -1;
-    if (w + int(gridDim.x) < num_work) {
+    if (w + int(gridDim.x) < num_work) {  // waits for the next item while P V runs
       sm90_acquire(sync.q_full(nqb), ((k + 1) / 2) & 1);
       if (sync.slot(nqb)->r.num_tiles > 0) {
         next_slot = c % S;
         sm90_acquire(sync.full_k(next_slot), (c / S) & 1);
       }
     }
-    sm90_acquire(sync.full_v(cl % S), (cl / S) & 1);
     my_turn();
-    issue_pv(cl % S);
     issue_qk(nqb, next_slot >= 0 ? next_slot : 0);
     their_turn();
     sm90::wgmma_wait<1>();  // the last P V
