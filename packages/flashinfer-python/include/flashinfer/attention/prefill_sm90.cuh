@@ -13,9 +13,7 @@
 // Consumer loop, per KV tile j (FlashAttention-3's intra-warpgroup overlap): issue S_j = Q K_j^T
 // (wgmma, Q and K from shared memory) and O += P_{j-1} V_{j-1} (P from registers, V from shared
 // memory), wait for S_j only, then mask and softmax S_j on the CUDA cores while the tensor cores
-// finish P V; wait, rescale O, pack P_j. The softmax is the FA2 kernel's (common.cuh). Across
-// items the stream continues: an item's last P V is left in flight, the next item's S_0 is
-// issued behind it, and the finished item is written out while S_0 computes.
+// finish P V; wait, rescale O, pack P_j. The softmax is the FA2 kernel's (common.cuh).
 //
 // Work. The grid is persistent: CTA x takes work w = x, x + gridDim.x, ... of
 // num_items * num_kv_heads, w = item * num_kv_heads + kv_head, so a CTA's producer starts on
@@ -334,11 +332,12 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
       for (int e = 0; e < 4; ++e) o[0][n][e] = 0.f;
   };
 
-  // Every wgmma is issued and waited for within one iteration: ptxas serializes all of them if
-  // one stays in flight across the loop's back edge (warnings C7514, C7518).
-  bool have_s0 = false;  // s already holds S_0 of this item (issued behind the previous item)
-  uint32_t c = 0;        // tiles consumed by this CTA so far (the producer counts the same way)
-  uint32_t k = 0;        // items so far
+  // Every wgmma is issued and waited for within one item: ptxas serializes all of them if one
+  // stays in flight across the loop's back edge (warnings C7514, C7518). Issuing the next item's
+  // S_0 behind the last P V (writing the item out while it computes) was tried that way and
+  // measured 13% slower on 16 x 1024 ragged prefill: it waits for the next item's first tile.
+  uint32_t c = 0;  // tiles consumed by this CTA so far (the producer counts the same way)
+  uint32_t k = 0;  // items so far
   const int num_work = *p.num_items * p.num_kv_heads;
   for (int w = blockIdx.x; w < num_work; w += gridDim.x, ++k) {
     const int qb = k % 2;
@@ -346,97 +345,72 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
     const ItemRange r = sync.slot(qb)->r;
     const uint32_t kv_head = sync.slot(qb)->kv_head;
     const int first_row = r.row_begin + wg * 64 + (warp % 4) * 16;  // this warp's 16 rows
-    const OutputWriter<TO, D> out{p, r, kv_head};
     float m[1][2] = {{-INFINITY, -INFINITY}}, d[1][2] = {{0.f, 0.f}};
     zero_o();
-    if (r.num_tiles == 0) {  // no visible key: rows write 0 and lse -inf
-      out.rows(o, m, d, first_row, g, t);
-      sm90_release(sync.q_empty(qb));
-      continue;
-    }
 
-    RowFacts<1> rows;
-    rows.template init<KT::kPos>(p, r, first_row, kv_head, g);
-    // Tile 0: S only (unless it was computed behind the previous item).
-    if (!have_s0) {
-      const int slot = c % S;
-      sm90_acquire(sync.full_k(slot), (c / S) & 1);
+    if (r.num_tiles > 0) {
+      RowFacts<1> rows;
+      rows.template init<KT::kPos>(p, r, first_row, kv_head, g);
+      // Tile 0: S only.
+      {
+        const int slot = c % S;
+        sm90_acquire(sync.full_k(slot), (c / S) & 1);
+        my_turn();
+        issue_qk(qb, slot);
+        their_turn();
+        sm90::wgmma_wait<0>();
+        sm90::fence_operands(s_flat);
+        sm90_release(sync.empty_k(slot));
+        logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, r.kv_lo, kTileKV, t);
+        float scale[1][2];
+        softmax_step(s, m, d, scale);  // O is still zero: nothing to rescale
+        pack_all();
+      }
+      // Tiles 1 ..: S_j overlaps the softmax with P_{j-1} V_{j-1}.
+      for (int j = 1; j < r.num_tiles; ++j) {
+        const uint32_t cj = c + j;
+        const int slot = cj % S, prev = (cj - 1) % S;
+        sm90_acquire(sync.full_k(slot), (cj / S) & 1);
+        sm90_acquire(sync.full_v(prev), ((cj - 1) / S) & 1);
+        my_turn();
+        issue_qk(qb, slot);
+        issue_pv(prev);
+        their_turn();
+        sm90::wgmma_wait<1>();  // S_j
+        sm90::fence_operands(s_flat);
+        sm90_release(sync.empty_k(slot));
+        logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, r.kv_lo + j * kTileKV, kTileKV, t);
+        float scale[1][2];
+        const bool rescale = softmax_step(s, m, d, scale);
+        sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1}
+        sm90::fence_operands(o_flat);
+        sm90::fence_operands(pf_flat);
+        sm90_release(sync.empty_v(prev));
+        if (rescale) {
+#pragma unroll
+          for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[0][n][e] *= scale[0][e / 2];
+        }
+        pack_all();
+      }
+      // The last tile's P V.
+      const uint32_t cl = c + r.num_tiles - 1;
+      sm90_acquire(sync.full_v(cl % S), (cl / S) & 1);
       my_turn();
-      issue_qk(qb, slot);
+      issue_pv(cl % S);
       their_turn();
       sm90::wgmma_wait<0>();
-      sm90::fence_operands(s_flat);
-      sm90_release(sync.empty_k(slot));
-    }
-    have_s0 = false;
-    {
-      logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, r.kv_lo, kTileKV, t);
-      float scale[1][2];
-      softmax_step(s, m, d, scale);  // O is still zero: nothing to rescale
-      pack_all();
-    }
-    // Tiles 1 ..: S_j overlaps the softmax with P_{j-1} V_{j-1}.
-    for (int j = 1; j < r.num_tiles; ++j) {
-      const uint32_t cj = c + j;
-      const int slot = cj % S, prev = (cj - 1) % S;
-      sm90_acquire(sync.full_k(slot), (cj / S) & 1);
-      sm90_acquire(sync.full_v(prev), ((cj - 1) / S) & 1);
-      my_turn();
-      issue_qk(qb, slot);
-      issue_pv(prev);
-      their_turn();
-      sm90::wgmma_wait<1>();  // S_j
-      sm90::fence_operands(s_flat);
-      sm90_release(sync.empty_k(slot));
-      logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, r.kv_lo + j * kTileKV, kTileKV, t);
-      float scale[1][2];
-      const bool rescale = softmax_step(s, m, d, scale);
-      sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1}
       sm90::fence_operands(o_flat);
       sm90::fence_operands(pf_flat);
-      sm90_release(sync.empty_v(prev));
-      if (rescale) {
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[0][n][e] *= scale[0][e / 2];
-      }
-      pack_all();
+      sm90_release(sync.empty_v(cl % S));
+      c += r.num_tiles;
     }
-    // The last tile's P V, and behind it S_0 of this CTA's next item (when it has keys; else a
-    // product over whatever shared memory holds, ignored), so the tensor cores keep working
-    // while this item is written out.
-    const uint32_t cl = c + r.num_tiles - 1;
-    c += r.num_tiles;
-    sm90_acquire(sync.full_v(cl % S), (cl / S) & 1);
-    my_turn();
-    issue_pv(cl % S);
-    their_turn();
-    const int nqb = (k + 1) % 2;
-    int next_slot = -1;
-    if (w + int(gridDim.x) < num_work) {  // waits for the next item while P V runs
-      sm90_acquire(sync.q_full(nqb), ((k + 1) / 2) & 1);
-      if (sync.slot(nqb)->r.num_tiles > 0) {
-        next_slot = c % S;
-        sm90_acquire(sync.full_k(next_slot), (c / S) & 1);
-      }
-    }
-    my_turn();
-    issue_qk(nqb, next_slot >= 0 ? next_slot : 0);
-    their_turn();
-    sm90::wgmma_wait<1>();  // the last P V
-    sm90::fence_operands(o_flat);
-    sm90::fence_operands(pf_flat);
-    sm90_release(sync.empty_v(cl % S));
+
     quad_sum(d);
-    out.rows(o, m, d, first_row, g, t);
+    const OutputWriter<TO, D> out{p, r, kv_head};
+    out.rows(o, m, d, first_row, g, t);  // a row that saw no key writes 0 and lse -inf
     sm90_release(sync.q_empty(qb));
-    sm90::wgmma_wait<0>();  // the next item's S_0
-    sm90::fence_operands(s_flat);
-    if (next_slot >= 0) {
-      sm90_release(sync.empty_k(next_slot));
-      have_s0 = true;
-    }
   }
   if (wg == 0) my_turn();  // takes warpgroup 1's last hand-over: no arrival is left pending
 }
