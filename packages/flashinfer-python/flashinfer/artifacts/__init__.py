@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .._checks import BACKENDS, check_backend
 from .errors import (
+    ArchError,
     ArtifactError,
     ChecksumError,
     DownloadError,
@@ -39,6 +40,7 @@ from .store import Store, VerifiedBlob
 __all__ = [
     "BACKENDS",
     "check_backend",
+    "ArchError",
     "ArtifactError",
     "ChecksumError",
     "DownloadError",

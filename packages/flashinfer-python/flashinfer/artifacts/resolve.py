@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from .. import knobs
 from .errors import (
+    ArchError,
     ChecksumError,
     DownloadError,
     NotInManifestError,
@@ -28,7 +29,14 @@ from .errors import (
     VersionMismatchError,
 )
 from .fetch import Progress, fetch_file, fetch_small
-from .manifest import FileEntry, Manifest, check_sha256, check_version, manifest_path
+from .manifest import (
+    FileEntry,
+    Manifest,
+    check_sha256,
+    check_version,
+    manifest_path,
+    parse_arch,
+)
 from .repository import Repository, open_repository, parse_repository_list
 from .store import Store, VerifiedBlob, hash_file, verify
 
@@ -248,11 +256,20 @@ def load_manifest(
     manifest = _local_manifest(release, store)
     if manifest is None:
         if not allow_download:
-            raise OfflineError(
+            where = (
                 f"the manifest of artifact release {release.version} is neither in an installed "
-                f"flashinfer-cubin nor in {store.root}, and downloads are off "
-                "(FLASHINFER_NO_DOWNLOAD=1); "
-                + _OFFLINE_REMEDY.format(version=release.version, store=store.root)
+                f"flashinfer-cubin nor in {store.root}"
+            )
+            if knobs.artifacts.no_download:
+                raise OfflineError(
+                    f"{where}, and downloads are off (FLASHINFER_NO_DOWNLOAD=1); "
+                    + _OFFLINE_REMEDY.format(version=release.version, store=store.root)
+                )
+            # A read-only command (verify): nothing was downloaded into this store yet.
+            raise OfflineError(
+                f"{where}, and this command reads only local files; remedy: run `flashinfer "
+                f"artifacts download` first (with --dest {store.root} if that is not your "
+                "FLASHINFER_CUBIN_DIR), or point --dest at the store that holds the release"
             )
         repos = _repositories(release, repositories)
         if not repos:
@@ -367,6 +384,28 @@ def get_cubin(
     return blob
 
 
+def select_files(manifest: Manifest, archs: Optional[Iterable[str]] = None) -> list[FileEntry]:
+    """The files of ``manifest`` for ``archs`` (all files when None or empty).
+
+    Each arch may be written ``9.0a``, ``sm_90a`` or ``90a``; one that does not parse, or that
+    the release has no files for, raises :class:`ArchError` listing the release's archs, so a
+    typo never passes for "nothing to do".
+    """
+    wanted = list(archs or [])
+    if not wanted:
+        return manifest.select(None)
+    have = sorted({f.arch for f in manifest.files if f.arch is not None})
+    parsed = []
+    for text in wanted:
+        arch = parse_arch(text)
+        if arch is None:
+            raise ArchError(text, have, "not an arch")
+        if arch not in have:
+            raise ArchError(text, have, f"release {manifest.release} has no file for {arch}")
+        parsed.append(arch)
+    return manifest.select(parsed)
+
+
 def _present(store: Store, entry: FileEntry, rehash: bool) -> bool:
     """Whether the store has ``entry``: by size, or (``rehash``) by hash, deleting a bad copy."""
     dest = store.object_file(entry)
@@ -428,7 +467,7 @@ def download_release(
     store = store or default_store()
     manifest = load_manifest(release, store, True, repositories)
     repos = _repositories(release, repositories)
-    entries = manifest.select(None if archs is None else list(archs))
+    entries = select_files(manifest, archs)
     counts = {"present": 0, "downloaded": 0}
     lock = threading.Lock()
     safe_progress: Optional[Callable[[int], None]] = None
@@ -468,7 +507,7 @@ def release_status(
     manifest = load_manifest(release, store)
     wheel = cubin_wheel_for(release)
     out = []
-    for entry in manifest.select(None if archs is None else list(archs)):
+    for entry in select_files(manifest, archs):
         state = store.check(entry)
         if state != "present" and wheel is not None:
             f = wheel.file(entry.path)
