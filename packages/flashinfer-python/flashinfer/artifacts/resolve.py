@@ -37,7 +37,12 @@ from .manifest import (
     manifest_path,
     parse_arch,
 )
-from .repository import Repository, open_repository, parse_repository_list
+from .repository import (
+    DirectoryRepository,
+    Repository,
+    open_repository,
+    parse_repository_list,
+)
 from .store import Store, VerifiedBlob, hash_file, verify
 
 logger = logging.getLogger("flashinfer.artifacts")
@@ -149,6 +154,22 @@ class CubinWheel:
 
     def file(self, path: str) -> Path:
         return self.root / "files" / path
+
+    def as_repository(self, manifest: Manifest) -> Repository:
+        """The wheel's files as a (local, read-only) repository of ``manifest``'s objects, so
+        ``download`` and ``mirror`` take them from here before any network repository."""
+        return _WheelRepository(self, manifest)
+
+
+class _WheelRepository(DirectoryRepository):
+    """A directory repository whose objects are the wheel's ``files/<path>``."""
+
+    def __init__(self, wheel: CubinWheel, manifest: Manifest):
+        super().__init__(wheel.root, f"flashinfer-cubin at {wheel.root}")
+        self._files = {e.object_path: wheel.file(e.path) for e in manifest.files}
+
+    def file(self, path: str) -> Path:
+        return self._files.get(path) or self.root / "files" / ".not-in-the-wheel" / path
 
 
 def installed_cubin_wheel() -> Optional[CubinWheel]:
@@ -421,6 +442,15 @@ def _present(store: Store, entry: FileEntry, rehash: bool) -> bool:
     return False
 
 
+def _offline_missing(entry: FileEntry, store: Store) -> OfflineError:
+    return OfflineError(
+        f"kernel binary {entry.path} (sha256 {entry.sha256[:12]}...) is neither in an installed "
+        f"flashinfer-cubin nor in {store.root}, and downloads are off (FLASHINFER_NO_DOWNLOAD=1); "
+        "remedy: unset FLASHINFER_NO_DOWNLOAD, or install the flashinfer-cubin wheel of this "
+        "release"
+    )
+
+
 def ensure_object(
     store: Store,
     repos: Sequence[Repository],
@@ -437,6 +467,8 @@ def ensure_object(
     dest = store.object_file(entry)
     if _present(store, entry, rehash):
         return "present"
+    if not repos and knobs.artifacts.no_download:
+        raise _offline_missing(entry, store)
     if not repos:
         raise DownloadError(
             entry.path, [], "remedy: set FLASHINFER_CUBINS_REPOSITORY (https://, s3:// or a "
@@ -461,12 +493,24 @@ def download_release(
 ) -> dict[str, int]:
     """Download every file of a release (for ``archs``, or all) into the store.
 
-    Files download ``jobs`` at a time (many small cubins are latency-bound). Returns counts
-    ``{"present": n, "downloaded": m}``; raises the first failure after the others finished.
+    Files download ``jobs`` at a time (many small cubins are latency-bound). An installed
+    flashinfer-cubin of the release is the first source (a local copy, verified like a
+    download); with ``FLASHINFER_NO_DOWNLOAD=1`` it is the only one, and no network repository
+    is constructed. The store receives the manifest too, so it is a repository of the release
+    (what ``mirror`` publishes from). Returns counts ``{"present": n, "downloaded": m}``;
+    raises the first failure after the others finished.
     """
     store = store or default_store()
-    manifest = load_manifest(release, store, True, repositories)
-    repos = _repositories(release, repositories)
+    offline = knobs.artifacts.no_download
+    manifest = load_manifest(release, store, not offline, repositories)
+    wheel = cubin_wheel_for(release)
+    repos = [] if offline else _repositories(release, repositories)
+    if wheel is not None:
+        repos.insert(0, wheel.as_repository(manifest))
+        if store.read_manifest(release.version) is None:
+            data = wheel.manifest_bytes()
+            _parse_pinned(data, release)  # the bytes load_manifest accepted; checked again
+            store.save_manifest(release.version, data)
     entries = select_files(manifest, archs)
     counts = {"present": 0, "downloaded": 0}
     lock = threading.Lock()
@@ -481,7 +525,12 @@ def download_release(
 
     def one(entry: FileEntry) -> None:
         try:
-            state = ensure_object(store, repos, entry, safe_progress, rehash=True)
+            try:
+                state = ensure_object(store, repos, entry, safe_progress, rehash=True)
+            except DownloadError:
+                if offline:  # only the wheel was asked, and it does not have this file
+                    raise _offline_missing(entry, store) from None
+                raise
         except BaseException as e:  # collected; the first is raised once all are done
             with lock:
                 errors.append(e)
