@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from click.testing import CliRunner
 
 from flashinfer.__main__ import cli
@@ -129,3 +131,37 @@ def test_filesystem_failures_exit_non_zero_with_a_remedy(tmp_path):
     r = invoke("artifacts", "clear", "--dest", str(not_a_dir))
     assert r.exit_code == 1 and "clear failed" in r.output and "remedy" in r.output, r.output
     assert not_a_dir.read_bytes() == b"x"
+
+
+def test_the_client_and_cli_run_without_torch(release, tmp_path):
+    """nox -s publish and nox -s mirror run the CLI in environments without torch (and a
+    mirror host may have none): publishing, downloading and verifying must not import it."""
+    import subprocess
+    import sys
+
+    from artifacthelpers import objects, run_cli
+
+    blocker = tmp_path / "notorch"
+    blocker.mkdir()
+    # A torch that cannot be imported, found before any real one.
+    (blocker / "torch.py").write_text("raise ImportError('torch is blocked in this test')\n")
+    env = {"PYTHONPATH": str(blocker)}
+    dest, store = tmp_path / "published", tmp_path / "store2"
+    r = run_cli("artifacts", "publish", "--source", str(release.root), "--version", "7.7.7",
+                "--repository", str(dest), env=env)
+    assert r.returncode == 0, r.stderr
+    common = ["--version", "7.7.7", "--manifest-sha256", release.sha256, "--dest", str(store)]
+    r = run_cli("artifacts", "download", *common, "--repository", str(dest), env=env)
+    assert r.returncode == 0 and "3 downloaded" in r.stdout, r.stderr
+    r = run_cli("artifacts", "verify", *common, env=env)
+    assert r.returncode == 0 and "3 verified" in r.stdout, r.stderr
+    assert len(objects(store)) == 3
+    import os
+
+    import flashinfer
+
+    package_root = str(Path(flashinfer.__file__).resolve().parents[1])
+    code = ("import sys, flashinfer.artifacts.cli, flashinfer.artifacts.publish; "
+            "assert 'torch' not in sys.modules")
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), package_root])}
+    assert subprocess.run([sys.executable, "-c", code], env=full).returncode == 0
