@@ -179,3 +179,30 @@ def test_download_takes_what_the_wheel_has_and_fetches_the_rest(release, tmp_pat
     assert fetched == {release.entry(p).object_path for p in ("sm_90a/norm/b.cubin",
                                                               "sm_100a/act/c.cubin")}
     assert (store_dir / "releases/7.7.7/manifest.json").read_bytes() == release.data
+
+
+def test_republishing_a_rebuild_adopts_the_published_manifest(release, tmp_path):
+    """A rebuild of a published release (same files, another creation time) must not end up
+    pinned: the lock and the cubin wheel are made from the staging area, so with
+    --adopt-published (what nox -s publish / release pass) it takes the published manifest."""
+    dest = tmp_path / "published"
+    publish(release.root, "7.7.7", str(dest))
+    rebuilt = make_release(tmp_path / "rebuilt", "7.7.7", release.files, created="2027-01-01T00:00:00Z")
+    staged = rebuilt.root / "releases/7.7.7/manifest.json"
+    plain = publish(rebuilt.root, "7.7.7", str(dest))
+    assert plain.already_published and not plain.adopted
+    assert staged.read_bytes() == rebuilt.data  # without adopt the source is left alone
+    r = run_cli("artifacts", "publish", "--source", str(rebuilt.root), "--version", "7.7.7",
+                "--repository", str(dest), "--adopt-published")
+    assert r.returncode == 0, r.stderr
+    assert "already published" in r.stdout and release.sha256 in r.stdout
+    assert staged.read_bytes() == release.data  # what users download is what gets pinned
+    index = Index.from_bytes((rebuilt.root / "index.json").read_bytes())
+    assert index.releases["7.7.7"]["manifest_sha256"] == release.sha256
+    # Different files are still refused, adopt or not, and the source is left alone.
+    other = dict(release.files)
+    other["sm_90a/norm/b.cubin"] = b"changed"
+    changed = make_release(tmp_path / "changed", "7.7.7", other)
+    with pytest.raises(PublishConflictError):
+        publish(changed.root, "7.7.7", str(dest), adopt=True)
+    assert (changed.root / "releases/7.7.7/manifest.json").read_bytes() == changed.data

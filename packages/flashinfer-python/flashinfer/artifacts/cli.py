@@ -210,12 +210,16 @@ def mirror_cmd(destination, version, manifest_sha256, repositories, dist, store_
 @click.option("--version", "version", required=True, help="The release to publish.")
 @click.option("--repository", "repository", required=True,
               help="Destination: a directory, file:// or s3://bucket/prefix.")
-def publish_cmd(source, version, repository) -> None:
+@click.option("--adopt-published", "adopt", is_flag=True,
+              help="If the release is already published with the same files, replace the "
+              "source's manifest by the published one (so a lock or wheel made from the source "
+              "pins what users download).")
+def publish_cmd(source, version, repository, adopt) -> None:
     """Upload a release; refused if that version is already published with other files."""
     from .publish import publish
 
     with _errors("publish"):
-        result = publish(source, version, repository)
+        result = publish(source, version, repository, adopt=adopt)
     click.echo(result.summary())
 
 
