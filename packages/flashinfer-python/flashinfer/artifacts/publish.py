@@ -8,6 +8,7 @@ files are the same and refused (:class:`PublishConflictError`) if they differ.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -51,12 +52,23 @@ def _existing_manifest(dest: Repository, version: str) -> Optional[bytes]:
 
 
 def _same_object(dest: Repository, path: str, size: int, sha256: str) -> bool:
-    """Whether the object already at ``path`` is ours: hashed in a directory, by size on S3
-    (content addressing makes a same-size object under our sha256 name a true copy unless
-    someone wrote garbage there on purpose, which ``verify`` on download would still catch)."""
+    """Whether the object already at ``path`` has exactly our bytes (hashed: a same-size object
+    with other bytes under our name would be served to every user of the release, who would
+    all refuse it). On S3 this reads the object back, streamed; it happens only for objects
+    that were already there (a re-publish, a shared object, a resumed mirror)."""
     if isinstance(dest, DirectoryRepository):
         return hash_file(dest.file(path)) == (sha256, size)
-    return dest.exists(path) == size
+    if dest.exists(path) != size:
+        return False
+    h, n = hashlib.sha256(), 0
+    stream = dest.open(path)
+    try:
+        for chunk in stream.chunks:
+            h.update(chunk)
+            n += len(chunk)
+    finally:
+        stream.close()
+    return (h.hexdigest(), n) == (sha256, size)
 
 
 def publish(
