@@ -315,3 +315,25 @@ def test_http_proxy_is_honoured(release, monkeypatch, store_dir):
         with pytest.raises(DownloadError):
             get_cubin("sm_90a/norm/b.cubin")
     assert leftovers(store_dir) == []
+
+
+
+def test_a_mismatch_after_a_resume_retries_the_whole_file(release, http_server, use, store_dir):
+    """Bytes stitched from two responses (a drop, then a resume whose body was corrupted in
+    transit) do not verify, and the hash cannot say which response was bad: the repository
+    gets one whole-file try before it is given up."""
+    obj = big_object(release)
+    http_server.faults.extend([Fault("drop", match=obj, at=1 << 20),
+                               Fault("flip", match=obj, at=10)])
+    use(http_server.url)
+    assert get_cubin(BIG).data == release.files[BIG]
+    assert gets(http_server, obj) == [None, f"bytes={1 << 20}-", None]
+    assert leftovers(store_dir) == []
+    # A repository that keeps serving bad bytes in one response is not asked again.
+    http_server.faults.append(Fault("flip", match=obj, at=10, times=-1))
+    (store_dir / obj).unlink()
+    before = len(gets(http_server, obj))
+    with pytest.raises(DownloadError, match="discarded"):
+        get_cubin(BIG)
+    assert len(gets(http_server, obj)) == before + 1
+    assert objects(store_dir) == {} and leftovers(store_dir) == []
