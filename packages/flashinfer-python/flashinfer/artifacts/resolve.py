@@ -211,16 +211,26 @@ def check_cubin_release(
     return None
 
 
+def _is_the_pinned_release(release: Release) -> bool:
+    """Whether ``release`` is the one this build pins (not one named by ``--version`` and
+    ``--manifest-sha256``)."""
+    pinned = getattr(_build_pin(), "MANIFEST_SHA256", None) or knobs.artifacts.manifest_sha256
+    return bool(pinned) and pinned.lower() == release.manifest_sha256
+
+
 def cubin_wheel_for(release: Release) -> Optional[CubinWheel]:
     """The installed flashinfer-cubin if it serves ``release``.
 
-    A wheel of another release raises :class:`VersionMismatchError` unless
-    ``FLASHINFER_DISABLE_VERSION_CHECK=1``, which skips it instead. With the check disabled a
-    wheel whose manifest *is* the pinned one serves whatever its version says (a post-release of
-    flashinfer-python pins the same cubins).
+    When ``release`` is the pinned one, a wheel of another release raises
+    :class:`VersionMismatchError` unless ``FLASHINFER_DISABLE_VERSION_CHECK=1``, which skips it
+    instead. With the check disabled a wheel whose manifest *is* the pinned one serves whatever
+    its version says (a post-release of flashinfer-python pins the same cubins). For another
+    release (downloading or mirroring the next one, say) the wheel is simply not a source.
     """
     wheel = installed_cubin_wheel()
     if wheel is None:
+        return None
+    if wheel.manifest_sha256 != release.manifest_sha256 and not _is_the_pinned_release(release):
         return None
     if knobs.artifacts.disable_version_check:
         if wheel.manifest_sha256 == release.manifest_sha256:
