@@ -31,7 +31,8 @@ from typing import Optional, Sequence
 class Fault:
     """One injected fault, applied to the first ``times`` requests whose path matches.
 
-    kind: ``drop`` (announce the full length, send ``at`` bytes, cut the connection), ``short``
+    kind: ``drop`` (announce the full length, send ``at`` bytes, cut the connection), ``stall``
+    (send ``at`` bytes, wait ``delay`` s, send the rest), ``short``
     (a consistent response with only ``at`` bytes), ``flip`` (invert the byte at ``at``),
     ``status`` (answer ``status`` with no body), ``slow`` (wait ``delay`` s before the body),
     ``ignore_range`` (answer 200 with the whole file even to a Range request).
@@ -106,6 +107,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 self.close_connection = True
                 self.connection.shutdown(2)
+                return
+            if fault is not None and fault.kind == "stall":
+                f.seek(start)
+                self.wfile.write(f.read(min(fault.at, length)))
+                self.wfile.flush()
+                time.sleep(fault.delay)
+                self.wfile.write(f.read(max(length - fault.at, 0)))
                 return
             if fault is not None and fault.kind == "flip":
                 f.seek(start)

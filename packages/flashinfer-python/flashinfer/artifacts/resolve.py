@@ -487,6 +487,8 @@ def ensure_object(
     with store.lock(entry.sha256):
         if _present(store, entry, False):  # another process just finished it
             return "present"
+        if store.discard_partials(entry.sha256):
+            logger.info("deleted the partial download of %s left by a killed process", entry.path)
         tmp = store.temp_path(entry.sha256)
         fetch_file(repos, entry.object_path, entry.size, entry.sha256, tmp, progress, entry.path)
         store.commit(tmp, dest)
