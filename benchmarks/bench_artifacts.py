@@ -100,6 +100,7 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=None, help="where the repo and store go")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    load_before = os.getloadavg()  # the machine is shared: say how busy it was
     base = Path(tempfile.mkdtemp(prefix="fi-bench-", dir=args.dir))
     repo = base / "repo"
     release = make_release(repo, args.mb, args.files)
@@ -149,6 +150,8 @@ def main() -> int:
             "cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "requests": requests.__version__, "urllib3": urllib3.__version__,
             "filesystem": _fs(base.parent),
+            "loadavg_1_5_15_before": [round(x, 2) for x in load_before],
+            "loadavg_1_5_15_after": [round(x, 2) for x in os.getloadavg()],
         },
         "targets": {"download_MBps": ">= 500 (disk-bound)", "verify_MBps": ">= 1000"},
         "results": results,

@@ -2,7 +2,8 @@
 
 Used by tests/artifacts (faults: a connection dropped mid-file, a short body, a flipped byte, an
 error status, a server slower than the client's timeout, a server that ignores Range) and by
-benchmarks/bench_artifacts.py (plain serving, ``sendfile`` from the page cache).
+benchmarks/bench_artifacts.py (plain serving, ``sendfile`` from the page cache). It also serves
+https (``tls=``) and answers proxy requests (absolute URLs), for the CA-bundle and proxy tests.
 
     with RepoServer(root, [Fault("drop", match="*.cubin", at=1000)]) as server:
         ...  # server.url, server.log
@@ -16,6 +17,7 @@ import argparse
 import fnmatch
 import os
 import re
+import ssl
 import threading
 import time
 import urllib.parse
@@ -29,7 +31,8 @@ from typing import Optional, Sequence
 class Fault:
     """One injected fault, applied to the first ``times`` requests whose path matches.
 
-    kind: ``drop`` (announce the full length, send ``at`` bytes, cut the connection), ``short``
+    kind: ``drop`` (announce the full length, send ``at`` bytes, cut the connection), ``stall``
+    (send ``at`` bytes, wait ``delay`` s, send the rest), ``short``
     (a consistent response with only ``at`` bytes), ``flip`` (invert the byte at ``at``),
     ``status`` (answer ``status`` with no body), ``slow`` (wait ``delay`` s before the body),
     ``ignore_range`` (answer 200 with the whole file even to a Range request).
@@ -60,9 +63,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(head=False)
 
     def _serve(self, head: bool) -> None:
+        # A proxy request carries the absolute URL (GET http://host/path): serve its path, so
+        # this server can stand in as an HTTP proxy too (``targets`` keeps what was asked).
         path = urllib.parse.unquote(urllib.parse.urlparse(self.path).path).lstrip("/")
         rng = self.headers.get("Range")
-        self.server.record(path, rng)
+        self.server.record(path, rng, self.path)
         fault = self.server.take_fault(path)
         file = (self.server.root / path).resolve()
         if fault is not None and fault.kind == "status":
@@ -103,6 +108,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 self.connection.shutdown(2)
                 return
+            if fault is not None and fault.kind == "stall":
+                f.seek(start)
+                self.wfile.write(f.read(min(fault.at, length)))
+                self.wfile.flush()
+                time.sleep(fault.delay)
+                self.wfile.write(f.read(max(length - fault.at, 0)))
+                return
             if fault is not None and fault.kind == "flip":
                 f.seek(start)
                 data = bytearray(f.read(length))
@@ -130,19 +142,26 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, root: Path, faults: Sequence[Fault], port: int = 0):
+    def __init__(self, root: Path, faults: Sequence[Fault], port: int = 0,
+                 tls: Optional[tuple[Path, Path]] = None):
         self.root = Path(root).resolve()
         self.faults = list(faults)
         self.log: list[tuple[str, Optional[str]]] = []
+        self.targets: list[str] = []
         self._lock = threading.Lock()
         super().__init__(("127.0.0.1", port), _Handler)
+        if tls is not None:  # https: (certificate chain, key) files in PEM
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*map(str, tls))
+            self.socket = ctx.wrap_socket(self.socket, server_side=True)
 
     def handle_error(self, request, client_address) -> None:
         pass  # injected faults break connections on purpose; the client's view is what's tested
 
-    def record(self, path: str, rng: Optional[str]) -> None:
+    def record(self, path: str, rng: Optional[str], target: str = "") -> None:
         with self._lock:
             self.log.append((path, rng))
+            self.targets.append(target)
 
     def take_fault(self, path: str) -> Optional[Fault]:
         with self._lock:
@@ -157,18 +176,25 @@ class _Server(ThreadingHTTPServer):
 class RepoServer:
     """Serve ``root`` on 127.0.0.1 from a background thread (a context manager)."""
 
-    def __init__(self, root: Path, faults: Sequence[Fault] = (), port: int = 0):
-        self._server = _Server(root, faults, port)
+    def __init__(self, root: Path, faults: Sequence[Fault] = (), port: int = 0,
+                 tls: Optional[tuple[Path, Path]] = None):
+        self._server = _Server(root, faults, port, tls)
+        self._scheme = "https" if tls is not None else "http"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{self._scheme}://{host}:{port}"
 
     @property
     def log(self) -> list[tuple[str, Optional[str]]]:
         return self._server.log
+
+    @property
+    def targets(self) -> list[str]:
+        """The request targets as sent: ``/path``, or ``http://host/path`` through a proxy."""
+        return self._server.targets
 
     @property
     def faults(self) -> list[Fault]:

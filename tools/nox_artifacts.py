@@ -81,9 +81,13 @@ def write_lock(version: str, sha256: str, repositories: list[str]) -> Path:
 
 
 def publish_release(session: nox.Session, staging: Path, version: str, repository: str) -> None:
+    """Publish the staged release. If ``repository`` has it already with the same files (a
+    rebuild: another creation time), the staging area takes the published manifest, so the
+    lock written from it and the cubin wheel built from it pin what users download."""
     session.run(
         _python(session), "-m", "flashinfer", "artifacts", "publish", "--source", str(staging),
-        "--version", version, "--repository", repository, external=True, env=_source_env(),
+        "--version", version, "--repository", repository, "--adopt-published", external=True,
+        env=_source_env(),
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from click.testing import CliRunner
 
 from flashinfer.__main__ import cli
@@ -81,3 +83,85 @@ def test_redact():
     assert redact("https://tok@h/x s3://b/p file:///a@b") == "https://***@h/x s3://b/p file:///a@b"
     assert redact("a https://u:p@h/ b http://v:q@i/") == "a https://u:***@h/ b http://v:***@i/"
     assert shown_value("HF_TOKEN", "abc") == "***" and shown_value("X", None) == "(unset)"
+
+
+def test_arch_spellings_and_an_arch_the_release_lacks(release, store_dir):
+    """``--arch`` takes 9.0a, sm_90a or 90a; an arch the release has no file for (or a typo) is
+    an error that lists the release's archs, never a silent "0 downloaded"."""
+    repo = ["--repository", str(release.root)]
+    r = invoke("artifacts", "download", "--arch", "sm_90a", *repo)
+    assert r.exit_code == 0, r.output
+    assert "2 downloaded, 0 already present" in r.output
+    for bad, why in (("8.0", "has no file for 8.0"), ("sm_80", "has no file for 8.0"),
+                     ("hopper", "not an arch")):
+        for cmd in (["artifacts", "download", *repo], ["artifacts", "status"], ["list-cubins"]):
+            r = invoke(*cmd, "--arch", bad)
+            assert r.exit_code == 1, (cmd, bad, r.output)
+            assert why in r.output and "['10.0a', '9.0a']" in r.output, r.output
+    r = invoke("artifacts", "status", "--arch", "100a", "-v")
+    assert r.exit_code == 0 and "1 files" in r.output and "missing: 1" in r.output, r.output
+
+
+def test_select_files_raises_a_typed_arch_error(release):
+    from flashinfer.artifacts import ArchError
+    from flashinfer.artifacts.resolve import select_files
+
+    assert [f.path for f in select_files(release.manifest, ["90a"])] == [
+        "sm_90a/norm/a.cubin", "sm_90a/norm/b.cubin"]
+    assert len(select_files(release.manifest, [])) == len(select_files(release.manifest)) == 3
+    try:
+        select_files(release.manifest, ["9.0"])
+    except ArchError as e:
+        assert isinstance(e, ValueError)
+        assert (e.argument, e.expected) == ("9.0", ["10.0a", "9.0a"])
+    else:
+        raise AssertionError("no ArchError")
+
+
+def test_verify_before_any_download_says_to_download(release, store_dir):
+    r = invoke("artifacts", "verify")
+    assert r.exit_code == 1
+    assert "run `flashinfer artifacts download` first" in r.output, r.output
+    assert "FLASHINFER_NO_DOWNLOAD=1" not in r.output  # it is not set: do not blame it
+
+
+def test_filesystem_failures_exit_non_zero_with_a_remedy(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_bytes(b"x")
+    r = invoke("artifacts", "clear", "--dest", str(not_a_dir))
+    assert r.exit_code == 1 and "clear failed" in r.output and "remedy" in r.output, r.output
+    assert not_a_dir.read_bytes() == b"x"
+
+
+def test_the_client_and_cli_run_without_torch(release, tmp_path):
+    """nox -s publish and nox -s mirror run the CLI in environments without torch (and a
+    mirror host may have none): publishing, downloading and verifying must not import it."""
+    import subprocess
+    import sys
+
+    from artifacthelpers import objects, run_cli
+
+    blocker = tmp_path / "notorch"
+    blocker.mkdir()
+    # A torch that cannot be imported, found before any real one.
+    (blocker / "torch.py").write_text("raise ImportError('torch is blocked in this test')\n")
+    env = {"PYTHONPATH": str(blocker)}
+    dest, store = tmp_path / "published", tmp_path / "store2"
+    r = run_cli("artifacts", "publish", "--source", str(release.root), "--version", "7.7.7",
+                "--repository", str(dest), env=env)
+    assert r.returncode == 0, r.stderr
+    common = ["--version", "7.7.7", "--manifest-sha256", release.sha256, "--dest", str(store)]
+    r = run_cli("artifacts", "download", *common, "--repository", str(dest), env=env)
+    assert r.returncode == 0 and "3 downloaded" in r.stdout, r.stderr
+    r = run_cli("artifacts", "verify", *common, env=env)
+    assert r.returncode == 0 and "3 verified" in r.stdout, r.stderr
+    assert len(objects(store)) == 3
+    import os
+
+    import flashinfer
+
+    package_root = str(Path(flashinfer.__file__).resolve().parents[1])
+    code = ("import sys, flashinfer.artifacts.cli, flashinfer.artifacts.publish; "
+            "assert 'torch' not in sys.modules")
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), package_root])}
+    assert subprocess.run([sys.executable, "-c", code], env=full).returncode == 0

@@ -45,3 +45,40 @@ def test_four_processes_download_the_same_release(tmp_path):
         data = (store / entry.object_path).read_bytes()
         assert hashlib.sha256(data).hexdigest() == entry.sha256
     assert leftovers(store) == []
+
+
+def test_a_download_killed_mid_file_leaves_nothing_the_next_one_keeps(tmp_path):
+    """A process killed while downloading leaves its temp file; the next download of that file
+    (holding the file's lock, so the owner is known dead) deletes it and starts clean."""
+    import signal
+    import time
+
+    rel = make_release(tmp_path / "repo", "5.5.6", {"sm_90a/k/big.cubin": 8 << 20})
+    store = tmp_path / "store"
+    import flashinfer
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(Path(flashinfer.__file__).resolve().parents[1]), env.get("PYTHONPATH")) if p
+    )
+    cmd = [sys.executable, "-m", "flashinfer", "artifacts", "download", "--version", "5.5.6",
+           "--manifest-sha256", rel.sha256, "--dest", str(store)]
+    # The server stalls after half the file, long enough to kill the client there.
+    with RepoServer(rel.root, [Fault("stall", match="objects/*", at=4 << 20, delay=30)]) as server:
+        proc = subprocess.Popen([*cmd, "--repository", server.url], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        partials: list = []
+        while time.time() < deadline and not any(p.stat().st_size for p in partials):
+            partials = list((store / ".tmp").glob("*.part")) if (store / ".tmp").exists() else []
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert partials and all(p.exists() for p in partials)  # what a killed process leaves
+    with RepoServer(rel.root) as server:
+        r = subprocess.run([*cmd, "--repository", server.url], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert leftovers(store) == []
+    (entry,) = rel.manifest.files
+    assert hashlib.sha256((store / entry.object_path).read_bytes()).hexdigest() == entry.sha256

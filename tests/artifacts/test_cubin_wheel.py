@@ -133,6 +133,7 @@ def test_the_runtime_prefers_the_wheel(monkeypatch, tmp_path):
 
 def test_version_mismatch(monkeypatch, tmp_path):
     release = Release("7.7.8", "a" * 64)
+    pin(monkeypatch, release)  # the mismatch is with the release this build pins
     assert check_cubin_release("7.7.8", "a" * 64, "7.7.8", "a" * 64) is None
     assert "pip install flashinfer-cubin==7.7.8" in check_cubin_release("7.7.8", "a" * 64, "7.7.7", "b" * 64)
     assert "reinstall" in check_cubin_release("7.7.8", "a" * 64, "7.7.8", "b" * 64)
@@ -256,3 +257,28 @@ def test_sdist_carries_the_verified_release_and_rebuilds_offline(tmp_path):
                         "--no-build-isolation", "-w", str(tmp_path / "w3"), str(src)],
                        env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "b.cubin" in r.stderr + r.stdout
+
+
+def test_a_wheel_of_the_pinned_release_does_not_block_another_release(monkeypatch, tmp_path):
+    """With flashinfer-cubin of the pinned release installed, downloading or mirroring another
+    release (named with its hash) works: the wheel is just not a source for it."""
+    from artifact_server import RepoServer
+
+    from flashinfer.artifacts import download_release
+    from flashinfer.artifacts.publish import mirror
+
+    current = make_release(tmp_path / "current", "7.7.7", FILES)
+    pin(monkeypatch, current.release)
+    wheel = CubinWheel("7.7.7", "7.7.7", current.sha256, tmp_path / "wheel")
+    monkeypatch.setattr(resolve, "installed_cubin_wheel", lambda: wheel)
+    nxt = make_release(tmp_path / "next", "7.7.8", {"sm_90a/norm/a.cubin": 77})
+    with RepoServer(nxt.root) as server:
+        counts = download_release(nxt.release, repositories=[server.url])
+        assert counts == {"present": 0, "downloaded": 1}
+        result = mirror(nxt.release, str(tmp_path / "mirror"), [server.url])
+    assert result.uploaded == 1 and result.manifest_sha256 == nxt.sha256
+    # For the pinned release, a wheel of another release is still an error.
+    monkeypatch.setattr(resolve, "installed_cubin_wheel",
+                        lambda: CubinWheel("7.7.6", "7.7.6", "c" * 64, tmp_path / "wheel"))
+    with pytest.raises(VersionMismatchError):
+        cubin_wheel_for(current.release)

@@ -268,3 +268,72 @@ def test_checksum_knob_does_not_disable_verification(release, http_server, use, 
             get_cubin(BIG)
     assert objects(store_dir) == {}
     assert "FLASHINFER_CUBIN_CHECKSUM_DISABLED is ignored" in caplog.text
+
+
+CA_VARIABLES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE")
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+
+@pytest.mark.parametrize("variable", ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"])
+def test_https_with_a_private_ca(release, tmp_path, monkeypatch, store_dir, variable):
+    """An https repository whose certificate only a private CA vouches for: refused at once (a
+    retry cannot help) with the variable to set, nothing kept; with that variable, it works."""
+    pytest.importorskip("cryptography", reason="makes the test certificate (moto needs it too)")
+    from artifacthelpers import self_signed_cert
+
+    for name in CA_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    cert, key = self_signed_cert(tmp_path)
+    with RepoServer(release.root, tls=(cert, key)) as server:
+        assert server.url.startswith("https://127.0.0.1:")
+        monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", server.url)
+        with pytest.raises(DownloadError, match="REQUESTS_CA_BUNDLE") as info:
+            get_cubin(BIG)
+        assert "CERTIFICATE_VERIFY_FAILED" in str(info.value) and "attempt" not in str(info.value)
+        assert objects(store_dir) == {} and leftovers(store_dir) == []
+        monkeypatch.setenv(variable, str(cert))
+        assert get_cubin(BIG).data == release.files[BIG]
+    assert leftovers(store_dir) == []
+
+
+def test_http_proxy_is_honoured(release, monkeypatch, store_dir):
+    """HTTP_PROXY (as every tool reads it) routes the downloads: nothing listens at the
+    repository's own address, so only the proxy can have answered."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    with RepoServer(release.root) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        monkeypatch.setenv("http_proxy", proxy.url)
+        monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", "http://127.0.0.1:9")
+        assert get_cubin(BIG).data == release.files[BIG]
+        assert proxy.targets and all(t.startswith("http://127.0.0.1:9/") for t in proxy.targets)
+        # NO_PROXY exempts the host: straight to 127.0.0.1:9, where nothing answers.
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        monkeypatch.setenv("no_proxy", "127.0.0.1")
+        monkeypatch.setenv("FLASHINFER_DOWNLOAD_RETRIES", "1")
+        with pytest.raises(DownloadError):
+            get_cubin("sm_90a/norm/b.cubin")
+    assert leftovers(store_dir) == []
+
+
+
+def test_a_mismatch_after_a_resume_retries_the_whole_file(release, http_server, use, store_dir):
+    """Bytes stitched from two responses (a drop, then a resume whose body was corrupted in
+    transit) do not verify, and the hash cannot say which response was bad: the repository
+    gets one whole-file try before it is given up."""
+    obj = big_object(release)
+    http_server.faults.extend([Fault("drop", match=obj, at=1 << 20),
+                               Fault("flip", match=obj, at=10)])
+    use(http_server.url)
+    assert get_cubin(BIG).data == release.files[BIG]
+    assert gets(http_server, obj) == [None, f"bytes={1 << 20}-", None]
+    assert leftovers(store_dir) == []
+    # A repository that keeps serving bad bytes in one response is not asked again.
+    http_server.faults.append(Fault("flip", match=obj, at=10, times=-1))
+    (store_dir / obj).unlink()
+    before = len(gets(http_server, obj))
+    with pytest.raises(DownloadError, match="discarded"):
+        get_cubin(BIG)
+    assert len(gets(http_server, obj)) == before + 1
+    assert objects(store_dir) == {} and leftovers(store_dir) == []

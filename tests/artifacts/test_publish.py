@@ -115,3 +115,94 @@ def test_cli_mirror_refuses_a_release_that_is_not_pinned(release, tmp_path, monk
     r = run_cli("artifacts", "mirror", "--dest", str(tmp_path / "m"), "--version", "9.9.9",
                 "--repository", str(release.root))
     assert r.returncode != 0 and "--manifest-sha256" in r.stderr
+
+
+def _fake_wheel(monkeypatch, tmp_path, release, paths):
+    """An installed flashinfer-cubin of ``release`` holding ``paths`` (as the runtime sees it)."""
+    from flashinfer.artifacts import resolve
+    from flashinfer.artifacts.resolve import CubinWheel
+
+    root = tmp_path / "wheel-release"
+    (root / "files").mkdir(parents=True)
+    (root / "manifest.json").write_bytes(release.data)
+    for path in paths:
+        (root / "files" / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / "files" / path).write_bytes(release.files[path])
+    wheel = CubinWheel("7.7.7", "7.7.7", release.sha256, root)
+    monkeypatch.setattr(resolve, "installed_cubin_wheel", lambda: wheel)
+    return root
+
+
+def test_mirror_from_the_installed_wheel_offline(release, tmp_path, monkeypatch):
+    """Behind a firewall with only flashinfer-cubin installed: the mirror is made from the
+    wheel, with downloads off and no socket opened, and serves a machine that has nothing."""
+    import socket
+
+    _fake_wheel(monkeypatch, tmp_path, release, release.files)
+    monkeypatch.setenv("FLASHINFER_NO_DOWNLOAD", "1")
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", "http://127.0.0.1:9/never")
+
+    def no_network(*a, **k):
+        raise AssertionError("a socket was opened")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    dest = tmp_path / "mirror"
+    result = mirror(release.release, str(dest))
+    assert result.uploaded == 3
+    assert (dest / "releases/7.7.7/manifest.json").read_bytes() == release.data
+    from flashinfer.artifacts import resolve
+
+    monkeypatch.setattr(resolve, "installed_cubin_wheel", lambda: None)
+    monkeypatch.delenv("FLASHINFER_NO_DOWNLOAD")
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", str(dest))
+    monkeypatch.setenv("FLASHINFER_CUBIN_DIR", str(tmp_path / "fresh-store"))
+    resolve.clear_manifest_cache()
+    for path, blob in release.files.items():
+        assert get_cubin(path).data == blob
+
+
+def test_download_takes_what_the_wheel_has_and_fetches_the_rest(release, tmp_path, monkeypatch,
+                                                                store_dir):
+    from flashinfer.artifacts import OfflineError, download_release
+
+    _fake_wheel(monkeypatch, tmp_path, release, ["sm_90a/norm/a.cubin"])
+    monkeypatch.setenv("FLASHINFER_NO_DOWNLOAD", "1")
+    with pytest.raises(OfflineError, match="sm_90a/norm/b.cubin|sm_100a/act/c.cubin"):
+        download_release(release.release)  # offline: the wheel lacks two files
+    big = release.entry("sm_90a/norm/a.cubin")
+    assert (store_dir / big.object_path).read_bytes() == release.files[big.path]
+    monkeypatch.delenv("FLASHINFER_NO_DOWNLOAD")
+    with RepoServer(release.root) as server:
+        counts = download_release(release.release, repositories=[server.url])
+        fetched = {p for p, _ in server.log if p.startswith("objects/")}
+    assert counts == {"present": 1, "downloaded": 2}
+    assert fetched == {release.entry(p).object_path for p in ("sm_90a/norm/b.cubin",
+                                                              "sm_100a/act/c.cubin")}
+    assert (store_dir / "releases/7.7.7/manifest.json").read_bytes() == release.data
+
+
+def test_republishing_a_rebuild_adopts_the_published_manifest(release, tmp_path):
+    """A rebuild of a published release (same files, another creation time) must not end up
+    pinned: the lock and the cubin wheel are made from the staging area, so with
+    --adopt-published (what nox -s publish / release pass) it takes the published manifest."""
+    dest = tmp_path / "published"
+    publish(release.root, "7.7.7", str(dest))
+    rebuilt = make_release(tmp_path / "rebuilt", "7.7.7", release.files, created="2027-01-01T00:00:00Z")
+    staged = rebuilt.root / "releases/7.7.7/manifest.json"
+    plain = publish(rebuilt.root, "7.7.7", str(dest))
+    assert plain.already_published and not plain.adopted
+    assert staged.read_bytes() == rebuilt.data  # without adopt the source is left alone
+    r = run_cli("artifacts", "publish", "--source", str(rebuilt.root), "--version", "7.7.7",
+                "--repository", str(dest), "--adopt-published")
+    assert r.returncode == 0, r.stderr
+    assert "already published" in r.stdout and release.sha256 in r.stdout
+    assert staged.read_bytes() == release.data  # what users download is what gets pinned
+    index = Index.from_bytes((rebuilt.root / "index.json").read_bytes())
+    assert index.releases["7.7.7"]["manifest_sha256"] == release.sha256
+    # Different files are still refused, adopt or not, and the source is left alone.
+    other = dict(release.files)
+    other["sm_90a/norm/b.cubin"] = b"changed"
+    changed = make_release(tmp_path / "changed", "7.7.7", other)
+    with pytest.raises(PublishConflictError):
+        publish(changed.root, "7.7.7", str(dest), adopt=True)
+    assert (changed.root / "releases/7.7.7/manifest.json").read_bytes() == changed.data

@@ -117,3 +117,15 @@ def test_mirror_to_s3(release, s3, monkeypatch, tmp_path):
 
     resolve.clear_manifest_cache()
     assert get_cubin("sm_90a/norm/b.cubin").data == release.files["sm_90a/norm/b.cubin"]
+
+
+def test_an_object_with_other_bytes_of_the_same_size_is_refused(release, s3, s3_server):
+    """Our object name on S3 holding other bytes of the right size: refused (hashed, not only
+    sized), and the release is not published over it."""
+    entry = release.entry("sm_90a/norm/b.cubin")
+    bucket_prefix = s3.split("/", 3)[3]
+    s3_server.client().put_object(Bucket=BUCKET, Key=f"{bucket_prefix}/{entry.object_path}",
+                                  Body=b"x" * entry.size)
+    with pytest.raises(PublishConflictError, match="other bytes"):
+        publish(release.root, "7.7.7", s3)
+    assert f"{bucket_prefix}/releases/7.7.7/manifest.json" not in keys(s3_server, s3)

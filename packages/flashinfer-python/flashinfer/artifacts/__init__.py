@@ -6,13 +6,14 @@ flashinfer-python wheel at build time; :func:`get_cubin` finds a file of the pin
 installed ``flashinfer-cubin`` wheel, the local store or a repository, verifying every byte; the
 loader (``loader.py``) hands only verified bytes to the CUDA driver.
 
-Importing this package imports neither torch nor requests nor boto3.
+Importing this package (and running its CLI) imports neither torch nor requests nor boto3;
+``kernels.py``, the ops served from cubins, is the only part that needs torch.
 """
 
 from __future__ import annotations
 
-from .._checks import BACKENDS, check_backend
 from .errors import (
+    ArchError,
     ArtifactError,
     ChecksumError,
     DownloadError,
@@ -39,6 +40,7 @@ from .store import Store, VerifiedBlob
 __all__ = [
     "BACKENDS",
     "check_backend",
+    "ArchError",
     "ArtifactError",
     "ChecksumError",
     "DownloadError",
@@ -63,3 +65,13 @@ __all__ = [
     "pinned_release",
     "release_status",
 ]
+
+
+def __getattr__(name: str):
+    # ``backend=``'s values and check live in flashinfer._checks, which imports torch; the
+    # artifact client and CLI must not (nox -s publish / mirror run them without torch).
+    if name in ("BACKENDS", "check_backend"):
+        from .. import _checks
+
+        return getattr(_checks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,7 @@ and what to do; nothing here prints a traceback for an expected failure.
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence
 
@@ -28,7 +29,10 @@ def _errors(action: str) -> Iterator[None]:
     except FlashInferError as e:
         raise click.ClickException(f"{action} failed: {e}") from None
     except OSError as e:
-        raise click.ClickException(f"{action} failed: {e}") from None
+        raise click.ClickException(
+            f"{action} failed: {e}; remedy: check that the path exists and is writable by you "
+            "(--dest, FLASHINFER_CUBIN_DIR), and that the disk is not full"
+        ) from None
 
 
 def _release(version: Optional[str], sha: Optional[str]) -> Release:
@@ -76,7 +80,7 @@ def artifacts_group() -> None:
 @click.option("--jobs", default=4, show_default=True, help="Files downloaded at once.")
 def download(version, manifest_sha256, dest, archs, repositories, jobs) -> None:
     """Download (and verify) the files of a release into the local store."""
-    from .resolve import download_release, load_manifest
+    from .resolve import download_release, load_manifest, select_files
 
     with _errors("download"):
         if knobs.artifacts.no_download:
@@ -87,9 +91,9 @@ def download(version, manifest_sha256, dest, archs, repositories, jobs) -> None:
         store = _store(dest)
         urls = list(repositories) or None
         manifest = load_manifest(release, store, True, urls)
-        total = sum(f.size for f in manifest.select(list(archs) or None))
+        total = sum(f.size for f in select_files(manifest, archs))
         label = f"release {release.version} ({_human(total)})"
-        with click.progressbar(length=total, label=label, file=click.get_text_stream("stderr"),
+        with click.progressbar(length=total, label=label, file=sys.stderr,
                                show_pos=False) as bar:
             counts = download_release(
                 release, list(archs) or None, store, urls, bar.update, jobs
@@ -190,10 +194,13 @@ def mirror_cmd(destination, version, manifest_sha256, repositories, dist, store_
         release = _release(version, manifest_sha256)
         result = mirror(release, destination, list(repositories) or None, dist, _store(store_dir))
     click.echo(result.summary())
+    shown = knobs.redact(destination)
+    local = "://" not in destination or destination.startswith("file://")
     click.echo(
-        f"use it: FLASHINFER_CUBINS_REPOSITORY={knobs.redact(destination)}"
-        + (f"; pip install --no-index --find-links {destination}/wheels flashinfer-python[cubin]"
-           if result.wheels else "")
+        f"use it: FLASHINFER_CUBINS_REPOSITORY={shown}"
+        # pip reads --find-links from a directory (or a web page), not from s3://
+        + (f"; pip install --no-index --find-links {shown}/wheels 'flashinfer-python[cubin]'"
+           if result.wheels and local else "")
     )
 
 
@@ -203,12 +210,16 @@ def mirror_cmd(destination, version, manifest_sha256, repositories, dist, store_
 @click.option("--version", "version", required=True, help="The release to publish.")
 @click.option("--repository", "repository", required=True,
               help="Destination: a directory, file:// or s3://bucket/prefix.")
-def publish_cmd(source, version, repository) -> None:
+@click.option("--adopt-published", "adopt", is_flag=True,
+              help="If the release is already published with the same files, replace the "
+              "source's manifest by the published one (so a lock or wheel made from the source "
+              "pins what users download).")
+def publish_cmd(source, version, repository, adopt) -> None:
     """Upload a release; refused if that version is already published with other files."""
     from .publish import publish
 
     with _errors("publish"):
-        result = publish(source, version, repository)
+        result = publish(source, version, repository, adopt=adopt)
     click.echo(result.summary())
 
 

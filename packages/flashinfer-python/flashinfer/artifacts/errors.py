@@ -19,6 +19,26 @@ class ManifestError(ArtifactError, ValueError):
     """A manifest or index does not parse or breaks the schema (bad path, bad hash, ...)."""
 
 
+class ArchError(ArtifactError, ValueError):
+    """An arch was asked for (``--arch``) that is malformed or that the release has no files for.
+
+    Attributes
+    ----------
+    argument : str
+        The arch as given.
+    expected : list of str
+        The archs the release has files for.
+    """
+
+    def __init__(self, argument: str, expected: list[str], why: str):
+        self.argument = argument
+        self.expected = list(expected)
+        super().__init__(
+            f"--arch {argument!r}: {why}; the release has files for {self.expected or 'no arch'} "
+            "(write them as 9.0a, sm_90a or 90a)"
+        )
+
+
 class PinError(ArtifactError):
     """No release is pinned, or a manifest does not hash to the pinned sha256."""
 

@@ -48,12 +48,16 @@ class _Partial:
         self.file = open(path, "wb", buffering=0)
         self.hash = hashlib.sha256()
         self.size = 0
+        #: Whether the bytes were received in more than one response (a resume, possibly from
+        #: another repository): a mismatch then does not say which response was bad.
+        self.stitched = False
 
     def reset(self) -> None:
         self.file.seek(0)
         self.file.truncate()
         self.hash = hashlib.sha256()
         self.size = 0
+        self.stitched = False
 
     def write(self, chunk: bytes) -> None:
         self.file.write(chunk)
@@ -71,6 +75,8 @@ def _receive(repo: Repository, relpath: str, part: _Partial, size: int, progress
                 raise TransientError(f"{repo.shown}/{relpath}: resumed at {stream.start}, "
                                      f"asked for {part.size}")
             part.reset()  # the server ignored the range request: start over
+        elif part.size:
+            part.stitched = True
         received = 0
         for chunk in stream.chunks:
             if part.size + len(chunk) > size:
@@ -139,16 +145,23 @@ def fetch_file(
 
     try:
         for repo in repos:
-            if not _with_retries(lambda repo=repo: receive(repo), attempts)[0]:
-                continue
-            digest = part.hash.hexdigest()
-            if digest == sha256:
-                ok = True
-                return
-            attempts.append(
-                f"{repo.shown}/{relpath}: sha256 {digest}, the manifest says {sha256} (discarded)"
-            )
-            part.reset()
+            # A second, whole-file try from the same repository when the bad bytes may have
+            # come from an earlier response (a resume after a drop, another repository).
+            for _ in range(2):
+                if not _with_retries(lambda repo=repo: receive(repo), attempts)[0]:
+                    break
+                digest = part.hash.hexdigest()
+                if digest == sha256:
+                    ok = True
+                    return
+                attempts.append(
+                    f"{repo.shown}/{relpath}: sha256 {digest}, the manifest says {sha256} "
+                    "(discarded)"
+                )
+                stitched = part.stitched
+                part.reset()
+                if not stitched:
+                    break
         raise DownloadError(
             what or relpath,
             attempts,

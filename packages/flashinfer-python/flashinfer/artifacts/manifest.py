@@ -71,6 +71,27 @@ def check_path(value: Any) -> str:
     return value
 
 
+_ARCH_SPELLINGS = re.compile(r"^(?:sm_?|compute_?)?(\d+)(?:\.(\d+)|(\d))([af]?)$")
+
+
+def parse_arch(text: str) -> Optional[str]:
+    """An arch as the manifest writes it (``9.0a``) from how people write it, or None.
+
+    >>> [parse_arch(a) for a in ("9.0a", "sm_90a", "90a", "sm_100a", "compute_120f", "8.6")]
+    ['9.0a', '9.0a', '9.0a', '10.0a', '12.0f', '8.6']
+    >>> parse_arch("hopper") is None
+    True
+    """
+    m = _ARCH_SPELLINGS.match(text.strip().lower())
+    if m is None:
+        return None
+    if m.group(2) is not None:  # 9.0a
+        major, minor = m.group(1), m.group(2)
+    else:  # 90a, 100a: the last digit is the minor version
+        major, minor = m.group(1), m.group(3)
+    return f"{int(major)}.{int(minor)}{m.group(4)}"
+
+
 def release_dir(version: str) -> str:
     return f"releases/{check_version(version)}"
 

@@ -8,6 +8,8 @@ files are the same and refused (:class:`PublishConflictError`) if they differ.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,15 +30,17 @@ class PublishResult:
     uploaded: int = 0
     present: int = 0
     already_published: bool = False
+    adopted: bool = False
     wheels: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         state = "already published (same files)" if self.already_published else "published"
         wheels = f", {len(self.wheels)} wheels" if self.wheels else ""
+        adopted = "; the source now holds the published manifest" if self.adopted else ""
         return (
             f"release {self.version} {state} at {knobs.redact(self.destination)}: {self.uploaded} files "
             f"uploaded, {self.present} already there{wheels}; manifest sha256 "
-            f"{self.manifest_sha256}"
+            f"{self.manifest_sha256}{adopted}"
         )
 
 
@@ -48,12 +52,23 @@ def _existing_manifest(dest: Repository, version: str) -> Optional[bytes]:
 
 
 def _same_object(dest: Repository, path: str, size: int, sha256: str) -> bool:
-    """Whether the object already at ``path`` is ours: hashed in a directory, by size on S3
-    (content addressing makes a same-size object under our sha256 name a true copy unless
-    someone wrote garbage there on purpose, which ``verify`` on download would still catch)."""
+    """Whether the object already at ``path`` has exactly our bytes (hashed: a same-size object
+    with other bytes under our name would be served to every user of the release, who would
+    all refuse it). On S3 this reads the object back, streamed; it happens only for objects
+    that were already there (a re-publish, a shared object, a resumed mirror)."""
     if isinstance(dest, DirectoryRepository):
         return hash_file(dest.file(path)) == (sha256, size)
-    return dest.exists(path) == size
+    if dest.exists(path) != size:
+        return False
+    h, n = hashlib.sha256(), 0
+    stream = dest.open(path)
+    try:
+        for chunk in stream.chunks:
+            h.update(chunk)
+            n += len(chunk)
+    finally:
+        stream.close()
+    return (h.hexdigest(), n) == (sha256, size)
 
 
 def publish(
@@ -61,9 +76,16 @@ def publish(
     version: str,
     destination: str,
     progress: Optional[Callable[[int], None]] = None,
+    adopt: bool = False,
 ) -> PublishResult:
     """Publish release ``version`` from the directory repository ``source_root`` (a staging
     area or a store) to ``destination`` (a directory, ``file://`` or ``s3://`` URL).
+
+    A release already published with the same files but another manifest (a rebuild has another
+    creation time) is left as it is, and its manifest's hash is the one reported. With
+    ``adopt``, the source's manifest is then replaced by the published one, so that what is
+    pinned and packed from the source afterwards (the lock, the flashinfer-cubin wheel) is what
+    users download: ``nox -s publish`` and ``nox -s release`` do this.
 
     Raises
     ------
@@ -121,7 +143,28 @@ def publish(
         return index.to_bytes()
 
     dest.update(INDEX_PATH, add)
+    if adopt and existing is not None and existing != data:
+        _adopt(Path(source_root), version, existing, result.manifest_sha256)
+        result.adopted = True
     return result
+
+
+def _adopt(source_root: Path, version: str, published: bytes, sha256: str) -> None:
+    """Make the source's manifest of ``version`` the published one (same files, checked by the
+    caller), and its index say so."""
+    src = DirectoryRepository(source_root)
+    target = src.file(manifest_path(version))
+    tmp = target.with_name(f".{target.name}.adopt.tmp")
+    tmp.write_bytes(published)
+    os.replace(tmp, target)
+    final = Manifest.from_bytes(published, sha256)
+
+    def add(old: Optional[bytes]) -> bytes:
+        index = Index.from_bytes(old) if old else Index()
+        index.add(final, sha256)
+        return index.to_bytes()
+
+    src.update(INDEX_PATH, add)
 
 
 def _check_same_release(existing: bytes, manifest: Manifest, version: str, where: str) -> None:

@@ -226,6 +226,12 @@ class HttpRepository(Repository):
                 method, self._url(path), headers=headers, stream=True, timeout=(timeout, timeout),
                 verify=str(ca) if ca else True, allow_redirects=True,
             )
+        except requests.exceptions.SSLError as e:
+            # A certificate that does not verify will not verify on a retry either.
+            raise RepositoryError(
+                f"{self._shown(path, e)}; remedy: if the repository (or a proxy in between) uses "
+                "a private CA, set REQUESTS_CA_BUNDLE (or SSL_CERT_FILE) to its certificate bundle"
+            ) from None
         except (requests.ConnectionError, requests.Timeout) as e:
             raise TransientError(self._shown(path, e)) from None
         except requests.RequestException as e:

@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from .. import knobs
 from .errors import (
+    ArchError,
     ChecksumError,
     DownloadError,
     NotInManifestError,
@@ -28,8 +29,20 @@ from .errors import (
     VersionMismatchError,
 )
 from .fetch import Progress, fetch_file, fetch_small
-from .manifest import FileEntry, Manifest, check_sha256, check_version, manifest_path
-from .repository import Repository, open_repository, parse_repository_list
+from .manifest import (
+    FileEntry,
+    Manifest,
+    check_sha256,
+    check_version,
+    manifest_path,
+    parse_arch,
+)
+from .repository import (
+    DirectoryRepository,
+    Repository,
+    open_repository,
+    parse_repository_list,
+)
 from .store import Store, VerifiedBlob, hash_file, verify
 
 logger = logging.getLogger("flashinfer.artifacts")
@@ -142,6 +155,22 @@ class CubinWheel:
     def file(self, path: str) -> Path:
         return self.root / "files" / path
 
+    def as_repository(self, manifest: Manifest) -> Repository:
+        """The wheel's files as a (local, read-only) repository of ``manifest``'s objects, so
+        ``download`` and ``mirror`` take them from here before any network repository."""
+        return _WheelRepository(self, manifest)
+
+
+class _WheelRepository(DirectoryRepository):
+    """A directory repository whose objects are the wheel's ``files/<path>``."""
+
+    def __init__(self, wheel: CubinWheel, manifest: Manifest):
+        super().__init__(wheel.root, f"flashinfer-cubin at {wheel.root}")
+        self._files = {e.object_path: wheel.file(e.path) for e in manifest.files}
+
+    def file(self, path: str) -> Path:
+        return self._files.get(path) or self.root / "files" / ".not-in-the-wheel" / path
+
 
 def installed_cubin_wheel() -> Optional[CubinWheel]:
     if importlib.util.find_spec("flashinfer_cubin") is None:
@@ -182,16 +211,26 @@ def check_cubin_release(
     return None
 
 
+def _is_the_pinned_release(release: Release) -> bool:
+    """Whether ``release`` is the one this build pins (not one named by ``--version`` and
+    ``--manifest-sha256``)."""
+    pinned = getattr(_build_pin(), "MANIFEST_SHA256", None) or knobs.artifacts.manifest_sha256
+    return bool(pinned) and pinned.lower() == release.manifest_sha256
+
+
 def cubin_wheel_for(release: Release) -> Optional[CubinWheel]:
     """The installed flashinfer-cubin if it serves ``release``.
 
-    A wheel of another release raises :class:`VersionMismatchError` unless
-    ``FLASHINFER_DISABLE_VERSION_CHECK=1``, which skips it instead. With the check disabled a
-    wheel whose manifest *is* the pinned one serves whatever its version says (a post-release of
-    flashinfer-python pins the same cubins).
+    When ``release`` is the pinned one, a wheel of another release raises
+    :class:`VersionMismatchError` unless ``FLASHINFER_DISABLE_VERSION_CHECK=1``, which skips it
+    instead. With the check disabled a wheel whose manifest *is* the pinned one serves whatever
+    its version says (a post-release of flashinfer-python pins the same cubins). For another
+    release (downloading or mirroring the next one, say) the wheel is simply not a source.
     """
     wheel = installed_cubin_wheel()
     if wheel is None:
+        return None
+    if wheel.manifest_sha256 != release.manifest_sha256 and not _is_the_pinned_release(release):
         return None
     if knobs.artifacts.disable_version_check:
         if wheel.manifest_sha256 == release.manifest_sha256:
@@ -248,11 +287,20 @@ def load_manifest(
     manifest = _local_manifest(release, store)
     if manifest is None:
         if not allow_download:
-            raise OfflineError(
+            where = (
                 f"the manifest of artifact release {release.version} is neither in an installed "
-                f"flashinfer-cubin nor in {store.root}, and downloads are off "
-                "(FLASHINFER_NO_DOWNLOAD=1); "
-                + _OFFLINE_REMEDY.format(version=release.version, store=store.root)
+                f"flashinfer-cubin nor in {store.root}"
+            )
+            if knobs.artifacts.no_download:
+                raise OfflineError(
+                    f"{where}, and downloads are off (FLASHINFER_NO_DOWNLOAD=1); "
+                    + _OFFLINE_REMEDY.format(version=release.version, store=store.root)
+                )
+            # A read-only command (verify): nothing was downloaded into this store yet.
+            raise OfflineError(
+                f"{where}, and this command reads only local files; remedy: run `flashinfer "
+                f"artifacts download` first (with --dest {store.root} if that is not your "
+                "FLASHINFER_CUBIN_DIR), or point --dest at the store that holds the release"
             )
         repos = _repositories(release, repositories)
         if not repos:
@@ -367,6 +415,28 @@ def get_cubin(
     return blob
 
 
+def select_files(manifest: Manifest, archs: Optional[Iterable[str]] = None) -> list[FileEntry]:
+    """The files of ``manifest`` for ``archs`` (all files when None or empty).
+
+    Each arch may be written ``9.0a``, ``sm_90a`` or ``90a``; one that does not parse, or that
+    the release has no files for, raises :class:`ArchError` listing the release's archs, so a
+    typo never passes for "nothing to do".
+    """
+    wanted = list(archs or [])
+    if not wanted:
+        return manifest.select(None)
+    have = sorted({f.arch for f in manifest.files if f.arch is not None})
+    parsed = []
+    for text in wanted:
+        arch = parse_arch(text)
+        if arch is None:
+            raise ArchError(text, have, "not an arch")
+        if arch not in have:
+            raise ArchError(text, have, f"release {manifest.release} has no file for {arch}")
+        parsed.append(arch)
+    return manifest.select(parsed)
+
+
 def _present(store: Store, entry: FileEntry, rehash: bool) -> bool:
     """Whether the store has ``entry``: by size, or (``rehash``) by hash, deleting a bad copy."""
     dest = store.object_file(entry)
@@ -380,6 +450,15 @@ def _present(store: Store, entry: FileEntry, rehash: bool) -> bool:
     logger.warning("deleting a stored copy of %s that does not verify", entry.path)
     dest.unlink(missing_ok=True)
     return False
+
+
+def _offline_missing(entry: FileEntry, store: Store) -> OfflineError:
+    return OfflineError(
+        f"kernel binary {entry.path} (sha256 {entry.sha256[:12]}...) is neither in an installed "
+        f"flashinfer-cubin nor in {store.root}, and downloads are off (FLASHINFER_NO_DOWNLOAD=1); "
+        "remedy: unset FLASHINFER_NO_DOWNLOAD, or install the flashinfer-cubin wheel of this "
+        "release"
+    )
 
 
 def ensure_object(
@@ -398,6 +477,8 @@ def ensure_object(
     dest = store.object_file(entry)
     if _present(store, entry, rehash):
         return "present"
+    if not repos and knobs.artifacts.no_download:
+        raise _offline_missing(entry, store)
     if not repos:
         raise DownloadError(
             entry.path, [], "remedy: set FLASHINFER_CUBINS_REPOSITORY (https://, s3:// or a "
@@ -406,6 +487,8 @@ def ensure_object(
     with store.lock(entry.sha256):
         if _present(store, entry, False):  # another process just finished it
             return "present"
+        if store.discard_partials(entry.sha256):
+            logger.info("deleted the partial download of %s left by a killed process", entry.path)
         tmp = store.temp_path(entry.sha256)
         fetch_file(repos, entry.object_path, entry.size, entry.sha256, tmp, progress, entry.path)
         store.commit(tmp, dest)
@@ -422,13 +505,25 @@ def download_release(
 ) -> dict[str, int]:
     """Download every file of a release (for ``archs``, or all) into the store.
 
-    Files download ``jobs`` at a time (many small cubins are latency-bound). Returns counts
-    ``{"present": n, "downloaded": m}``; raises the first failure after the others finished.
+    Files download ``jobs`` at a time (many small cubins are latency-bound). An installed
+    flashinfer-cubin of the release is the first source (a local copy, verified like a
+    download); with ``FLASHINFER_NO_DOWNLOAD=1`` it is the only one, and no network repository
+    is constructed. The store receives the manifest too, so it is a repository of the release
+    (what ``mirror`` publishes from). Returns counts ``{"present": n, "downloaded": m}``;
+    raises the first failure after the others finished.
     """
     store = store or default_store()
-    manifest = load_manifest(release, store, True, repositories)
-    repos = _repositories(release, repositories)
-    entries = manifest.select(None if archs is None else list(archs))
+    offline = knobs.artifacts.no_download
+    manifest = load_manifest(release, store, not offline, repositories)
+    wheel = cubin_wheel_for(release)
+    repos = [] if offline else _repositories(release, repositories)
+    if wheel is not None:
+        repos.insert(0, wheel.as_repository(manifest))
+        if store.read_manifest(release.version) is None:
+            data = wheel.manifest_bytes()
+            _parse_pinned(data, release)  # the bytes load_manifest accepted; checked again
+            store.save_manifest(release.version, data)
+    entries = select_files(manifest, archs)
     counts = {"present": 0, "downloaded": 0}
     lock = threading.Lock()
     safe_progress: Optional[Callable[[int], None]] = None
@@ -442,7 +537,12 @@ def download_release(
 
     def one(entry: FileEntry) -> None:
         try:
-            state = ensure_object(store, repos, entry, safe_progress, rehash=True)
+            try:
+                state = ensure_object(store, repos, entry, safe_progress, rehash=True)
+            except DownloadError:
+                if offline:  # only the wheel was asked, and it does not have this file
+                    raise _offline_missing(entry, store) from None
+                raise
         except BaseException as e:  # collected; the first is raised once all are done
             with lock:
                 errors.append(e)
@@ -468,7 +568,7 @@ def release_status(
     manifest = load_manifest(release, store)
     wheel = cubin_wheel_for(release)
     out = []
-    for entry in manifest.select(None if archs is None else list(archs)):
+    for entry in select_files(manifest, archs):
         state = store.check(entry)
         if state != "present" and wheel is not None:
             f = wheel.file(entry.path)

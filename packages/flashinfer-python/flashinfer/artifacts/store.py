@@ -5,7 +5,9 @@ machine and point ``FLASHINFER_CUBINS_REPOSITORY`` at it)::
 
     releases/<version>/manifest.json      verified copies of release manifests
     objects/sha256/<aa>/<sha256>.<ext>    file contents, by hash, shared by releases
-    .tmp/                                 downloads in progress (never read as results)
+    .tmp/                                 downloads in progress (never read as results; what a
+                                          killed process left is deleted by the next download
+                                          of that file)
     .locks/                               one advisory lock per object, so concurrent processes
                                           download each file once
 
@@ -170,9 +172,14 @@ class Store:
         shutil.rmtree(self.root)
         return count
 
-    def remove_temps(self) -> None:
-        """Delete this process's leftover partial downloads."""
+    def discard_partials(self, name: str) -> int:
+        """Delete the partial downloads of ``name`` (left by a process that was killed mid-file:
+        a temp file is deleted on every failure the process survives). Call it holding
+        ``lock(name)``: every live writer of ``name`` holds it, so what is found is dead."""
+        count = 0
         if self.tmp_dir.is_dir():
-            for p in self.tmp_dir.glob(f"*.{os.getpid()}.part"):
+            for p in self.tmp_dir.glob(f"{name}.*.part"):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
+                    count += 1
+        return count
