@@ -37,8 +37,9 @@ TEST_ARCHS, TEST_MODULES = "9.0a", "scale"
 BUILD_REQUIREMENTS = ["build", "hatchling>=1.25", "apache-tvm-ffi>=0.1.15,<0.2", "ninja"]
 #: What the tests need besides the set; moto[server] (with boto3): the S3-compatible server the
 #: artifact tests start on loopback; hatchling: the cubin-wheel tests build that wheel (also in
-#: the release's fresh venv, which has no build requirements otherwise).
-TEST_REQUIREMENTS = ["pytest", "numpy", "moto[server]", "hatchling>=1.25"]
+#: the release's fresh venv, which has no build requirements otherwise); nox: tests/test_noxfile.py
+#: imports this file to test the release guards.
+TEST_REQUIREMENTS = ["pytest", "numpy", "moto[server]", "hatchling>=1.25", "nox"]
 #: The extra index a release install takes torch & co from (ours is the main one).
 PYPI = os.environ.get("RELEASE_EXTRA_INDEX_URL", "https://pypi.org/simple")
 

@@ -8,7 +8,9 @@ nvcc); writes one JSON file.
 For each covered op: correctness against a float32 torch reference (in this process), and the
 wall time of its first call in fresh processes (torch imported and CUDA initialized first, as
 benchmarks/bench_jit.py measures the JIT's first call), median of 5, with and without
-``import tvm_ffi`` done beforehand (the part of the first call that is TVM-FFI's own import).
+``import tvm_ffi`` done beforehand (the part of the first call that is TVM-FFI's own import),
+and ``import tvm_ffi`` alone; whether torch provides the DLPack C exchange API natively and
+whether the lookup matched modules by config key (no source hashed) are recorded too.
 Then the op's GPU test file, with the JIT disabled, so every test runs on the wheel's modules.
 """
 
@@ -74,6 +76,30 @@ def first_call(module: str, pre: str, runs: int = 5) -> dict:
         stats = result["stats"]
     return {"median_ms": round(statistics.median(seconds), 2),
             "runs_ms": [round(s, 2) for s in seconds], "jit_stats": stats}
+
+
+_TVM_FFI_IMPORT = """
+import json, time, torch
+torch.zeros(1, device='cuda'); torch.cuda.synchronize()
+t = time.perf_counter()
+import tvm_ffi
+print("RESULT " + json.dumps({"s": time.perf_counter() - t, "stats": {}}))
+"""
+
+
+def tvm_ffi_import(runs: int) -> dict:
+    """``import tvm_ffi`` alone in fresh processes (torch imported and CUDA up first): the part
+    of the first call that is TVM-FFI's, not ours."""
+    seconds = []
+    for _ in range(runs):
+        proc = subprocess.run([sys.executable, "-c", _TVM_FFI_IMPORT], capture_output=True,
+                              text=True, cwd="/tmp")
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if line is None:
+            return {"error": (proc.stdout + proc.stderr)[-3000:]}
+        seconds.append(json.loads(line[7:])["s"] * 1e3)
+    return {"median_ms": round(statistics.median(seconds), 2),
+            "runs_ms": [round(s, 2) for s in seconds]}
 
 
 def correctness(module: str) -> str:
@@ -166,6 +192,10 @@ def main() -> int:
                                                "FLASHINFER_DISABLE_JIT",
                                                "FLASHINFER_CUDA_ARCH_LIST")},
         "target_first_call_ms": TARGET_MS,
+        # with it, TVM-FFI skips (and so does not build or load) its torch DLPack addon
+        "torch_dlpack_c_exchange_api": hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
+        "tvm_ffi_import": tvm_ffi_import(args.runs),
+        "jit_cache_sources_match": jit_cache.sources_match(),
         "ops": {},
     }
     for module in covered:

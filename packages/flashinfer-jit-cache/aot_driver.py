@@ -10,7 +10,9 @@ it must be version X.Y.Z: the version is part of every module's URI.
 ``build`` compiles every module of :func:`flashinfer.aot.registered_specs` (or those named in
 FLASHINFER_AOT_MODULES) for FLASHINFER_CUDA_ARCH_LIST, ``MAX_JOBS`` (default: the core count)
 modules at a time, with progress on stderr, into the JIT cache
-(FLASHINFER_WORKSPACE_BASE), and writes where each module's ``.so`` is.
+(FLASHINFER_WORKSPACE_BASE), and writes where each module's ``.so`` is, its URI and config key,
+and the digest of the source tree the modules were compiled from (the JIT matches modules by
+config key where the installed flashinfer-python bundles sources of the same digest).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def info(args: argparse.Namespace) -> dict:
 def build(args: argparse.Namespace) -> dict:
     _import_flashinfer(args.core, args.version)
     from flashinfer import aot, knobs
-    from flashinfer.jit import core
+    from flashinfer.jit import core, source_digest, toolchain
 
     if not knobs.jit.cuda_arch_list:
         sys.exit(
@@ -101,12 +103,18 @@ def build(args: argparse.Namespace) -> dict:
             {
                 "name": spec.name,
                 "uri": plan.uri,
+                # used only for specs whose files all lie in the digested tree
+                "config_key": core.config_key(spec, plan.archs),
                 "archs": [str(a) for a in plan.archs],
                 "so": str(plan.so_path.resolve()),
                 "build_seconds": round(seconds.get(spec.name, 0.0), 2),
             }
         )
-    return {"arch_list": core.resolve_archs(), "modules": modules}
+    return {
+        "arch_list": core.resolve_archs(),
+        "source_digest": source_digest.tree_digest(toolchain.source_root()),
+        "modules": modules,
+    }
 
 
 def main() -> None:

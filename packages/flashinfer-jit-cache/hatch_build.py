@@ -8,7 +8,8 @@ any other version would make the modules unusable).
 Wheel: runs ``aot_driver.py build`` (flashinfer's AOT for ``FLASHINFER_CUDA_ARCH_LIST``, limited
 to ``FLASHINFER_AOT_MODULES`` when set, ``MAX_JOBS`` modules at a time), copies every module to
 ``flashinfer_jit_cache/modules/<uri>/<name>.so``, writes ``flashinfer_jit_cache/manifest.json``
-(versions, CUDA, arch list, modules with sha256) and tags the wheel
+(versions, CUDA, arch list, the digest of the kernel sources, modules with URI, config key and
+sha256) and tags the wheel
 ``py3-none-manylinux_2_28_<machine>``: the modules are TVM-FFI libraries loaded with dlopen, not
 CPython extensions, so one wheel serves every Python >= 3.10.
 
@@ -122,6 +123,7 @@ class CustomBuildHook(BuildHookInterface):
                 {
                     "name": m["name"],
                     "uri": m["uri"],
+                    "config_key": m["config_key"],
                     "archs": m["archs"],
                     "path": rel,
                     "sha256": sha256_of(dest),
@@ -138,6 +140,7 @@ class CustomBuildHook(BuildHookInterface):
             "tvm_ffi_version": info["tvm_ffi_version"],
             "arch_list": built["arch_list"],
             "git_commit": git_commit(root),
+            "source_digest": built["source_digest"],
             "modules": modules,
         }
         (self._stage / "pkg" / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

@@ -1,6 +1,8 @@
 """Hatch hooks shared in spirit by the three packages: the version comes from the monorepo's
 ``version.txt`` (or the copy an sdist carries), and the build writes ``_build_meta.py`` with the
-version and git commit so the installed package knows both without reading files at import."""
+version, the git commit and the digest of the kernel sources it bundles, so the installed package
+knows all three without reading files at import (the digest lets the JIT match the jit-cache
+wheel's modules without hashing sources: ``flashinfer/jit/source_digest.py``)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,18 @@ class CustomMetadataHook(MetadataHookInterface):
         metadata["optional-dependencies"]["s3"] = ["boto3>=1.35"]
 
 
+def source_digest(root: Path) -> str:
+    """The digest of ``root``'s include/ and csrc/ (the files the wheel bundles as
+    flashinfer/data), computed by the package's own ``flashinfer/jit/source_digest.py``."""
+    import importlib.util
+
+    path = root / "flashinfer" / "jit" / "source_digest.py"
+    spec = importlib.util.spec_from_file_location("_flashinfer_source_digest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.tree_digest(root)
+
+
 class CustomBuildHook(BuildHookInterface):
     def initialize(self, version: str, build_data: dict) -> None:
         root = Path(self.root)
@@ -56,6 +70,7 @@ class CustomBuildHook(BuildHookInterface):
             '"""Written by hatch_build.py at build time."""\n'
             f'__version__ = "{read_version(root)}"\n'
             f'__git_commit__ = "{git_commit(root)}"\n'
+            f'__source_digest__ = "{source_digest(root)}"\n'
         )
         write_artifact_pin(root, read_version(root))
 

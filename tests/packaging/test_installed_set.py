@@ -1,5 +1,6 @@
-"""The built set, installed: exact pins and tags, a covered module loading with nvcc broken, a
-mismatched jit-cache ignored with one warning, show-config printing the manifest."""
+"""The built set, installed: exact pins and tags, a covered module loading with nvcc broken and
+no source hashed, a mismatched jit-cache ignored with one warning, show-config printing the
+manifest."""
 
 from __future__ import annotations
 
@@ -77,6 +78,9 @@ _LOAD = textwrap.dedent(
         import flashinfer
         from flashinfer import aot
         from flashinfer.jit import core
+        hashed = []  # sources read to compute a URI: none when the digests vouch for them
+        real_hash = core._hash_sources
+        core._hash_sources = lambda *a: hashed.append(a[0].name) or real_hash(*a)
         name = sys.argv[1] if len(sys.argv) > 1 else "{name}"
         spec = next(s for s in aot.registered_specs() if s.name == name)
         result = {{"file": flashinfer.__file__, "version": flashinfer.__version__}}
@@ -87,6 +91,7 @@ _LOAD = textwrap.dedent(
             except Exception as e:
                 result["error"] = type(e).__name__ + ": " + str(e)
     result["stats"] = dict(core.stats)
+    result["hashed"] = hashed
     result["warnings"] = [
         (w.category.__name__, str(w.message)) for w in caught
         if "NumPy" not in str(w.message)
@@ -131,9 +136,31 @@ def test_covered_module_loads_with_nvcc_failing(built, installed, tmp_path):
     assert "error" not in result and result["loaded"] == "Module", result
     assert result["stats"] == {"loaded_aot": 1}, result  # loaded once, from the wheel
     assert result["warnings"] == []
+    assert result["hashed"] == [], "the lookup hashed sources: the source digests disagree"
     assert not mark.exists(), "nvcc was run for a module the jit-cache covers"
     workspace = installed.parent / (installed.name + "-ws")
     assert not list(workspace.rglob("*.so")), "something was compiled"
+
+
+def test_installed_sources_are_the_ones_the_digests_name(built, installed):
+    """What the lookup trusts: the installed core recorded the digest of the sources it
+    bundles, and the jit-cache was compiled from sources of that digest."""
+    code = textwrap.dedent("""
+        import json
+        from flashinfer import _build_meta
+        from flashinfer.jit import jit_cache, source_digest, toolchain
+        print("RESULT " + json.dumps({
+            "bundled": toolchain.sources_bundled(),
+            "recorded": _build_meta.__source_digest__,
+            "actual": source_digest.tree_digest(toolchain.source_root()),
+            "match": jit_cache.sources_match()}))
+        """)
+    module = _covered(built)
+    result = _result(run_child(code, installed,
+                               env={"FLASHINFER_CUDA_ARCH_LIST": " ".join(module["archs"])}))
+    manifest = _manifest(built["flashinfer-jit-cache"])
+    assert result["bundled"] and result["recorded"] == result["actual"], result
+    assert manifest["source_digest"] == result["recorded"] and result["match"], result
 
 
 def test_uncovered_arch_is_not_taken_from_the_wheel(built, installed, tmp_path):

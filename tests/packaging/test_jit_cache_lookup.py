@@ -1,7 +1,8 @@
 """How the JIT decides whether the installed flashinfer-jit-cache may be used, on a fake
 installed wheel (a manifest and placeholder files): arch coverage, the version and CUDA checks
-(one warning each time a process starts, then ignored), the override, a broken manifest, and the
-URI comparison. Nothing here compiles or loads a module."""
+(one warning each time a process starts, then ignored), the override, a broken manifest, the
+URI comparison, and the match by config key that reads no source where the wheel was compiled
+from the sources this package bundles. Nothing here compiles or loads a module."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 import flashinfer
 from flashinfer import _versions, knobs
 from flashinfer.exceptions import MissingJITCacheError
-from flashinfer.jit import core, jit_cache
+from flashinfer.jit import core, jit_cache, toolchain
 from flashinfer.jit.archs import parse_arch_list
+from flashinfer.jit.norm import gen_norm_module
 from flashinfer.jit.scale import gen_scale_module
 
 #: The fake wheel's version: ours, with the CUDA label (a source tree that was never built is
@@ -64,7 +66,7 @@ def fake_wheel(tmp_path, monkeypatch):
     core._loaded.clear()
     core.stats.clear()
 
-    def write(version=WHEEL_VERSION, cuda="13.0", modules=None, raw=None):
+    def write(version=WHEEL_VERSION, cuda="13.0", modules=None, raw=None, source_digest=None):
         if modules is None:
             uri = core.module_uri(gen_scale_module(), [arch("9.0a")])
             modules = [{"name": "scale", "uri": uri, "archs": ["9.0a"],
@@ -74,6 +76,8 @@ def fake_wheel(tmp_path, monkeypatch):
             (pkg / m["path"]).write_bytes(b"")
         manifest = {"version": version, "cuda_version": cuda, "nvcc_version": f"{cuda}, V{cuda}",
                     "tvm_ffi_version": "0.1.15", "arch_list": ["9.0a"], "modules": modules}
+        if source_digest is not None:
+            manifest["source_digest"] = source_digest
         (pkg / "manifest.json").write_text(raw if raw is not None else json.dumps(manifest))
         jit_cache.reset()
         return pkg
@@ -121,6 +125,70 @@ def test_other_sources_or_flags_are_another_uri(fake_wheel, monkeypatch):
     monkeypatch.setenv("CXX", "g++")
     monkeypatch.setenv("FLASHINFER_NVCC_THREADS", "8")
     assert core._aot_module(gen_scale_module(), parse_arch_list("9.0a")) is not None
+
+
+def _counting(monkeypatch, name):
+    """Count the calls of ``core.<name>`` (and still make them)."""
+    calls = []
+    real = getattr(core, name)
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(core, name, counted)
+    return calls
+
+
+def test_same_sources_match_by_config_key_without_reading_a_source(fake_wheel, monkeypatch):
+    """The first call's lookup: where the wheel was compiled from exactly the sources this
+    package bundles (same digest), the module's config key decides, and no source or header is
+    read or hashed. The manifest's URI here is one the sources would never give, so a match can
+    only come from the key."""
+    spec, archs = gen_scale_module(), parse_arch_list("9.0a")
+    uri = "scale_" + "0" * 16
+    fake_wheel(source_digest="d" * 64, modules=[
+        {"name": "scale", "uri": uri, "config_key": core.config_key(spec, archs),
+         "archs": ["9.0a"], "path": f"modules/{uri}/scale.so"}])
+    monkeypatch.setattr(jit_cache, "bundled_source_digest", lambda: "d" * 64)
+    hashed = _counting(monkeypatch, "_hash_sources")
+    headers = _counting(monkeypatch, "local_headers")
+    assert jit_cache.sources_match()
+    assert core._aot_module(spec, archs).uri == uri
+    assert hashed == [] and headers == []
+
+    # flags that change the binary change the key: the URI decides (and differs)
+    monkeypatch.setenv("FLASHINFER_EXTRA_CUDAFLAGS", "-DSOMETHING_ELSE=1")
+    assert core._aot_module(spec, archs) is None and len(hashed) == 1
+    monkeypatch.delenv("FLASHINFER_EXTRA_CUDAFLAGS")
+
+    # other sources (another digest): the key is not trusted, the URI decides
+    monkeypatch.setattr(jit_cache, "bundled_source_digest", lambda: "c" * 64)
+    assert not jit_cache.sources_match()
+    assert core._aot_module(spec, archs) is None and len(hashed) == 2
+
+
+def test_a_source_checkout_never_vouches_for_its_sources(monkeypatch):
+    """A checkout's _build_meta.py may predate edits to its headers: its URIs are always
+    computed from the files."""
+    monkeypatch.setattr(toolchain, "sources_bundled", lambda: False)
+    assert jit_cache.bundled_source_digest() is None
+
+
+def test_config_key_follows_what_the_uri_hashes_except_the_files(monkeypatch):
+    spec, archs = gen_scale_module(), parse_arch_list("9.0a")
+    key = core.config_key(spec, archs)
+    assert key == core.config_key(gen_scale_module(), parse_arch_list("9.0a"))
+    assert key != core.config_key(spec, parse_arch_list("8.0 9.0a"))
+    assert key != core.config_key(gen_norm_module(), archs)
+    monkeypatch.setenv("CXX", "g++")  # the toolchain is not part of it, as for the URI
+    monkeypatch.setenv("FLASHINFER_NVCC_THREADS", "8")
+    assert core.config_key(spec, archs) == key
+    monkeypatch.setenv("FLASHINFER_JIT_DEBUG", "1")
+    assert core.config_key(spec, archs) != key
+    assert core.in_source_tree(spec)
+    assert not core.in_source_tree(core.JitSpec("x", ("/abs/x.cu",)))
+    assert not core.in_source_tree(core.JitSpec("x", ("x.cu",), extra_include_dirs=("/inc",)))
 
 
 def test_version_mismatch_warns_once_and_ignores_the_wheel(fake_wheel):

@@ -66,6 +66,21 @@ def test_other_versions_mismatch(theirs, ours):
     assert "pip install --force-reinstall --no-deps 'flashinfer-cubin==0.6.1'" in msg
 
 
+_PAIRS = ["0.6.1", "0.6.1+cu130", "0.6.10", "0.6", "0.6.0", "00.6.1", "0.6.1rc1", "0.6.1.post1",
+          "1!0.6.1", "0.6.1-1", "garbage", "0.6.1+cu129"]
+
+
+@pytest.mark.parametrize("theirs", _PAIRS)
+@pytest.mark.parametrize("ours", ["0.6.1", "0.6", "0.6.1rc1"])
+def test_the_plain_release_shortcut_agrees_with_the_parser(theirs, ours):
+    """Equal plain releases are decided without the parser; every verdict is the parser's."""
+    try:
+        same = v.parse_version(theirs).public == v.parse_version(ours).public
+    except ValueError:
+        same = False
+    assert (v.check_sibling_version("flashinfer-jit-cache", theirs, ours) is None) == same
+
+
 def test_unparsable_sibling_version_is_a_message_not_a_crash():
     msg = v.check_sibling_version("flashinfer-jit-cache", "garbage", "0.1.0")
     assert "garbage" in msg and "ignored" in msg and "'flashinfer-jit-cache==0.1.0'" in msg

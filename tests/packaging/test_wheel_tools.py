@@ -17,6 +17,8 @@ import pytest
 from wheelhelpers import read_wheel, write_wheel
 from wheels import check, elf, index
 
+source_digest = check._source_digest_module()
+
 V = "1.2.3"
 TVM = "0.1.15"
 
@@ -34,8 +36,14 @@ def _wheel_file(tag, purelib=True):
     return f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: {str(purelib).lower()}\nTag: {tag}\n".encode()
 
 
+#: The sources the synthetic core wheel bundles, and their digest.
+SOURCES = {"csrc/scale.cu": b"// scale\n", "include/flashinfer/vec.cuh": b"// vec\n"}
+DIGEST = source_digest.digest_files(SOURCES.items())
+
+
 def make_set(dist: Path, so: bytes, *, core_requires=None, jit_version=f"{V}+cu130",
-             jit_tag="py3-none-manylinux_2_28_x86_64", cuda="13.0", manifest_sha=None):
+             jit_tag="py3-none-manylinux_2_28_x86_64", cuda="13.0", manifest_sha=None,
+             recorded_digest=DIGEST, jit_digest=DIGEST, config_key="0123456789abcdef"):
     """A minimal but complete set of three wheels in ``dist``."""
     dist.mkdir(exist_ok=True)
     core_requires = core_requires if core_requires is not None else [
@@ -43,6 +51,9 @@ def make_set(dist: Path, so: bytes, *, core_requires=None, jit_version=f"{V}+cu1
     info = f"flashinfer_python-{V}.dist-info"
     write_wheel(dist / f"flashinfer_python-{V}-py3-none-any.whl", {
         "flashinfer/__init__.py": b"",
+        "flashinfer/_build_meta.py": f'__version__ = "{V}"\n__source_digest__ = '
+                                     f'"{recorded_digest}"\n'.encode(),
+        **{f"flashinfer/data/{rel}": data for rel, data in SOURCES.items()},
         f"{info}/METADATA": _meta("flashinfer-python", V, ["torch", *core_requires],
                                   ["jit-cache", "cubin"]),
         f"{info}/WHEEL": _wheel_file("py3-none-any"),
@@ -55,8 +66,9 @@ def make_set(dist: Path, so: bytes, *, core_requires=None, jit_version=f"{V}+cu1
     }, info)
     uri = "scale_0123456789abcdef"
     manifest = {"version": jit_version, "flashinfer_version": V, "cuda_version": cuda,
-                "tvm_ffi_version": TVM, "arch_list": ["9.0a"], "modules": [
-                    {"name": "scale", "uri": uri, "archs": ["9.0a"],
+                "tvm_ffi_version": TVM, "arch_list": ["9.0a"], "source_digest": jit_digest,
+                "modules": [
+                    {"name": "scale", "uri": uri, "config_key": config_key, "archs": ["9.0a"],
                      "path": f"modules/{uri}/scale.so",
                      "sha256": manifest_sha or hashlib.sha256(so).hexdigest(), "size": len(so)}]}
     info = f"flashinfer_jit_cache-{jit_version}.dist-info"
@@ -124,6 +136,16 @@ def test_manifest_hash_mismatch_is_caught(tmp_path, good_so):
 
 def test_cuda_label_must_match_the_manifest(tmp_path, good_so):
     assert "does not give the label 'cu130'" in _problems(tmp_path, good_so, cuda="12.8")
+
+
+def test_source_digests_must_agree_across_the_set(tmp_path, good_so):
+    """The JIT trusts the recorded digests to skip hashing sources: a core wheel whose record
+    is not what it bundles, or a jit-cache compiled from other sources, fails the check."""
+    out = _problems(tmp_path, good_so, recorded_digest="f" * 64)
+    assert f"__source_digest__ {'f' * 64} is not the digest of the sources it bundles" in out
+    out = _problems(tmp_path, good_so, jit_digest="e" * 64)
+    assert f"manifest source_digest '{'e' * 64}' is not the digest of the sources" in out
+    assert "must record its config_key" in _problems(tmp_path, good_so, config_key=None)
 
 
 def test_record_tampering_is_caught(tmp_path, good_so):

@@ -12,8 +12,11 @@ size. The set: ``flashinfer-python`` and ``flashinfer-cubin`` are ``X.Y.Z`` and 
 the extras ``jit-cache``/``cubin`` pin their sibling ``==X.Y.Z``, each sibling pins
 ``flashinfer-python==X.Y.Z``, and the jit-cache pins the ``apache-tvm-ffi`` it was built with. The
 jit-cache manifest agrees with the wheel (version, CUDA label, every module file with its
-sha256), and every module's ELF needs stay within :data:`POLICY` for the tag. Every sdist: the
-name parses, PKG-INFO has the same name and version, pyproject.toml is there.
+sha256), and every module's ELF needs stay within :data:`POLICY` for the tag. Across the set:
+the core wheel's recorded source digest is the digest of the sources it bundles, and every
+jit-cache manifest records the same one (what lets the JIT match modules without hashing
+sources). Every sdist: the name parses, PKG-INFO has the same name and version, pyproject.toml
+is there.
 
 Exit status 1 and one line per problem when anything is off. Needs only ``packaging``.
 """
@@ -24,6 +27,7 @@ import argparse
 import base64
 import csv
 import hashlib
+import importlib.util
 import io
 import json
 import re
@@ -71,6 +75,20 @@ POLICY = {
 SYSTEM_LIBS = {"libc.so.6", "libm.so.6", "libdl.so.2", "librt.so.1", "libpthread.so.0",
                "libgcc_s.so.1", "libstdc++.so.6", "ld-linux-x86-64.so.2",
                "ld-linux-aarch64.so.1"}
+
+
+#: flashinfer's own source digest (stdlib only), loaded by path: the build hooks and the JIT
+#: use this file, so the check computes the digest with the same code.
+_SOURCE_DIGEST_PY = (Path(__file__).resolve().parents[2] / "packages" / "flashinfer-python"
+                     / "flashinfer" / "jit" / "source_digest.py")
+_DATA_PREFIX = "flashinfer/data/"
+
+
+def _source_digest_module():
+    spec = importlib.util.spec_from_file_location("_flashinfer_source_digest", _SOURCE_DIGEST_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _b64_sha256(data: bytes) -> str:
@@ -349,6 +367,47 @@ def files_of(dist: Path, version: str) -> tuple[list[Path], list[Path]]:
     return wheels, sdists
 
 
+def check_sources(core: Path, jit_caches: list[Path]) -> list[str]:
+    """The core wheel's ``__source_digest__`` (``flashinfer/_build_meta.py``) is the digest of
+    the sources it bundles (``flashinfer/data/{include,csrc}``), and each jit-cache manifest's
+    ``source_digest`` is the same: then the JIT may match the jit-cache's modules by config key
+    without hashing sources (flashinfer/jit/source_digest.py)."""
+    sd = _source_digest_module()
+    problems = []
+    with zipfile.ZipFile(core) as zf:
+        names = zf.namelist()
+        meta = zf.read("flashinfer/_build_meta.py").decode() if \
+            "flashinfer/_build_meta.py" in names else ""
+        m = re.search(r'^__source_digest__ = "([0-9a-f]{64})"$', meta, re.M)
+        bundled = sd.digest_files(
+            (n[len(_DATA_PREFIX):], zf.read(n)) for n in names
+            if n.startswith(_DATA_PREFIX) and not n.endswith("/")
+            and n[len(_DATA_PREFIX):].split("/", 1)[0] in sd.SOURCE_DIRS)
+    recorded = m.group(1) if m else None
+    if recorded is None:
+        problems.append(f"{core.name}: flashinfer/_build_meta.py must record __source_digest__ "
+                        "(64 hex digits)")
+    elif recorded != bundled:
+        problems.append(f"{core.name}: __source_digest__ {recorded} is not the digest of the "
+                        f"sources it bundles ({bundled})")
+    for wheel in jit_caches:
+        with zipfile.ZipFile(wheel) as zf:
+            try:
+                manifest = json.loads(zf.read("flashinfer_jit_cache/manifest.json"))
+            except (KeyError, ValueError):
+                continue  # reported by check_wheel
+        theirs = manifest.get("source_digest")
+        if theirs != bundled:
+            problems.append(f"{wheel.name}: manifest source_digest {theirs!r} is not the digest "
+                            f"of the sources {core.name} bundles ({bundled}): its modules were "
+                            "compiled from other sources")
+        for mod in manifest.get("modules") or []:
+            if not re.fullmatch(r"[0-9a-f]{16}", str(mod.get("config_key"))):
+                problems.append(f"{wheel.name}: module {mod.get('uri')} must record its "
+                                f"config_key (16 hex digits), got {mod.get('config_key')!r}")
+    return problems
+
+
 def check_dist(dist: Path, version: str, sdists: bool = False) -> list[str]:
     """Every check over the set of ``version`` in ``dist``: one wheel per package (the
     jit-cache: one per CUDA label), with ``sdists`` one sdist per package too."""
@@ -365,6 +424,10 @@ def check_dist(dist: Path, version: str, sdists: bool = False) -> list[str]:
             problems.append(f"{dist}: no {dist_name} sdist of {version}")
     for p in wheels:
         problems += check_wheel(p, version)
+    cores = [p for p in wheels if parse_wheel_filename(p.name)[0] == CORE]
+    if len(cores) == 1:
+        problems += check_sources(cores[0], [p for p in wheels
+                                             if parse_wheel_filename(p.name)[0] == JIT_CACHE])
     for p in tars:
         problems += check_sdist(p, version)
     return problems

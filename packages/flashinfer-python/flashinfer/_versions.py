@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import NamedTuple, Optional
 
@@ -61,7 +62,13 @@ class Version(NamedTuple):
         return text + (f"+{self.local}" if self.local else "")
 
 
-_VERSION_RE = re.compile(
+@functools.cache
+def _version_re() -> re.Pattern:
+    # Compiled on first use (~1 ms): the usual check (same plain release) never needs it.
+    return re.compile(_VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)
+
+
+_VERSION_PATTERN = (
     r"""^\s*v?
     (?:(?P<epoch>\d+)!)?
     (?P<release>\d+(?:\.\d+)*)
@@ -69,8 +76,7 @@ _VERSION_RE = re.compile(
     (?:-(?P<post_implicit>\d+)|[-_.]?(?P<post_l>post|rev|r)[-_.]?(?P<post_n>\d+)?)?
     (?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>\d+)?)?
     (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?
-    \s*$""",
-    re.VERBOSE | re.IGNORECASE,
+    \s*$"""
 )
 _PRE_NAMES = {"alpha": "a", "a": "a", "beta": "b", "b": "b", "c": "rc", "rc": "rc",
               "pre": "rc", "preview": "rc"}
@@ -87,7 +93,7 @@ def parse_version(text: str) -> Version:
     >>> parse_version("0.6.18+cu130").release, parse_version("0.6.18+cu130").local
     ((0, 6, 18), 'cu130')
     """
-    m = _VERSION_RE.match(text or "")
+    m = _version_re().match(text or "")
     if m is None:
         raise ValueError(f"version must be a PEP 440 version like '1.2.3', got {text!r}")
     pre = None
@@ -139,6 +145,10 @@ def check_sibling_version(sibling: str, sibling_version: str, ours: str) -> Opti
     The message names both versions, says the sibling is ignored, and gives the pip command
     that installs the matching one (and the variable that overrides the check).
     """
+    if _plain_release(sibling_version) is not None and (
+        _plain_release(sibling_version) == _plain_release(ours)
+    ):
+        return None
     try:
         theirs_v, ours_v = parse_version(sibling_version), parse_version(ours)
     except ValueError as e:
@@ -207,6 +217,16 @@ def check_cuda_major(
         f"{runtime} (another major); its modules are ignored. "
         f"{_fix(sibling, sibling_version, label)}"
     )
+
+
+def _plain_release(text: str) -> Optional[str]:
+    """The public part of ``text`` if it is a plain release (``"1.2.3"``, any local label), else
+    None. Such a string parses to exactly its release numbers, so two equal ones are the same
+    version: the common case is decided without the full parser. Anything else (pre/post/dev
+    parts, different spellings of one version) goes through :func:`parse_version`."""
+    public = text.split("+", 1)[0]
+    parts = public.split(".")
+    return public if all(p.isascii() and p.isdigit() for p in parts) else None
 
 
 def _parses(text: str) -> bool:

@@ -38,7 +38,6 @@ from .._filelock import file_lock
 from ..exceptions import CompilerNotFoundError, JitCompileError, MissingJITCacheError
 from . import archs as _archs
 from . import toolchain
-from .ninja import NinjaBuild, render_ninja, write_if_changed
 
 logger = logging.getLogger("flashinfer.jit")
 
@@ -191,6 +190,19 @@ def target_archs(spec: JitSpec) -> list[_archs.Arch]:
     return _archs.select_archs(_archs.requested_archs(), spec.supported_major_versions, spec.name)
 
 
+class _Resolved(NamedTuple):
+    """A spec resolved against the knobs for some archs: its files, dirs and flags, and every
+    input of its URI except the bytes of its files (``config``: tagged byte strings)."""
+
+    sources: list[Path]
+    our_dirs: list[Path]  # include dirs whose headers are hashed (ours, not TVM-FFI's)
+    include_dirs: list[Path]
+    cuda: list[str]
+    cflags: list[str]
+    ldflags: list[str]
+    config: list[tuple[str, bytes]]
+
+
 class _SourceHash(NamedTuple):
     hasher: Any  # hashlib sha256, fed with everything but the toolchain's identity
     sources: list[Path]
@@ -222,9 +234,9 @@ def _key_flags(flags: Sequence[str]) -> list[str]:
     return kept
 
 
-def _hash_sources(spec: JitSpec, archs: Sequence[_archs.Arch]) -> _SourceHash:
-    """Hash what the module's URI names (versions, archs, flags, source and header bytes).
-    Touches neither nvcc nor the host compiler, so a jit-cache lookup works without them."""
+def _resolve(spec: JitSpec, archs: Sequence[_archs.Arch]) -> _Resolved:
+    """Flags, dirs and the file-independent part of the URI. Reads no file and touches neither
+    nvcc nor the host compiler."""
     sources = spec.source_paths()
     tvm_includes, _ = toolchain.tvm_ffi_paths()
     ours = [toolchain.include_dir(), toolchain.csrc_dir(), *map(Path, spec.extra_include_dirs)]
@@ -235,28 +247,64 @@ def _hash_sources(spec: JitSpec, archs: Sequence[_archs.Arch]) -> _SourceHash:
     cflags += includes
     from .. import __version__
 
-    h = hashlib.sha256()
-    _add(h, "flashinfer", __version__.encode())
-    _add(h, "tvm-ffi", toolchain.tvm_ffi_version().encode())
-    _add(h, "archs", " ".join(map(str, archs)).encode())
+    config = [
+        ("flashinfer", __version__.encode()),
+        ("tvm-ffi", toolchain.tvm_ffi_version().encode()),
+        ("archs", " ".join(map(str, archs)).encode()),
+    ]
     for tag, flags in (("cuda_cflags", cuda), ("cflags", cflags), ("ldflags", ldflags)):
-        _add(h, tag, "\0".join(_key_flags(flags)).encode())
+        config.append((tag, "\0".join(_key_flags(flags)).encode()))
+    return _Resolved(sources, ours, include_dirs, cuda, cflags, ldflags, config)
+
+
+def _hash_sources(spec: JitSpec, archs: Sequence[_archs.Arch]) -> _SourceHash:
+    """Hash what the module's URI names (versions, archs, flags, source and header bytes).
+    Touches neither nvcc nor the host compiler, so a jit-cache lookup works without them."""
+    r = _resolve(spec, archs)
+    h = hashlib.sha256()
+    for tag, data in r.config:
+        _add(h, tag, data)
     compat = (toolchain.csrc_dir() / COMPAT_HEADER).resolve()
-    headers = sorted({compat, *local_headers([*sources, compat], ours)})
+    headers = sorted({compat, *local_headers([*r.sources, compat], r.our_dirs)})
     inputs = []
-    for path in [*sources, *headers]:
+    for path in [*r.sources, *headers]:
         try:
             data = path.read_bytes()
         except OSError as e:
             raise FileNotFoundError(f"source of JIT module {spec.name!r} not found: {path}") from e
         _add(h, "file:" + path.name, data)
         inputs.append(str(path))
-    return _SourceHash(h, sources, include_dirs, cuda, cflags, ldflags, inputs)
+    return _SourceHash(h, r.sources, r.include_dirs, r.cuda, r.cflags, r.ldflags, inputs)
 
 
 def module_uri(spec: JitSpec, archs: Sequence[_archs.Arch]) -> str:
     """The URI of ``spec`` built for ``archs`` here: the key of the jit-cache wheel."""
     return f"{spec.name}_{_hash_sources(spec, archs).hasher.hexdigest()[:16]}"
+
+
+def in_source_tree(spec: JitSpec) -> bool:
+    """Whether every file ``spec`` compiles lies in the package's source tree (sources given
+    relative to ``csrc/``, no extra include dirs), so that the tree's digest covers them."""
+    return not spec.extra_include_dirs and not any(os.path.isabs(s) for s in spec.sources)
+
+
+def config_key(spec: JitSpec, archs: Sequence[_archs.Arch]) -> str:
+    """Everything the URI of ``spec`` for ``archs`` hashes except the bytes of its files, plus
+    which files those are (the spec's name, sources and include dirs as given).
+
+    Two source trees with the same :mod:`~flashinfer.jit.source_digest` give the same URI for
+    specs with the same config key (the files, found by following ``#include`` lines through
+    identical trees, are identical), so the jit-cache lookup can compare this key, which reads no
+    file, instead of the URI, which reads every source and header the module includes. Only
+    meaningful for specs :func:`in_source_tree`."""
+    h = hashlib.sha256()
+    _add(h, "config-key", b"1")
+    _add(h, "name", spec.name.encode())
+    _add(h, "sources", "\0".join(spec.sources).encode())
+    _add(h, "include_dirs", "\0".join(spec.extra_include_dirs).encode())
+    for tag, data in _resolve(spec, archs).config:
+        _add(h, tag, data)
+    return h.hexdigest()[:16]
 
 
 def plan_build(spec: JitSpec, archs: Optional[Sequence[_archs.Arch]] = None) -> BuildPlan:
@@ -314,10 +362,19 @@ def _aot_module(spec: JitSpec, archs: Sequence[_archs.Arch]) -> Optional[Any]:
     """The installed flashinfer-jit-cache's build of ``spec``, if one covers ``archs`` and has
     the URI ``spec`` would have here when built for that build's archs (same sources, flags,
     flashinfer and TVM-FFI versions). The wheel's version and CUDA major are checked once per
-    process (:mod:`flashinfer.jit.jit_cache`). Needs no nvcc: nothing here looks at it."""
+    process (:mod:`flashinfer.jit.jit_cache`). Needs no nvcc: nothing here looks at it.
+
+    Where the wheel was compiled from the very sources this package bundles (equal source
+    digests, :func:`flashinfer.jit.jit_cache.sources_match`), a module whose recorded config key
+    equals :func:`config_key` here has that URI without a file being read; otherwise (a source
+    checkout, another tree, other flags) the URI is computed from the sources and compared."""
     from . import jit_cache
 
-    for candidate in jit_cache.candidates(spec.name, archs):
+    candidates = jit_cache.candidates(spec.name, archs)
+    by_key = bool(candidates) and in_source_tree(spec) and jit_cache.sources_match()
+    for candidate in candidates:
+        if by_key and candidate.config_key == config_key(spec, candidate.archs):
+            return candidate
         if module_uri(spec, candidate.archs) == candidate.uri:
             return candidate
     return None
@@ -400,6 +457,9 @@ def _disk_or_build(plan: BuildPlan) -> Path:
 
 
 def _build(plan: BuildPlan) -> None:
+    # Imported here: a process whose modules all come from a cache never needs it.
+    from .ninja import NinjaBuild, render_ninja, write_if_changed
+
     nvcc = plan.nvcc
     if nvcc is None or not os.access(nvcc, os.X_OK):
         raise CompilerNotFoundError(

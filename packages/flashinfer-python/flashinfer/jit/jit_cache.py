@@ -12,6 +12,11 @@ Otherwise it warns once (:class:`~flashinfer._versions.VersionMismatchWarning`, 
 versions and the pip command that fixes it) and is ignored: modules come from the disk cache or
 the JIT as if it were not installed. ``FLASHINFER_DISABLE_VERSION_CHECK=1`` skips both checks.
 Nothing here runs at ``import flashinfer``; the first :func:`candidates` call does it.
+
+The manifest also records the digest of the kernel sources the modules were compiled from, and
+each module's config key. When that digest is the one this installed package recorded for the
+sources it bundles (:func:`sources_match`), the JIT matches modules by config key and reads no
+source file (:func:`flashinfer.jit.core._aot_module`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class AotModule:
     uri: str
     archs: tuple[Arch, ...]
     path: Path
+    config_key: Optional[str] = None  # flashinfer.jit.core.config_key, when recorded
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,12 @@ class JitCacheWheel:
     def arch_list(self) -> list[str]:
         return [str(a) for a in self.manifest.get("arch_list", [])]
 
+    @property
+    def source_digest(self) -> Optional[str]:
+        """Digest of the kernel sources the modules were compiled from (None: not recorded)."""
+        value = self.manifest.get("source_digest")
+        return str(value) if value else None
+
 
 _state: dict[str, Optional[JitCacheWheel]] = {}
 _state_lock = threading.Lock()
@@ -110,6 +122,7 @@ def _modules(root: Path, manifest: dict) -> tuple[AotModule, ...]:
             uri=m["uri"],
             archs=tuple(parse_arch_list(" ".join(m["archs"]), f"{MANIFEST_NAME} of {m['name']}")),
             path=root / m["path"],
+            config_key=m.get("config_key"),
         )
         for m in manifest["modules"]
     )
@@ -163,6 +176,34 @@ def reset() -> None:
         _state.clear()
 
 
+def bundled_source_digest() -> Optional[str]:
+    """The digest this installed package recorded at build time for the kernel sources it
+    bundles (``flashinfer/data``), or None where it can't vouch for them: a source checkout or
+    an editable install (whose sources may have changed since ``_build_meta.py`` was written),
+    or a build that predates the digest."""
+    from . import toolchain
+
+    if not toolchain.sources_bundled():
+        return None
+    try:
+        from .._build_meta import __source_digest__
+    except ImportError:
+        return None
+    return __source_digest__ or None
+
+
+def sources_match() -> bool:
+    """Whether the usable installed wheel was compiled from exactly the sources this package
+    bundles, so its modules may be matched by config key instead of by hashing the sources.
+
+    Files edited inside an installed package are not noticed (pip's RECORD is the contract
+    there); edit a source checkout instead, where the URI is always computed from the files."""
+    wheel = installed()
+    if wheel is None or not wheel.usable or wheel.source_digest is None:
+        return False
+    return wheel.source_digest == bundled_source_digest()
+
+
 def covers(built: Arch, target: Arch) -> bool:
     """Whether SASS built for ``built`` runs on a GPU the target ``target`` stands for.
 
@@ -208,6 +249,9 @@ def describe() -> list[str]:
         f"arch list: {' '.join(wheel.arch_list) or '-'}",
         f"CUDA version: {wheel.cuda_version} (nvcc {m.get('nvcc_version', 'unknown')})",
         f"TVM-FFI version: {m.get('tvm_ffi_version', 'unknown')}",
+        f"source digest: {wheel.source_digest or 'not recorded'} ("
+        + ("the bundled sources': modules match by config key, no source is hashed)"
+           if sources_match() else "not vouched for here: modules match by hashing sources)"),
     ]
     names = sorted({x.name for x in wheel.modules})
     shown = ", ".join(names[:8]) + (f", ... ({len(names) - 8} more)" if len(names) > 8 else "")

@@ -23,6 +23,11 @@ def source_root() -> Path:
     return _PACKAGE_DIR.parent
 
 
+def sources_bundled() -> bool:
+    """Whether the kernel sources are the ones an installed wheel bundles (not a checkout)."""
+    return source_root() == _PACKAGE_DIR / "data"
+
+
 def include_dir() -> Path:
     return source_root() / "include"
 
