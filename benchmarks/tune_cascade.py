@@ -522,7 +522,7 @@ def main() -> int:
                 if v.family not in ("all", c.family):
                     continue
                 mod = mods[v.name]
-                us = time_us(lambda: c.call(mod), c.nbytes)
+                us = time_us(lambda c=c, mod=mod: c.call(mod), c.nbytes)
                 row.setdefault(c.key, []).append(round(us, 2))
                 print(f"pass {rep + 1} {v.name[:35]:<36} {c.name:<70} {us:9.2f} us "
                       f"{100 * c.nbytes / (us * 1e-6) / 1e9 / copy:6.1f}%", flush=True)
