@@ -21,8 +21,10 @@ def _ws():
 
 
 def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note="",
-            layout="NHD", shuffle_pages=True):
-    """Pages in random order by default (a long-running server's cache), NHD."""
+            layout="NHD", shuffle_pages=True, use_cuda_graph=None):
+    """Pages in random order by default (a long-running server's cache), NHD. Timed as graph
+    replays (harness.Case), as serving frameworks run decode; ``use_cuda_graph=False`` times
+    the Python call with CUDA events instead (host launch gaps included)."""
     pages = (kv_len + PAGE - 1) // PAGE
     shape = (PAGE, HKV, D) if layout == "NHD" else (HKV, PAGE, D)
     cache = torch.randn(batch * pages, 2, *shape, dtype=DT, device="cuda")
@@ -40,7 +42,8 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
     return Case(f"batch decode {batch} x kv {kv_len} ({tc}{note})",
                 lambda: w.run(q, cache, out=out), bytes_moved=kv_bytes + 2 * q.numel() * 2,
                 baseline_us=baseline, target=target,
-                extra={"split": w._plan.kv_chunk_size, "items": w._plan.num_items})
+                extra={"split": w._plan.kv_chunk_size, "items": w._plan.num_items},
+                use_cuda_graph=use_cuda_graph)
 
 
 def _causal_flops(qo, kv):
@@ -120,6 +123,12 @@ def cases() -> list[Case]:
             _decode(1, 32768, tc, 56.0, "<= 50 us"),
             _decode(128, 8192, tc, 1420.0, "<= 1390 us"),
         ]
+    # The same call timed with CUDA events: the host's work per call shows when it exceeds the
+    # GPU's.
+    out.append(_decode(1, 32768, True, 56.0, "<= 50 us", note=", events",
+                       use_cuda_graph=False))
+    for split in (256, 512, 2048):
+        out.append(_decode(1, 32768, True, 56.0, "<= 50 us", split, f", chunk {split}"))
     for split in (512, 1024, 2048):
         out.append(_decode(64, 4096, True, 362.8, "<= 350 us", split, f", chunk {split}"))
     out += [
