@@ -26,7 +26,6 @@ from .errors import (
     PinError,
     PublishConflictError,
     RepositoryError,
-    VersionMismatchError,
 )
 from .manifest import FileEntry, KernelInfo, Manifest, ParamLayout
 from .resolve import (
@@ -60,7 +59,6 @@ __all__ = [
     "RepositoryError",
     "Store",
     "VerifiedBlob",
-    "VersionMismatchError",
     "clear_caches",
     "download_release",
     "get_cubin",
