@@ -205,10 +205,10 @@ def test_functions_are_loaded_once(cubin_release):
 
     x = torch.randn(4, 1024, dtype=torch.float16, device="cuda")
     flashinfer.silu_and_mul(x, backend="cubin")
-    n = len(kernels._KERNELS)
+    n = len(kernels.loaded())
     for _ in range(3):
         flashinfer.silu_and_mul(x, backend="cubin")
-    assert len(kernels._KERNELS) == n
+    assert len(kernels.loaded()) == n
 
 
 @pytest.mark.gpu
@@ -216,21 +216,27 @@ def test_a_stored_cubin_that_does_not_verify_is_never_loaded(cubin_release, monk
     if not cubin_release.built:
         pytest.skip("needs the test's own release (the provided one may be a read-only wheel)")
     from flashinfer import knobs
-    from flashinfer.artifacts import OfflineError, kernels
+    from flashinfer.artifacts import OfflineError, clear_caches, kernels
 
     x = torch.randn(3, 768, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(768, dtype=torch.bfloat16, device="cuda")
+    # Start from nothing loaded, so the one rmsnorm kernel loaded below is the one this call
+    # uses (earlier tests loaded other variants, whose files are other files).
+    clear_caches()
     flashinfer.rmsnorm(x, w, backend="cubin")
-    entry = next(k.entry for key, k in kernels._KERNELS.items() if key[0] == "rmsnorm")
-    obj = Path(knobs.artifacts.cubin_dir) / entry.object_path
+    (used,) = [k for k in kernels.loaded() if k.entry.kernel.family == "rmsnorm"]
+    assert used.entry.kernel.variant["dtype"] == "bfloat16"
+    obj = Path(knobs.artifacts.cubin_dir) / used.entry.object_path
     data = bytearray(obj.read_bytes())
     data[len(data) // 2] ^= 0xFF
     obj.write_bytes(bytes(data))
-    monkeypatch.setattr(kernels, "_KERNELS", {})
-    from flashinfer.artifacts import loader as loader_mod
-
-    monkeypatch.setattr(loader_mod, "_LOADER", None)
+    flashinfer.rmsnorm(x, w, backend="cubin")  # loaded already: the driver's copy is used
+    clear_caches()  # as a new process: the file is read (and verified) again
     monkeypatch.setenv("FLASHINFER_NO_DOWNLOAD", "1")
     with pytest.raises(OfflineError):  # the tampered copy was refused and deleted
         flashinfer.rmsnorm(x, w, backend="cubin")
     assert not obj.exists()
+    monkeypatch.delenv("FLASHINFER_NO_DOWNLOAD")
+    clear_caches()
+    flashinfer.rmsnorm(x, w, backend="cubin")  # downloaded again from the repository
+    assert obj.exists()

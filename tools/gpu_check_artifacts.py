@@ -210,7 +210,7 @@ def main() -> int:
             doc[key] = {"error": traceback.format_exc()}
             ok = False
         doc[f"{key}_s"] = round(time.perf_counter() - t, 2)
-    doc["kernels_loaded"] = sorted({k.entry.path for k in kernels._KERNELS.values()})
+    doc["kernels_loaded"] = sorted({k.entry.path for k in kernels.loaded()})
     corr = doc.get("correctness")
     if isinstance(corr, list):
         doc["all_equal"] = all(c["equal"] for c in corr)

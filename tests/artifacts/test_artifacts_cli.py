@@ -38,7 +38,7 @@ def test_status_and_show_config_with_a_pinned_release(release, monkeypatch, stor
     monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", str(release.root))
     get_cubin("sm_90a/norm/b.cubin")
     r = invoke("artifacts", "status")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # incomplete
     assert "3 files" in r.output and "in store: 1" in r.output and "missing: 2" in r.output
     assert "missing  sm_90a/norm/a.cubin" in r.output
     r = invoke("show-config")
@@ -99,7 +99,62 @@ def test_arch_spellings_and_an_arch_the_release_lacks(release, store_dir):
             assert r.exit_code == 1, (cmd, bad, r.output)
             assert why in r.output and "['10.0a', '9.0a']" in r.output, r.output
     r = invoke("artifacts", "status", "--arch", "100a", "-v")
-    assert r.exit_code == 0 and "1 files" in r.output and "missing: 1" in r.output, r.output
+    assert r.exit_code == 1 and "1 files" in r.output and "missing: 1" in r.output, r.output
+    assert "run `flashinfer artifacts download --arch 100a`" in r.output
+    r = invoke("artifacts", "status", "--arch", "90a")
+    assert r.exit_code == 0 and "in store: 2, missing: 0, corrupt: 0" in r.output, r.output
+
+
+def test_status_exits_non_zero_unless_every_file_is_available(release, store_dir):
+    """status is the check (exit 1 on a missing or corrupt file, with the download that fixes
+    it); list / list-cubins is the inventory (exit 0); status never deletes anything."""
+    r = invoke("artifacts", "download", "--repository", str(release.root))
+    assert r.exit_code == 0, r.output
+    r = invoke("artifacts", "status")
+    assert r.exit_code == 0 and "in store: 3, missing: 0, corrupt: 0" in r.output, r.output
+
+    corrupt = store_dir / release.entry("sm_90a/norm/b.cubin").object_path
+    corrupt.write_bytes(b"x" * release.entry("sm_90a/norm/b.cubin").size)
+    (store_dir / release.entry("sm_100a/act/c.cubin").object_path).unlink()
+    r = invoke("artifacts", "status", "--dest", str(store_dir))
+    assert r.exit_code == 1, r.output
+    assert "corrupt  sm_90a/norm/b.cubin" in r.output and "missing  sm_100a/act/c.cubin" in r.output
+    assert "1 files missing, 1 corrupt" in r.output
+    assert f"run `flashinfer artifacts download --dest {store_dir}`" in r.output
+    assert corrupt.exists()  # read-only
+    for cmd in (["artifacts", "list"], ["list-cubins"]):
+        r = invoke(*cmd)
+        assert r.exit_code == 0 and "missing: 1, corrupt: 1" in r.output, (cmd, r.output)
+
+    r = invoke("artifacts", "download", "--repository", str(release.root))  # repairs
+    assert r.exit_code == 0 and "2 downloaded, 1 already present" in r.output, r.output
+    r = invoke("artifacts", "status")
+    assert r.exit_code == 0, r.output
+
+
+def test_every_command_exits_non_zero_on_failure(release, tmp_path, store_dir, monkeypatch):
+    """download, verify, mirror, publish and the aliases: a failure is exit 1 with what failed
+    and a remedy, never a traceback."""
+    missing_repo = str(tmp_path / "no-such-repo")
+    cases = [
+        (["artifacts", "download", "--repository", missing_repo], "download failed"),
+        (["download-cubin", "--repository", missing_repo], "download failed"),
+        (["artifacts", "verify"], "verify failed"),
+        (["artifacts", "mirror", "--dest", str(tmp_path / "m"), "--repository", missing_repo],
+         "mirror failed"),
+        (["artifacts", "publish", "--source", str(tmp_path), "--version", "7.7.7",
+          "--repository", str(tmp_path / "pub")], "publish failed"),
+    ]
+    for args, what in cases:
+        r = invoke(*args)
+        assert r.exit_code == 1, (args, r.output)
+        assert isinstance(r.exception, SystemExit), (args, r.exception)
+        assert what in r.output, (args, r.output)
+    monkeypatch.setenv("FLASHINFER_NO_DOWNLOAD", "1")
+    for args in (["artifacts", "status"], ["list-cubins"], ["download-cubin"]):
+        r = invoke(*args)
+        assert r.exit_code == 1 and "FLASHINFER_NO_DOWNLOAD" in r.output, (args, r.output)
+        assert isinstance(r.exception, SystemExit), (args, r.exception)
 
 
 def test_select_files_raises_a_typed_arch_error(release):

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from artifacthelpers import make_release, pin, run_cli
 
-from flashinfer.artifacts import VersionMismatchError, get_cubin, resolve
+from flashinfer import _versions
+from flashinfer.artifacts import get_cubin, resolve
 from flashinfer.artifacts.manifest import ManifestError, check_path
-from flashinfer.artifacts.resolve import CubinWheel, Release, check_cubin_release, cubin_wheel_for
+from flashinfer.artifacts.resolve import CubinWheel, Release, cubin_wheel_for
 
 pytest.importorskip("hatchling", reason="building the wheel needs hatchling (nox -s tests has it)")
 
@@ -131,27 +132,80 @@ def test_the_runtime_prefers_the_wheel(monkeypatch, tmp_path):
         get_cubin("sm_90a/norm/a.cubin")
 
 
-def test_version_mismatch(monkeypatch, tmp_path):
+def test_a_wheel_of_another_release_is_ignored_with_one_warning(monkeypatch, tmp_path):
+    import warnings
+
     release = Release("7.7.8", "a" * 64)
     pin(monkeypatch, release)  # the mismatch is with the release this build pins
-    assert check_cubin_release("7.7.8", "a" * 64, "7.7.8", "a" * 64) is None
-    assert "pip install flashinfer-cubin==7.7.8" in check_cubin_release("7.7.8", "a" * 64, "7.7.7", "b" * 64)
-    assert "reinstall" in check_cubin_release("7.7.8", "a" * 64, "7.7.8", "b" * 64)
+    monkeypatch.setattr(resolve, "_WARNED", set())
     other = CubinWheel("7.7.7", "7.7.7", "b" * 64, tmp_path)
     monkeypatch.setattr(resolve, "installed_cubin_wheel", lambda: other)
-    with pytest.raises(VersionMismatchError, match="FLASHINFER_DISABLE_VERSION_CHECK"):
-        cubin_wheel_for(release)
+    with pytest.warns(_versions.VersionMismatchWarning) as caught:
+        for _ in range(3):
+            assert cubin_wheel_for(release) is None  # ignored, never an error
+    assert len(caught) == 1
+    msg = str(caught[0].message)
+    assert "flashinfer-cubin 7.7.7" in msg and "artifact release 7.7.8" in msg
+    assert "pip install --force-reinstall --no-deps 'flashinfer-cubin==7.7.8'" in msg
+    # FLASHINFER_DISABLE_VERSION_CHECK=1: silent, and the wheel is still not used.
+    monkeypatch.setattr(resolve, "_WARNED", set())
     monkeypatch.setenv("FLASHINFER_DISABLE_VERSION_CHECK", "1")
-    assert cubin_wheel_for(release) is None  # ignored, not used
-    # With the check off, a wheel of another version whose manifest IS the pinned one serves.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cubin_wheel_for(release) is None
+    # A wheel of another version whose manifest IS the pinned one serves (a post-release of
+    # flashinfer-python pins the same cubins), with or without the check.
     same = CubinWheel("7.7.7", "7.7.7", "a" * 64, tmp_path)
     monkeypatch.setattr(resolve, "installed_cubin_wheel", lambda: same)
     assert cubin_wheel_for(release) is same
-    # An empty development wheel is neither used nor an error.
     monkeypatch.delenv("FLASHINFER_DISABLE_VERSION_CHECK")
+    assert cubin_wheel_for(release) is same
+    # An empty development wheel is neither used nor warned about.
     empty = CubinWheel("7.7.8", None, None, tmp_path)
     monkeypatch.setattr(resolve, "installed_cubin_wheel", lambda: empty)
-    assert cubin_wheel_for(release) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cubin_wheel_for(release) is None
+
+
+def test_an_installed_wheel_of_another_release_never_breaks_the_ops(cubin_wheel, tmp_path):
+    """The real wheel (release 7.7.7) installed, flashinfer pinned to 7.7.8: import is silent,
+    get_cubin warns once, names both versions and the fix, and serves the file from the
+    repository instead; FLASHINFER_DISABLE_VERSION_CHECK=1 silences the warning."""
+    _, _, site = cubin_wheel
+    nxt = make_release(tmp_path / "next", "7.7.8", FILES)
+    code = f"""
+import json, warnings
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as at_import:
+    import flashinfer, flashinfer.artifacts
+from flashinfer.artifacts import Release, get_cubin
+with warnings.catch_warnings(record=True) as caught:
+    sources = [get_cubin(p, Release("7.7.8", "{nxt.sha256}")).source for p in {sorted(FILES)!r}]
+print("RESULT " + json.dumps({{"import": len(at_import), "sources": sources,
+    "warnings": [(w.category.__name__, str(w.message)) for w in caught]}}))
+"""
+    import flashinfer
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
+    base.update(FLASHINFER_CUBIN_MANIFEST_SHA256=nxt.sha256, FLASHINFER_CUBINS_REPOSITORY=str(nxt.root),
+                PYTHONPATH=os.pathsep.join([str(site), str(Path(flashinfer.__file__).parents[1])]))
+    for disabled in (False, True):
+        env = dict(base, FLASHINFER_CUBIN_DIR=str(tmp_path / f"store-{disabled}"))
+        if disabled:
+            env["FLASHINFER_DISABLE_VERSION_CHECK"] = "1"
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        result = json.loads(r.stdout.split("RESULT ", 1)[1])
+        assert result["import"] == 0
+        assert all("flashinfer_cubin" not in s for s in result["sources"]), result
+        if disabled:
+            assert result["warnings"] == []
+            continue
+        (category, message), = result["warnings"]
+        assert category == "VersionMismatchWarning"
+        assert "flashinfer-cubin 7.7.7" in message and "release 7.7.8" in message
+        assert "pip install --force-reinstall --no-deps 'flashinfer-cubin==7.7.8'" in message
 
 
 def test_the_build_refuses_a_release_that_is_not_the_pinned_one(tmp_path):
@@ -277,8 +331,9 @@ def test_a_wheel_of_the_pinned_release_does_not_block_another_release(monkeypatc
         assert counts == {"present": 0, "downloaded": 1}
         result = mirror(nxt.release, str(tmp_path / "mirror"), [server.url])
     assert result.uploaded == 1 and result.manifest_sha256 == nxt.sha256
-    # For the pinned release, a wheel of another release is still an error.
+    # For the pinned release, a wheel of another release is ignored with a warning.
     monkeypatch.setattr(resolve, "installed_cubin_wheel",
                         lambda: CubinWheel("7.7.6", "7.7.6", "c" * 64, tmp_path / "wheel"))
-    with pytest.raises(VersionMismatchError):
-        cubin_wheel_for(current.release)
+    monkeypatch.setattr(resolve, "_WARNED", set())
+    with pytest.warns(_versions.VersionMismatchWarning, match="flashinfer-cubin 7.7.6"):
+        assert cubin_wheel_for(current.release) is None

@@ -230,7 +230,7 @@ def test_cli_download_then_verify_then_status(release, http_server, store_dir):
     obj = store_dir / release.entry(BIG).object_path
     obj.write_bytes(b"x" * obj.stat().st_size)
     r = run_cli("artifacts", "status", *common)
-    assert r.returncode == 0 and "corrupt: 1" in r.stdout
+    assert r.returncode == 1 and "corrupt: 1" in r.stdout and "1 corrupt" in r.stderr
     r = run_cli("artifacts", "verify", *common)
     assert r.returncode == 1 and "a.cubin" in r.stderr and not obj.exists()
 

@@ -45,6 +45,21 @@ def test_the_loader_refuses_anything_but_a_verified_blob():
         Loader(drv=None).function(b"\x7fELF raw bytes", 0)
 
 
+def test_the_loader_hashes_the_bytes_it_hands_to_the_driver():
+    """A VerifiedBlob cannot be changed, and if its bytes were changed anyway (here by going
+    around the class), the loader refuses them: what reaches cuModuleLoadData is hashed there."""
+    from flashinfer.artifacts import ChecksumError
+
+    b = blob()
+    with pytest.raises(AttributeError, match="immutable"):
+        b.data = b"\x7fELF evil"
+    object.__setattr__(b, "data", b"\x7fELF evil cubin")
+    drv = FakeDriver()
+    with pytest.raises(ChecksumError, match="sha256|size"):
+        Loader(drv=drv).function(b, 0)
+    assert "cuModuleLoadData" not in drv.calls
+
+
 def test_missing_driver_is_a_typed_error():
     with pytest.raises(LoaderError, match="NVIDIA driver") as info:
         Driver("libcuda-that-does-not-exist.so.1")

@@ -116,3 +116,31 @@ def test_cuda_major(built, runtime, ok):
 def test_cuda_mismatch_points_at_the_runtime_index():
     msg = v.check_cuda_major("flashinfer-jit-cache", "0.1.0+cu130", "13.0", "12.8")
     assert f"{v.WHEEL_INDEX_BASE}/cu128/" in msg
+
+
+A, B = "a" * 64, "b" * 64
+
+
+def test_cubin_release_matches_by_the_pinned_manifest_hash():
+    """flashinfer-cubin serves exactly when it holds the pinned manifest, whatever the version
+    strings say (a post-release of flashinfer-python pins the same cubins)."""
+    assert v.check_cubin_release("0.2.0", "0.2.0", A, "0.2.0", "0.2.0", A) is None
+    assert v.check_cubin_release("0.2.0.post1", "0.2.0", A, "0.2.0", "0.2.0", A) is None
+    # A wheel built without a release serves nothing and is no mismatch.
+    assert v.check_cubin_release("0.2.0", "0.2.0", A, "0.2.0", None, None) is None
+
+
+def test_cubin_of_another_release_names_both_versions_and_the_fix():
+    msg = v.check_cubin_release("0.2.0", "0.2.0", A, "0.1.9", "0.1.9", B)
+    assert "flashinfer-cubin 0.1.9" in msg and "flashinfer-python 0.2.0" in msg
+    assert "release 0.2.0" in msg and "it is ignored" in msg
+    assert "pip install --force-reinstall --no-deps 'flashinfer-cubin==0.2.0'" in msg
+    assert "FLASHINFER_DISABLE_VERSION_CHECK=1 only silences this warning" in msg
+    # A prefix is not a match here either.
+    assert v.check_cubin_release("0.6.1", "0.6.1", A, "0.6.18", "0.6.18", B) is not None
+
+
+def test_cubin_of_the_same_release_with_another_manifest_says_reinstall():
+    msg = v.check_cubin_release("0.2.0", "0.2.0", A, "0.2.0", "0.2.0", B)
+    assert B in msg and A in msg and "reinstall" in msg
+    assert "'flashinfer-cubin==0.2.0'" in msg

@@ -1,14 +1,17 @@
 """Version and CUDA checks between ``flashinfer-python`` and its sibling wheels.
 
 Every function here is pure: strings in, a parsed value or a message out; nothing is imported,
-read or warned. The callers (:mod:`flashinfer.jit.jit_cache`) decide when to check and turn a
-message into one warning. Modelled on JAX's ``check_jaxlib_version``: versions are parsed and
-their release tuples compared, never string prefixes (``"0.6.18+cu130".startswith("0.6.1")`` is
-true, and FlashInfer's prefix check accepted exactly that pair).
+read or warned. The callers (:mod:`flashinfer.jit.jit_cache`, :mod:`flashinfer.artifacts.resolve`)
+decide when to check and turn a message into one warning. Modelled on JAX's
+``check_jaxlib_version``: versions are parsed and their release tuples compared, never string
+prefixes (``"0.6.18+cu130".startswith("0.6.1")`` is true, and FlashInfer's prefix check accepted
+exactly that pair).
 
 The set is released in lock step, so a sibling matches only when its public version (epoch,
 release, pre, post and dev parts) equals ours. The local label (``+cu130``) names the CUDA build
 of the jit-cache wheel and is not part of the match; the CUDA major is checked on its own.
+flashinfer-cubin is matched by the sha256 of the artifact manifest it holds, which the
+flashinfer-python build pins (:func:`check_cubin_release`).
 
 >>> check_sibling_version("flashinfer-jit-cache", "0.6.18+cu130", "0.6.1") is None
 False
@@ -165,6 +168,46 @@ def check_sibling_version(sibling: str, sibling_version: str, ours: str) -> Opti
     )
 
 
+def check_cubin_release(
+    ours: str,
+    pinned_release: str,
+    pinned_sha256: str,
+    cubin_version: str,
+    cubin_release: Optional[str],
+    cubin_sha256: Optional[str],
+) -> Optional[str]:
+    """None when an installed flashinfer-cubin serves the artifact release this flashinfer-python
+    pins, else the message of the one warning to show.
+
+    The manifest hash decides, not the version strings: the wheel serves exactly when it holds
+    the pinned manifest (a post-release of flashinfer-python that pins the same cubins is served
+    by the same flashinfer-cubin). A wheel built without a release (a development build) serves
+    nothing; it is not a mismatch either, so that is None too (callers check ``cubin_release``).
+
+    >>> check_cubin_release("0.2.0", "0.2.0", "a" * 64, "0.2.0", "0.2.0", "a" * 64) is None
+    True
+    >>> check_cubin_release("0.2.0", "0.2.0", "a" * 64, "0.1.9", "0.1.9", "b" * 64)[:50]
+    'flashinfer-cubin 0.1.9 (artifact release 0.1.9) do'
+    """
+    if cubin_release is None or cubin_sha256 is None or cubin_sha256 == pinned_sha256:
+        return None
+    fix = _fix("flashinfer-cubin", pinned_release, None, override=(
+        "FLASHINFER_DISABLE_VERSION_CHECK=1 only silences this warning: a flashinfer-cubin of "
+        "another manifest is never used, its files are not the pinned ones"))
+    if cubin_release != pinned_release:
+        return (
+            f"flashinfer-cubin {cubin_version} (artifact release {cubin_release}) does not match "
+            f"flashinfer-python {ours}, which pins artifact release {pinned_release}; it is "
+            f"ignored (kernel binaries come from the local store or a download instead). {fix}"
+        )
+    return (
+        f"flashinfer-cubin {cubin_version} holds an artifact release {cubin_release} whose "
+        f"manifest sha256 is {cubin_sha256}, not the {pinned_sha256} that flashinfer-python "
+        f"{ours} pins; it is ignored (a rebuilt or tampered wheel: reinstall it from the "
+        f"official index). {fix}"
+    )
+
+
 def cuda_major(version: Optional[str]) -> Optional[int]:
     """The major of a CUDA version string (``"13.0"``, ``"12.8.1"``, ``"13"``), else None.
 
@@ -244,16 +287,15 @@ def _label(version: str) -> Optional[str]:
         return None
 
 
-def _fix(sibling: str, ours: str, label: Optional[str]) -> str:
+def _fix(sibling: str, ours: str, label: Optional[str], override: Optional[str] = None) -> str:
     """The pip command that installs the sibling of version ``ours`` (its public part) for
-    the CUDA build ``label``."""
+    the CUDA build ``label``, and what ``FLASHINFER_DISABLE_VERSION_CHECK=1`` does
+    (``override``; default: the sibling is used anyway)."""
     want = public_version(ours) if _parses(ours) else ours
     if sibling == "flashinfer-jit-cache":
         index = f"{WHEEL_INDEX_BASE}/{label or '<your CUDA, e.g. cu130>'}/"
         cmd = f"pip install --force-reinstall --no-deps '{sibling}=={want}' --index-url {index}"
     else:
         cmd = f"pip install --force-reinstall --no-deps '{sibling}=={want}'"
-    return (
-        f"Fix: {cmd} (or pip uninstall {sibling}; FLASHINFER_DISABLE_VERSION_CHECK=1 uses it "
-        "anyway)."
-    )
+    override = override or "FLASHINFER_DISABLE_VERSION_CHECK=1 uses it anyway"
+    return f"Fix: {cmd} (or pip uninstall {sibling}; {override})."

@@ -12,6 +12,8 @@ Importing this package (and running its CLI) imports neither torch nor requests 
 
 from __future__ import annotations
 
+import sys
+
 from .errors import (
     ArchError,
     ArtifactError,
@@ -24,7 +26,6 @@ from .errors import (
     PinError,
     PublishConflictError,
     RepositoryError,
-    VersionMismatchError,
 )
 from .manifest import FileEntry, KernelInfo, Manifest, ParamLayout
 from .resolve import (
@@ -58,13 +59,27 @@ __all__ = [
     "RepositoryError",
     "Store",
     "VerifiedBlob",
-    "VersionMismatchError",
+    "clear_caches",
     "download_release",
     "get_cubin",
     "load_manifest",
     "pinned_release",
     "release_status",
 ]
+
+
+def clear_caches() -> None:
+    """Forget what this process has read and loaded: the verified manifests, the cubin kernels
+    and the loader's modules, so the next use finds, verifies and loads every file again (as a
+    new process would). For tests, and after changing the store or the installed wheels.
+    """
+    from . import loader, resolve
+
+    resolve.clear_manifest_cache()
+    loader.clear_caches()
+    kernels = sys.modules.get(f"{__name__}.kernels")  # imported only with torch, by the ops
+    if kernels is not None:
+        kernels.clear_cache()
 
 
 def __getattr__(name: str):

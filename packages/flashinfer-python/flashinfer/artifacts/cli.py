@@ -107,7 +107,8 @@ def download(version, manifest_sha256, dest, archs, repositories, jobs) -> None:
 @artifacts_group.command("verify")
 @with_release_options
 def verify_cmd(version, manifest_sha256, dest) -> None:
-    """Re-hash every stored file of a release; corrupt copies are deleted (exit 1)."""
+    """Re-hash every stored file of a release; corrupt copies are deleted (exit 1). Files the
+    store does not hold are counted, not an error (``status`` checks completeness)."""
     from .resolve import load_manifest
 
     with _errors("verify"):
@@ -134,7 +135,9 @@ def verify_cmd(version, manifest_sha256, dest) -> None:
         )
 
 
-def _status_lines(release: Release, store: Store, archs: Sequence[str], verbose: bool) -> List[str]:
+def _status(release: Release, store: Store, archs: Sequence[str], verbose: bool
+            ) -> tuple[List[str], dict[str, int]]:
+    """The lines ``status`` and ``list`` print, and the count of files in each state."""
     from .resolve import release_status
 
     rows = release_status(release, store, list(archs) or None)
@@ -149,7 +152,21 @@ def _status_lines(release: Release, store: Store, archs: Sequence[str], verbose:
         f"{len(rows)} files; in flashinfer-cubin: {counts['wheel']}, in store: "
         f"{counts['present']}, missing: {counts['missing']}, corrupt: {counts['corrupt']}"
     )
-    return [head, f"store: {store.root}"] + lines
+    return [head, f"store: {store.root}"] + lines, counts
+
+
+def _download_command(dest: Optional[Path], archs: Sequence[str], version: Optional[str],
+                      manifest_sha256: Optional[str]) -> str:
+    """The ``flashinfer artifacts download`` that completes what ``status`` looked at."""
+    words = ["flashinfer artifacts download"]
+    if version is not None:
+        words.append(f"--version {version}")
+    if manifest_sha256 is not None:
+        words.append(f"--manifest-sha256 {manifest_sha256}")
+    words += [f"--arch {a}" for a in archs]
+    if dest is not None:
+        words.append(f"--dest {dest}")
+    return " ".join(words)
 
 
 @artifacts_group.command("status")
@@ -157,22 +174,34 @@ def _status_lines(release: Release, store: Store, archs: Sequence[str], verbose:
 @click.option("--arch", "archs", multiple=True, help="Only these archs (repeatable).")
 @click.option("-v", "--verbose", is_flag=True, help="List every file, not only the missing ones.")
 def status(version, manifest_sha256, dest, archs, verbose) -> None:
-    """What is present (in flashinfer-cubin or the store), missing, or corrupt."""
+    """What is present (in flashinfer-cubin or the store), missing, or corrupt; exit 1 unless
+    every file (of ``--arch``) is available."""
     with _errors("status"):
         release = _release(version, manifest_sha256)
-        for line in _status_lines(release, _store(dest), archs, verbose):
-            click.echo(line)
+        lines, counts = _status(release, _store(dest), archs, verbose)
+    for line in lines:
+        click.echo(line)
+    if counts["missing"] or counts["corrupt"]:
+        raise click.ClickException(
+            f"release {release.version} is incomplete: {counts['missing']} files missing, "
+            f"{counts['corrupt']} corrupt (listed above); remedy: run `"
+            f"{_download_command(dest, archs, version, manifest_sha256)}` (it fetches the "
+            "missing files and replaces corrupt copies), or install the flashinfer-cubin wheel "
+            "of this release"
+        )
 
 
 @artifacts_group.command("list")
 @with_release_options
 @click.option("--arch", "archs", multiple=True, help="Only these archs (repeatable).")
 def list_cmd(version, manifest_sha256, dest, archs) -> None:
-    """Every file of the release and where it is (``status --verbose``)."""
+    """Every file of the release and where it is (an inventory: missing files are listed, not
+    an error; ``status`` is the check that fails on them)."""
     with _errors("list"):
         release = _release(version, manifest_sha256)
-        for line in _status_lines(release, _store(dest), archs, True):
-            click.echo(line)
+        lines, _ = _status(release, _store(dest), archs, True)
+    for line in lines:
+        click.echo(line)
 
 
 @artifacts_group.command("mirror")

@@ -43,10 +43,6 @@ class PinError(ArtifactError):
     """No release is pinned, or a manifest does not hash to the pinned sha256."""
 
 
-class VersionMismatchError(ArtifactError):
-    """The installed flashinfer-cubin is of another release than flashinfer-python."""
-
-
 class NotInManifestError(ArtifactError, KeyError):
     """A kernel binary was asked for that the release manifest does not list."""
 

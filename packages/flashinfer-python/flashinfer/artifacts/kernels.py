@@ -73,6 +73,19 @@ _KERNELS: dict[tuple, CubinKernel] = {}
 _LOCK = threading.Lock()
 
 
+def loaded() -> list[CubinKernel]:
+    """The kernels this process has loaded, in the order it loaded them."""
+    with _LOCK:
+        return list(_KERNELS.values())
+
+
+def clear_cache() -> None:
+    """Forget the loaded kernels (use :func:`flashinfer.artifacts.clear_caches`, which also
+    forgets the manifests and the loader's modules)."""
+    with _LOCK:
+        _KERNELS.clear()
+
+
 def kernel(family: str, variant: Mapping[str, Any], device: torch.device) -> CubinKernel:
     """The cubin kernel of ``family`` with ``variant`` for ``device`` (loaded once, cached)."""
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -7,8 +7,13 @@ functions are cached per (device, sha256, symbol). Launches go through ``cuLaunc
 caller's stream, with the Programmatic Dependent Launch attribute when asked for.
 
 The loader takes only a :class:`~flashinfer.artifacts.store.VerifiedBlob`: bytes that were hashed
-against the pinned manifest when they were read. Loading a cubin whose bytes do not match the
-manifest is therefore impossible through this API.
+against the pinned manifest when they were read. It hashes them once more right before
+``cuModuleLoadData`` (tens of microseconds for a cubin, once per module and device), so "the bytes
+handed to the driver match the manifest" is checked at the one place that loads anything, not
+only where the bytes were read. Loading a cubin whose bytes do not match the manifest is
+therefore impossible through this API. What was loaded stays loaded: the driver holds a copy,
+so changing the file afterwards changes nothing in this process (:func:`clear_caches` makes the
+next use read and verify it again).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import threading
 from typing import Iterator, Optional, Sequence
 
 from .errors import LoaderError
-from .store import VerifiedBlob
+from .store import VerifiedBlob, verify
 
 CUDA_SUCCESS = 0
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -186,6 +191,7 @@ class Loader:
             with self.current(device):
                 module = self._modules.get((device, blob.entry.sha256))
                 if module is None:
+                    verify(blob.entry, blob.data, blob.source)  # see the module docstring
                     module = ctypes.c_void_p()
                     self.drv.check(
                         "cuModuleLoadData",
@@ -255,3 +261,14 @@ def loader() -> Loader:
         if _LOADER is None:
             _LOADER = Loader()
         return _LOADER
+
+
+def clear_caches() -> None:
+    """Forget every loaded module and function: the next use loads from verified bytes again.
+
+    The modules are not unloaded from the driver (a captured CUDA graph may still launch their
+    functions); a process that calls this a few times holds a few more small modules.
+    """
+    global _LOADER
+    with _LOCK:
+        _LOADER = None

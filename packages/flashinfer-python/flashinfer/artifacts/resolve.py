@@ -13,12 +13,13 @@ import importlib
 import importlib.util
 import logging
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-from .. import knobs
+from .. import _versions, knobs
 from .errors import (
     ArchError,
     ChecksumError,
@@ -26,7 +27,6 @@ from .errors import (
     NotInManifestError,
     OfflineError,
     PinError,
-    VersionMismatchError,
 )
 from .fetch import Progress, fetch_file, fetch_small
 from .manifest import (
@@ -173,42 +173,26 @@ class _WheelRepository(DirectoryRepository):
 
 
 def installed_cubin_wheel() -> Optional[CubinWheel]:
+    """The installed flashinfer-cubin; None when there is none, or (with one warning) when it
+    cannot even be imported."""
     if importlib.util.find_spec("flashinfer_cubin") is None:
         return None
-    mod = importlib.import_module("flashinfer_cubin")
+    try:
+        mod = importlib.import_module("flashinfer_cubin")
+    except Exception as e:  # noqa: BLE001 - a broken sibling must not break the ops
+        _warn_once(("cubin-import",), (
+            f"flashinfer-cubin cannot be imported ({type(e).__name__}: {e}); it is ignored. "
+            "Fix: pip install --force-reinstall --no-deps "
+            f"'flashinfer-cubin=={_versions.public_version(_package_version())}' "
+            "(or pip uninstall flashinfer-cubin)."
+        ))
+        return None
     return CubinWheel(
         version=getattr(mod, "__version__", "unknown"),
         release=getattr(mod, "RELEASE_VERSION", None),
         manifest_sha256=getattr(mod, "MANIFEST_SHA256", None),
         root=Path(getattr(mod, "RELEASE_DIR", Path(mod.__file__).parent / "release")),
     )
-
-
-def check_cubin_release(
-    pinned_version: str, pinned_sha: str, cubin_release: Optional[str], cubin_sha: Optional[str]
-) -> Optional[str]:
-    """Why an installed flashinfer-cubin does not serve the pinned release (None: it does).
-
-    >>> check_cubin_release("0.2.0", "a" * 64, "0.2.0", "a" * 64) is None
-    True
-    >>> check_cubin_release("0.2.0", "a" * 64, "0.1.9", "b" * 64)[:40]
-    'flashinfer-cubin holds release 0.1.9, bu'
-    """
-    if cubin_release is None or cubin_sha is None:
-        return "flashinfer-cubin holds no release (it was built without one)"
-    if cubin_release != pinned_version:
-        return (
-            f"flashinfer-cubin holds release {cubin_release}, but flashinfer-python pins "
-            f"{pinned_version}; install the matching one: pip install "
-            f"flashinfer-cubin=={pinned_version}"
-        )
-    if cubin_sha != pinned_sha:
-        return (
-            f"flashinfer-cubin holds a release {cubin_release} whose manifest sha256 is "
-            f"{cubin_sha}, not the pinned {pinned_sha}; reinstall flashinfer-cubin from the "
-            "official index"
-        )
-    return None
 
 
 def _is_the_pinned_release(release: Release) -> bool:
@@ -218,36 +202,44 @@ def _is_the_pinned_release(release: Release) -> bool:
     return bool(pinned) and pinned.lower() == release.manifest_sha256
 
 
-def cubin_wheel_for(release: Release) -> Optional[CubinWheel]:
-    """The installed flashinfer-cubin if it serves ``release``.
+#: What this process has warned about (each warning is given once).
+_WARNED: set = set()
+_WARNED_LOCK = threading.Lock()
 
-    When ``release`` is the pinned one, a wheel of another release raises
-    :class:`VersionMismatchError` unless ``FLASHINFER_DISABLE_VERSION_CHECK=1``, which skips it
-    instead. With the check disabled a wheel whose manifest *is* the pinned one serves whatever
-    its version says (a post-release of flashinfer-python pins the same cubins). For another
-    release (downloading or mirroring the next one, say) the wheel is simply not a source.
+
+def cubin_wheel_for(release: Release) -> Optional[CubinWheel]:
+    """The installed flashinfer-cubin if it serves ``release``, i.e. holds its manifest.
+
+    For the pinned release, a wheel of another manifest is ignored with one
+    :class:`~flashinfer._versions.VersionMismatchWarning` per process naming both versions and
+    the ``pip install`` that fixes it (:func:`flashinfer._versions.check_cubin_release`); never
+    an error, so a stale wheel cannot break an op that the store or a download can serve.
+    ``FLASHINFER_DISABLE_VERSION_CHECK=1`` silences the warning; such a wheel is still not used
+    (its files are not the pinned ones). For another release (downloading or mirroring the next
+    one, say) the wheel is simply not a source.
     """
     wheel = installed_cubin_wheel()
-    if wheel is None:
-        return None
-    if wheel.manifest_sha256 != release.manifest_sha256 and not _is_the_pinned_release(release):
-        return None
-    if knobs.artifacts.disable_version_check:
-        if wheel.manifest_sha256 == release.manifest_sha256:
-            return wheel
-        logger.info("ignoring the installed flashinfer-cubin: %s", check_cubin_release(
-            release.version, release.manifest_sha256, wheel.release, wheel.manifest_sha256))
-        return None
-    problem = check_cubin_release(
-        release.version, release.manifest_sha256, wheel.release, wheel.manifest_sha256
-    )
-    if problem is None:
+    if wheel is None or wheel.release is None:
+        return None  # none, or an empty development wheel: nothing to serve or complain about
+    if wheel.manifest_sha256 == release.manifest_sha256:
         return wheel
-    if wheel.release is None:
-        return None  # an empty development wheel: nothing to serve, nothing to complain about
-    raise VersionMismatchError(
-        problem + " (or set FLASHINFER_DISABLE_VERSION_CHECK=1 to ignore the installed wheel)"
-    )
+    if _is_the_pinned_release(release) and not knobs.artifacts.disable_version_check:
+        _warn_once(
+            ("cubin-wheel", str(wheel.root), wheel.manifest_sha256, release.manifest_sha256),
+            _versions.check_cubin_release(
+                _package_version(), release.version, release.manifest_sha256, wheel.version,
+                wheel.release, wheel.manifest_sha256,
+            ),
+        )
+    return None
+
+
+def _warn_once(key: tuple, message: Optional[str]) -> None:
+    with _WARNED_LOCK:
+        if message is None or key in _WARNED:
+            return
+        _WARNED.add(key)
+    warnings.warn(message, _versions.VersionMismatchWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,7 +346,6 @@ def lookup(manifest: Manifest, path: str) -> FileEntry:
     return entry
 
 
-_WARNED: set = set()
 
 
 def _warn_ignored_knobs() -> None:
@@ -378,8 +369,8 @@ def get_cubin(
 
     Raises
     ------
-    PinError, VersionMismatchError
-        No release is pinned, or a manifest/wheel is not the pinned one.
+    PinError
+        No release is pinned, or a stored manifest is not the pinned one.
     NotInManifestError
         ``path`` is not part of the release.
     OfflineError

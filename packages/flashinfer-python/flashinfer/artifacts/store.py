@@ -47,9 +47,12 @@ class VerifiedBlob:
     def __init__(self, entry: FileEntry, data: bytes, source: str, token: object):
         if token is not _TOKEN:
             raise TypeError("VerifiedBlob is created only by flashinfer.artifacts.store.verify()")
-        self.entry = entry
-        self.data = data
-        self.source = source
+        object.__setattr__(self, "entry", entry)
+        object.__setattr__(self, "data", bytes(data))
+        object.__setattr__(self, "source", source)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"VerifiedBlob is immutable (cannot set {name!r})")
 
     def __repr__(self) -> str:
         return f"VerifiedBlob({self.entry.path!r}, {len(self.data)} bytes from {self.source})"
