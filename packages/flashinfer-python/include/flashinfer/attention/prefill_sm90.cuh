@@ -16,8 +16,8 @@
 // finish P V; wait, rescale O, pack P_j. The softmax is the FA2 kernel's (common.cuh).
 //
 // Work. The grid is persistent: CTA x takes work w = x, x + gridDim.x, ... of
-// num_items * num_kv_heads, w = item * num_kv_heads + kv_head, so a CTA's producer starts on
-// its next item while its consumers finish the current one.
+// num_items * num_kv_heads, w = kv_head * num_items + item (work_unit), so a CTA's producer
+// starts on its next item while its consumers finish the current one.
 //
 // Shared memory (128-byte swizzle, wgmma's own layout): 2 x Q [128 x D], kStages x K [128 x D],
 // kStages x V [128 x D], the mbarriers and two ItemRange slots: 192 KB at D = 128 with 2 stages,
@@ -41,8 +41,35 @@
 #define FLASHINFER_ATTENTION_SM90_PINGPONG 0
 #endif
 
+// Work order of the persistent grid. Head-major (1): w = kv_head * num_items + item, so the CTAs
+// running at one time share a KV head and read each request's K/V together (8-16 CTAs per
+// stream on 16 x 1024 ragged / 8 x 2048 paged prefill), and the L2 serves it. Item-major (0):
+// w = item * num_kv_heads + kv_head, the order up to a810e42: the CTAs running at one time
+// cover one query tile of every request and head, and each K/V stream comes back only after
+// the whole wave's K/V (up to 64 MB) has passed through the L2 (benchmarks/sm90_l2_model.py).
+#ifndef FLASHINFER_ATTENTION_SM90_HEAD_MAJOR
+#define FLASHINFER_ATTENTION_SM90_HEAD_MAJOR 1
+#endif
+
 namespace flashinfer {
 namespace attn {
+
+/// Work unit w of the persistent grid: (item, KV head), in the order
+/// FLASHINFER_ATTENTION_SM90_HEAD_MAJOR chooses.
+struct WorkUnit {
+  int item;
+  uint32_t kv_head;
+};
+
+__device__ __forceinline__ WorkUnit work_unit(const AttentionParams& p, int num_items, int w) {
+#if FLASHINFER_ATTENTION_SM90_HEAD_MAJOR
+  (void)p;
+  return {w % num_items, uint32_t(w / num_items)};
+#else
+  (void)num_items;
+  return {w / p.num_kv_heads, uint32_t(w % p.num_kv_heads)};
+#endif
+}
 
 /// One work item as the producer hands it to the consumers.
 struct ItemSlot {
@@ -155,14 +182,16 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<
   uint32_t k = 0;  // items so far: Q buffer k % 2, round k / 2
   // The bounds of the next item are looked up (two dependent global loads) while the current
   // item's tiles are issued, not at the item boundary, where the consumers wait for them.
-  const int num_work = *p.num_items * p.num_kv_heads;
+  const int num_items = *p.num_items;
+  const int num_work = num_items * p.num_kv_heads;
   auto range_of = [&](int w) {
-    return item_range<KT::kPaged, kCausal>(p, w / p.num_kv_heads, KT::kTileQ, kTileKV);
+    return item_range<KT::kPaged, kCausal>(p, work_unit(p, num_items, w).item, KT::kTileQ,
+                                           kTileKV);
   };
   ItemRange r_next = int(blockIdx.x) < num_work ? range_of(blockIdx.x) : ItemRange{};
   for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
     const ItemRange r = r_next;
-    const uint32_t kv_head = uint32_t(w % p.num_kv_heads);
+    const uint32_t kv_head = work_unit(p, num_items, w).kv_head;
     const int w_next = w + int(gridDim.x);
     bool looked_up = w_next >= num_work;
     auto look_up_next = [&] {
