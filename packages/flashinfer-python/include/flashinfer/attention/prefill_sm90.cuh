@@ -21,7 +21,8 @@
 //
 // Shared memory (128-byte swizzle, wgmma's own layout): 2 x Q [128 x D], kStages x K [128 x D],
 // kStages x V [128 x D], the mbarriers and two ItemRange slots: 192 KB at D = 128 with 2 stages,
-// 160 KB at D = 64 with 4 (one CTA per SM).
+// 160 KB at D = 64 with 4 (one CTA per SM). An item's Q buffer also stages its output rows for
+// coalesced 16-byte stores once its last S = Q K^T is done (sm90_store_o_smem).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -47,6 +48,10 @@
 // w = item * num_kv_heads + kv_head, the order up to a810e42: the CTAs running at one time
 // cover one query tile of every request and head, and each K/V stream comes back only after
 // the whole wave's K/V (up to 64 MB) has passed through the L2 (benchmarks/sm90_l2_model.py).
+#ifndef FLASHINFER_ATTENTION_SM90_HEAD_MAJOR
+#define FLASHINFER_ATTENTION_SM90_HEAD_MAJOR 1
+#endif
+
 // Epilogue. 1: each warp writes its 16 output rows (normalized, in the output dtype) into its
 // own rows of the item's Q buffer, which no MMA reads any more, and then stores whole rows with
 // 16-byte coalesced stores (8 rows x 16 bytes per 4-byte store instruction otherwise). 0: the
@@ -54,10 +59,6 @@
 // take the register path: they are twice the Q buffer's size.
 #ifndef FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM
 #define FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM 1
-#endif
-
-#ifndef FLASHINFER_ATTENTION_SM90_HEAD_MAJOR
-#define FLASHINFER_ATTENTION_SM90_HEAD_MAJOR 1
 #endif
 
 namespace flashinfer {
