@@ -28,9 +28,13 @@ from flashinfer import aot  # noqa: E402
 from flashinfer.jit.attention import AttentionVariant  # noqa: E402
 from flashinfer.jit.core import get_module  # noqa: E402
 
+# The Hopper kernel's switches (include/flashinfer/attention/prefill_sm90.cuh); "default" is
+# head-major work order with the O epilogue through shared memory, the last one is a810e42.
 VARIANTS = {
     "default": (),
-    "sm90 no ping-pong": ("SM90_PINGPONG=0",),
+    "sm90 item-major": ("SM90_HEAD_MAJOR=0",),
+    "sm90 register epilogue": ("SM90_EPILOGUE_SMEM=0",),
+    "sm90 item-major, register epilogue": ("SM90_HEAD_MAJOR=0", "SM90_EPILOGUE_SMEM=0"),
 }
 MODULES = [
     AttentionVariant("bfloat16", "bfloat16", 128, "none", "NONE", True),     # decode

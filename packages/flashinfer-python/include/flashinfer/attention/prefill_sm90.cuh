@@ -16,12 +16,13 @@
 // finish P V; wait, rescale O, pack P_j. The softmax is the FA2 kernel's (common.cuh).
 //
 // Work. The grid is persistent: CTA x takes work w = x, x + gridDim.x, ... of
-// num_items * num_kv_heads, w = item * num_kv_heads + kv_head, so a CTA's producer starts on
-// its next item while its consumers finish the current one.
+// num_items * num_kv_heads, w = kv_head * num_items + item (work_unit), so a CTA's producer
+// starts on its next item while its consumers finish the current one.
 //
 // Shared memory (128-byte swizzle, wgmma's own layout): 2 x Q [128 x D], kStages x K [128 x D],
 // kStages x V [128 x D], the mbarriers and two ItemRange slots: 192 KB at D = 128 with 2 stages,
-// 160 KB at D = 64 with 4 (one CTA per SM).
+// 160 KB at D = 64 with 4 (one CTA per SM). An item's Q buffer also stages its output rows for
+// coalesced 16-byte stores once its last S = Q K^T is done (sm90_store_o_smem).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -41,8 +42,44 @@
 #define FLASHINFER_ATTENTION_SM90_PINGPONG 0
 #endif
 
+// Work order of the persistent grid. Head-major (1): w = kv_head * num_items + item, so the CTAs
+// running at one time share a KV head and read each request's K/V together (8-16 CTAs per
+// stream on 16 x 1024 ragged / 8 x 2048 paged prefill), and the L2 serves it. Item-major (0):
+// w = item * num_kv_heads + kv_head, the order up to a810e42: the CTAs running at one time
+// cover one query tile of every request and head, and each K/V stream comes back only after
+// the whole wave's K/V (up to 64 MB) has passed through the L2 (benchmarks/sm90_l2_model.py).
+#ifndef FLASHINFER_ATTENTION_SM90_HEAD_MAJOR
+#define FLASHINFER_ATTENTION_SM90_HEAD_MAJOR 1
+#endif
+
+// Epilogue. 1: each warp writes its 16 output rows (normalized, in the output dtype) into its
+// own rows of the item's Q buffer, which no MMA reads any more, and then stores whole rows with
+// 16-byte coalesced stores (8 rows x 16 bytes per 4-byte store instruction otherwise). 0: the
+// 4-byte stores straight from the accumulators (a810e42). Split-KV partials (float32) always
+// take the register path: they are twice the Q buffer's size.
+#ifndef FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM
+#define FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM 1
+#endif
+
 namespace flashinfer {
 namespace attn {
+
+/// Work unit w of the persistent grid: (item, KV head), in the order
+/// FLASHINFER_ATTENTION_SM90_HEAD_MAJOR chooses.
+struct WorkUnit {
+  int item;
+  uint32_t kv_head;
+};
+
+__device__ __forceinline__ WorkUnit work_unit(const AttentionParams& p, int num_items, int w) {
+#if FLASHINFER_ATTENTION_SM90_HEAD_MAJOR
+  (void)p;
+  return {w % num_items, uint32_t(w / num_items)};
+#else
+  (void)num_items;
+  return {w / p.num_kv_heads, uint32_t(w % p.num_kv_heads)};
+#endif
+}
 
 /// One work item as the producer hands it to the consumers.
 struct ItemSlot {
@@ -155,14 +192,16 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<
   uint32_t k = 0;  // items so far: Q buffer k % 2, round k / 2
   // The bounds of the next item are looked up (two dependent global loads) while the current
   // item's tiles are issued, not at the item boundary, where the consumers wait for them.
-  const int num_work = *p.num_items * p.num_kv_heads;
+  const int num_items = *p.num_items;
+  const int num_work = num_items * p.num_kv_heads;
   auto range_of = [&](int w) {
-    return item_range<KT::kPaged, kCausal>(p, w / p.num_kv_heads, KT::kTileQ, kTileKV);
+    return item_range<KT::kPaged, kCausal>(p, work_unit(p, num_items, w).item, KT::kTileQ,
+                                           kTileKV);
   };
   ItemRange r_next = int(blockIdx.x) < num_work ? range_of(blockIdx.x) : ItemRange{};
   for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
     const ItemRange r = r_next;
-    const uint32_t kv_head = uint32_t(w % p.num_kv_heads);
+    const uint32_t kv_head = work_unit(p, num_items, w).kv_head;
     const int w_next = w + int(gridDim.x);
     bool looked_up = w_next >= num_work;
     auto look_up_next = [&] {
@@ -252,6 +291,66 @@ __device__ __forceinline__ void sm90_release(uint64_t* bar) {
 __device__ __forceinline__ void sm90_acquire(uint64_t* bar, uint32_t parity) {
   sm90::mbar_wait(bar, parity);
   sm90::fence_proxy_async();
+}
+
+/*!
+ * @brief The final output of one warp's 16 rows through shared memory: the accumulators
+ *   (normalized and scaled, in the output dtype) into rows `tile_row` .. `tile_row` + 15 of
+ *   `stage` (a Q buffer, same swizzled layout: conflict-free for the 4-byte writes of the
+ *   accumulator layout and for the 16-byte reads of whole rows), then each row to global
+ *   memory as D / 8 16-byte chunks. Rows past the request are skipped; the lse as before.
+ */
+template <class KT>
+__device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT::DTypeO,
+                                                                      KT::kHeadDim>& out,
+                                                  const float (&o)[1][KT::kHeadDim / 8][4],
+                                                  const float (&m)[1][2], const float (&d)[1][2],
+                                                  typename KT::DTypeO* stage, int tile_row,
+                                                  int first_row, int lane) {
+  using TO = typename KT::DTypeO;
+  using Tile = typename KT::QTile;
+  constexpr int D = KT::kHeadDim, kChunks = D / 8, kRowsPerPass = 32 / kChunks;
+  static_assert(sizeof(TO) == 2, "the output tile is staged in a 2-byte Q buffer");
+  const AttentionParams& p = out.p;
+  const ItemRange& r = out.r;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = tile_row + g + 8 * h, pr = first_row + g + 8 * h;
+    const float inv = d[0][h] > 0.f ? p.o_scale / d[0][h] : 0.f;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(stage + Tile::offset(row, n) + 2 * t) =
+          pack2<TO>(o[0][n][2 * h] * inv, o[0][n][2 * h + 1] * inv);
+    }
+    if (t == 0 && pr < r.packed_len) {
+      out.lse(pr, d[0][h] > 0.f ? m[0][h] + log2f(d[0][h]) : -INFINITY);
+    }
+  }
+  __syncwarp();
+  // Packed row pr is q row pr / G, head pr % G of the KV head's group: this lane's rows step
+  // by kRowsPerPass, so (qo, head) step by (kRowsPerPass / G, kRowsPerPass % G) with a carry
+  // (two divisions in all, not one per row).
+  const int G = p.group_size, chunk = lane % kChunks;
+  const int pr0 = first_row + lane / kChunks;
+  int qo = pr0 / G, head = pr0 - qo * G;
+  const int q_step = kRowsPerPass / G, h_step = kRowsPerPass - q_step * G;
+  TO* o_base = static_cast<TO*>(p.o) + int64_t(r.qo_begin) * p.o_stride_n +
+               int64_t(out.kv_head) * G * p.o_stride_h + chunk * 8;
+#pragma unroll
+  for (int it = 0; it < 16 / kRowsPerPass; ++it) {
+    const int lr = it * kRowsPerPass + lane / kChunks;
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + Tile::offset(tile_row + lr, chunk));
+    if (first_row + lr < r.packed_len) {
+      *reinterpret_cast<uint4*>(o_base + qo * p.o_stride_n + head * p.o_stride_h) = v;
+    }
+    head += h_step;
+    qo += q_step;
+    if (head >= G) {
+      head -= G;
+      ++qo;
+    }
+  }
 }
 
 /// A consumer warpgroup: 64 rows of every work item of this CTA.
@@ -408,8 +507,21 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
     }
 
     quad_sum(d);
+    // A row that saw no key writes 0 and lse -inf.
     const OutputWriter<TO, D> out{p, r, kv_head};
-    out.rows(o, m, d, first_row, g, t);  // a row that saw no key writes 0 and lse -inf
+#if FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM
+    // The item's Q buffer is free: every wgmma of the item has completed (its last P V needed
+    // all four warps of the warpgroup past their last S wait), and each warp writes only the
+    // 16 rows it owns; the producer refills the buffer after q_empty below.
+    if (!p.split_kv) {
+      sm90_store_o_smem<KT>(out, o, m, d, sync.template q_tile<TO>(qb),
+                            wg * 64 + (warp % 4) * 16, first_row, lane);
+    } else {
+      out.rows(o, m, d, first_row, g, t);
+    }
+#else
+    out.rows(o, m, d, first_row, g, t);
+#endif
     sm90_release(sync.q_empty(qb));
   }
   if (wg == 0) my_turn();  // takes warpgroup 1's last hand-over: no arrival is left pending
