@@ -1,8 +1,9 @@
 """Benchmark harness: ceilings measured in the same run, then every case, into one JSON.
 
-Method (device README's METHOD.md): measure the two ceilings first (a large device-to-device
-copy counting bytes read + written; an 8192³ bf16 matmul), warm up, take the median of many
-CUDA-event timings, random inputs only (never zeros), inputs far larger than L2.
+Method (device README's METHOD.md): measure the ceilings first (a large device-to-device copy
+counting bytes read + written; a read-only pass over the same size, for ops that mostly read,
+such as decode; an 8192³ bf16 matmul), warm up, take the median of many CUDA-event timings,
+random inputs only (never zeros), inputs far larger than L2.
 """
 
 from __future__ import annotations
@@ -64,10 +65,58 @@ def _copy_ms(n: int) -> float:
     return _median_ms(lambda: dst.copy_(src))[0]
 
 
+# Reads n bytes once (16-byte loads, four in flight per thread, a grid-stride loop over a
+# full-occupancy grid) and writes nothing unless the XOR of all words hits one value: the
+# read-only bandwidth that a read-mostly kernel (decode) can hope for.
+_READ_SRC = r"""
+extern "C" __global__ void read_once(const int4* __restrict__ x, long long n, unsigned* out) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  unsigned acc = 0;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const int4 a = x[i], b = x[i + stride], c = x[i + 2 * stride], d = x[i + 3 * stride];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^
+           d.z ^ d.w;
+  }
+  for (; i < n; i += stride) {
+    const int4 a = x[i];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (acc == 0x9e3779b9u) out[0] = acc;
+}
+"""
+
+
+def _read_ms(n: int) -> tuple[float, str]:
+    """Milliseconds to read n bytes once, and how: the kernel above through CuPy (NVRTC), or,
+    where CuPy is missing or fails (the reason is recorded), a torch sum (a reduction kernel,
+    usually a little slower)."""
+    src = torch.randint(-128, 127, (n,), dtype=torch.int8, device="cuda")
+    try:
+        import cupy
+
+        kernel = cupy.RawKernel(_READ_SRC, "read_once")
+        x, out = cupy.from_dlpack(src), cupy.zeros(1, dtype=cupy.uint32)
+        p = torch.cuda.get_device_properties(0)
+        grid, block = p.multi_processor_count * (2048 // 256), 256
+
+        def run():
+            with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                kernel((grid,), (block,), (x, cupy.int64(n // 16), out))
+
+        return _median_ms(run)[0], "16-byte loads kernel (cupy)"
+    except Exception as err:  # recorded in the result, never hidden
+        words = src.view(torch.int32)
+        why = f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+        return _median_ms(lambda: words.sum(dtype=torch.int64))[0], f"torch.sum ({why})"
+
+
 def measure_ceilings() -> dict:
-    """Copy bandwidth (GB/s, read+write) and bf16 matmul rate (TFLOP/s) on this device."""
+    """Copy bandwidth (GB/s, read+write), read-only bandwidth (GB/s) and bf16 matmul rate
+    (TFLOP/s) on this device."""
     n = 1 << 30  # 1 GiB each way, 20x the H100's L2
     copy_ms = _copy_ms(n)
+    read_ms, read_method = _read_ms(n)
     m = 8192
     a = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
@@ -75,6 +124,9 @@ def measure_ceilings() -> dict:
     return {
         "copy_GBps": 2 * n / (copy_ms * 1e-3) / 1e9,
         "copy_bytes": 2 * n,
+        "read_GBps": n / (read_ms * 1e-3) / 1e9,
+        "read_bytes": n,
+        "read_method": read_method,
         "bf16_matmul_TFLOPs": 2 * m**3 / (mm_ms * 1e-3) / 1e12,
         "matmul_shape": [m, m, m],
     }
@@ -105,6 +157,8 @@ def run_cases(cases: list[Case], ceilings: dict) -> list[dict]:
             gbps = case.bytes_moved / (med * 1e-3) / 1e9
             row.update(bytes=case.bytes_moved, GBps=round(gbps, 1),
                        pct_of_copy=round(100 * gbps / ceilings["copy_GBps"], 1))
+            if "read_GBps" in ceilings:  # the ceiling of read-mostly ops (decode)
+                row["pct_of_read"] = round(100 * gbps / ceilings["read_GBps"], 1)
         if case.flops:
             tflops = case.flops / (med * 1e-3) / 1e12
             row.update(flops=case.flops, TFLOPs=round(tflops, 1),
