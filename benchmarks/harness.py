@@ -100,8 +100,9 @@ def _read_ms(n: int) -> tuple[float, str]:
         p = torch.cuda.get_device_properties(0)
         grid, block = p.multi_processor_count * (2048 // 256), 256
 
-        def run():
-            with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        def run():  # on torch's current stream, where the timing events are recorded
+            stream = torch.cuda.current_stream().cuda_stream
+            with cupy.cuda.ExternalStream(stream) if stream else cupy.cuda.Stream.null:
                 kernel((grid,), (block,), (x, cupy.int64(n // 16), out))
 
         return _median_ms(run)[0], "16-byte loads kernel (cupy)"
