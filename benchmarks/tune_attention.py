@@ -39,11 +39,10 @@ VARIANTS = {
     "sm90 item-major": ("SM90_HEAD_MAJOR=0",),
     "sm90 register epilogue": ("SM90_EPILOGUE_SMEM=0",),
     "sm90 item-major, register epilogue": ("SM90_HEAD_MAJOR=0", "SM90_EPILOGUE_SMEM=0"),
-    # Decode (cta 0) K/V loaders and occupancy. cta 0 takes 168 registers x 128 threads: three
-    # CTAs per SM (batch 64 x 8 heads = 512 CTAs: 1.3 waves); MIN_BLOCKS=4 caps it at 128.
-    "cta0 4 CTAs/SM": ("CTA0_MIN_BLOCKS=4",),
+    # Decode (cta 0) K/V loaders. Shared memory allows two cta 0 CTAs per SM at 3 stages (100 KB
+    # each, 106 KB with the bulk loader's padded rows), three at 2 stages.
     "bulk kv": ("BULK_KV=1",),
-    "bulk kv, 4 CTAs/SM": ("BULK_KV=1", "CTA0_MIN_BLOCKS=4"),
+    "bulk kv, 2 stages": ("BULK_KV=1", "STAGES=2"),
     "bulk kv, 4 stages": ("BULK_KV=1", "STAGES=4"),
     "bulk kv, 2 streams x 32 keys": ("BULK_KV=1", "CTA0_WARPS_KV=2", "CTA0_MMA_KV=2"),
     "bulk kv, 4 streams x 32 keys": ("BULK_KV=1", "CTA0_MMA_KV=2"),

@@ -39,15 +39,9 @@ constexpr bool kPaged = FI_PAGED != 0;
 #define FLASHINFER_ATTENTION_BULK_KV 0
 #endif
 constexpr int kBulkKV = FLASHINFER_ATTENTION_BULK_KV;
-// CTAs per SM that cta 0's register allocation must allow (0: no constraint). At 168 registers
-// x 128 threads three fit; four need <= 128 registers.
-#ifndef FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS
-#define FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS 0
-#endif
 
-template <int WQ, int WKV, int MQ, int MKV, bool BULK = (kBulkKV >= 2), int MIN_BLOCKS = 0>
-using Traits =
-    KernelTraits<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, WKV, MQ, MKV, BULK, MIN_BLOCKS>;
+template <int WQ, int WKV, int MQ, int MKV, bool BULK = (kBulkKV >= 2)>
+using Traits = KernelTraits<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, WKV, MQ, MKV, BULK>;
 
 // CTA shapes (the `cta` argument of run; flashinfer/jit/attention.py mirrors this table):
 //   0: 16 rows,  1 x 4 warps (decode, short queries), 16-key steps
@@ -64,7 +58,7 @@ constexpr int kStepKV = kHeadDim <= 128 ? 4 : 2;
 #define FLASHINFER_ATTENTION_CTA0_MMA_KV 1
 #endif
 using Cta0 = Traits<1, FLASHINFER_ATTENTION_CTA0_WARPS_KV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
-                    (kBulkKV >= 1), FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS>;
+                    (kBulkKV >= 1)>;
 #ifndef FLASHINFER_ATTENTION_CTA1_MMA_KV
 #define FLASHINFER_ATTENTION_CTA1_MMA_KV kStepKV
 #endif

@@ -59,11 +59,10 @@ namespace attn {
  * @tparam WARPS_Q_, WARPS_KV_ warps splitting rows, groups of warps splitting keys
  * @tparam MMA_Q_ 16-row MMA tiles per warp; MMA_KV_ 16-key MMA tiles per pipeline step
  * @tparam BULK_KV_ load K/V rows with bulk copies (sm_90 builds; others fall back to cp.async)
- * @tparam MIN_BLOCKS_ CTAs per SM the register allocation must allow (0: no constraint)
  */
 template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, MaskMode MASK_, PosEncoding POS_,
           bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_, int MMA_KV_,
-          bool BULK_KV_ = false, int MIN_BLOCKS_ = 0>
+          bool BULK_KV_ = false>
 struct KernelTraits {
   using DTypeQ = DTypeQ_;
   using DTypeKV = DTypeQ_;
@@ -83,7 +82,6 @@ struct KernelTraits {
   static constexpr int kTileKV = 16 * kMmaKV;
   static constexpr int kChunks = HEAD_DIM_ / 8;
   static constexpr bool kBulkKV = BULK_KV_;
-  static constexpr int kMinBlocks = MIN_BLOCKS_;
   // Elements per K/V row in shared memory (the bulk loader's rows are padded; PaddedTile).
   static constexpr int kKVRowElems = kBulkKV ? PaddedTile<HEAD_DIM_>::kRowElems : HEAD_DIM_;
   // Q fragments stay in registers when they are few (decode, head_dim <= 128); otherwise they
@@ -509,7 +507,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
 }
 
 template <class KT>
-__global__ void __launch_bounds__(KT::kThreads, KT::kMinBlocks)
+__global__ void __launch_bounds__(KT::kThreads)
     attention_kernel(const __grid_constant__ AttentionParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint32_t kv_phase = 0;
