@@ -21,7 +21,7 @@ def _ws():
 
 
 def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note="",
-            layout="NHD", shuffle_pages=True, use_cuda_graph=None):
+            layout="NHD", shuffle_pages=True, use_cuda_graph=None, l2_flush="read"):
     """Pages in random order by default (a long-running server's cache), NHD. Timed as graph
     replays (harness.Case), as serving frameworks run decode; ``use_cuda_graph=False`` times
     the Python call with CUDA events instead (host launch gaps included)."""
@@ -43,7 +43,7 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
                 lambda: w.run(q, cache, out=out), bytes_moved=kv_bytes + 2 * q.numel() * 2,
                 baseline_us=baseline, target=target,
                 extra={"split": w._plan.kv_chunk_size, "items": w._plan.num_items},
-                use_cuda_graph=use_cuda_graph)
+                use_cuda_graph=use_cuda_graph, l2_flush=l2_flush)
 
 
 def _causal_flops(qo, kv):
@@ -127,6 +127,10 @@ def cases() -> list[Case]:
     # GPU's.
     out.append(_decode(1, 32768, True, 56.0, "<= 50 us", note=", events",
                        use_cuda_graph=False))
+    # After a dirty (zero_) flush: the write-back of 50 MB of the flush's lines is then timed too.
+    out.append(_decode(1, 32768, True, 56.0, "<= 50 us", note=", write flush", l2_flush="write"))
+    out.append(_decode(64, 4096, True, 362.8, "<= 350 us", note=", write flush",
+                       l2_flush="write"))
     for split in (256, 512, 2048):
         out.append(_decode(1, 32768, True, 56.0, "<= 50 us", split, f", chunk {split}"))
     for split in (512, 1024, 2048):

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+import flashinfer.testing
 from flashinfer.testing import bench_gpu_time
 
 
@@ -42,6 +43,9 @@ class Case:
     # and merges; serving frameworks run these under CUDA graphs). Compute-bound cases (prefill,
     # which plans on the host per call) are timed with CUDA events around the call.
     use_cuda_graph: Optional[bool] = None
+    # How the L2 is made cold before each call (flashinfer.testing.L2_FLUSH_MODE): "read" leaves
+    # clean lines, "write" dirty ones whose write-back the timed call then pays.
+    l2_flush: str = "read"
 
 
 def _median_ms(
@@ -116,7 +120,13 @@ def measure_ceilings() -> dict:
     """Copy bandwidth (GB/s, read+write), read-only bandwidth (GB/s) and bf16 matmul rate
     (TFLOP/s) on this device."""
     n = 1 << 30  # 1 GiB each way, 20x the H100's L2
-    copy_ms = _copy_ms(n)
+    # The copy after a write flush: it starts with an L2 full of dirty lines and leaves its own,
+    # the steady state of a stream of copies (and the ceiling's definition in earlier records).
+    flashinfer.testing.L2_FLUSH_MODE = "write"
+    try:
+        copy_ms = _copy_ms(n)
+    finally:
+        flashinfer.testing.L2_FLUSH_MODE = "read"
     read_ms, read_method = _read_ms(n)
     m = 8192
     a = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
@@ -140,6 +150,7 @@ def run_cases(cases: list[Case], ceilings: dict) -> list[dict]:
         if graph is None:
             graph = case.bytes_moved > 0
         timing = "cuda graph replay (1 call per replay, cold L2)" if graph else "cuda events"
+        flashinfer.testing.L2_FLUSH_MODE = case.l2_flush
         try:
             med, p10, p90 = _median_ms(case.fn, use_cuda_graph=graph)
         except RuntimeError as err:  # an op that cannot be captured: time the call itself
@@ -147,6 +158,9 @@ def run_cases(cases: list[Case], ceilings: dict) -> list[dict]:
                 raise
             timing = f"cuda events (graph capture failed: {str(err).splitlines()[0][:120]})"
             med, p10, p90 = _median_ms(case.fn, use_cuda_graph=False)
+        finally:
+            flashinfer.testing.L2_FLUSH_MODE = "read"
+        timing += f", {case.l2_flush} flush"
         row: dict[str, Any] = {
             "name": case.name,
             "timing": timing,

@@ -32,16 +32,8 @@ constexpr MaskMode kMask = static_cast<MaskMode>(FI_MASK_MODE);
 constexpr PosEncoding kPos = static_cast<PosEncoding>(FI_POS_ENCODING);
 constexpr bool kPaged = FI_PAGED != 0;
 
-// K/V loader (FLASHINFER_ATTENTION_BULK_KV; benchmarks/tune_attention.py): 0 cp.async for
-// every shape, 1 bulk copies for cta 0 (decode), 2 for ctas 0-2. Bulk copies need an sm_90
-// build; other targets keep cp.async (prefill.cuh).
-#ifndef FLASHINFER_ATTENTION_BULK_KV
-#define FLASHINFER_ATTENTION_BULK_KV 0
-#endif
-constexpr int kBulkKV = FLASHINFER_ATTENTION_BULK_KV;
-
-template <int WQ, int WKV, int MQ, int MKV, bool BULK = (kBulkKV >= 2)>
-using Traits = KernelTraits<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, WKV, MQ, MKV, BULK>;
+template <int WQ, int WKV, int MQ, int MKV>
+using Traits = KernelTraits<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, WKV, MQ, MKV>;
 
 // CTA shapes (the `cta` argument of run; flashinfer/jit/attention.py mirrors this table):
 //   0: 16 rows,  1 x 4 warps (decode, short queries), 16-key steps
@@ -57,8 +49,7 @@ constexpr int kStepKV = kHeadDim <= 128 ? 4 : 2;
 #ifndef FLASHINFER_ATTENTION_CTA0_MMA_KV
 #define FLASHINFER_ATTENTION_CTA0_MMA_KV 1
 #endif
-using Cta0 = Traits<1, FLASHINFER_ATTENTION_CTA0_WARPS_KV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
-                    (kBulkKV >= 1)>;
+using Cta0 = Traits<1, FLASHINFER_ATTENTION_CTA0_WARPS_KV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV>;
 #ifndef FLASHINFER_ATTENTION_CTA1_MMA_KV
 #define FLASHINFER_ATTENTION_CTA1_MMA_KV kStepKV
 #endif

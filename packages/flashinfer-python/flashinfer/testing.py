@@ -2,8 +2,8 @@
 
 :func:`bench_gpu_time` times a callable on the GPU and returns per-iteration milliseconds. Timing
 follows the usual discipline: warm-up first (module loads, allocator growth stay out of the
-numbers), many repetitions, optionally a cold L2 before each one, CUDA events around the work
-(or around a CUDA graph of several iterations, for launch-bound ops).
+numbers), many repetitions, optionally a cold L2 before each one (``L2_FLUSH_MODE``), CUDA events
+around the work (or around a CUDA graph of several iterations, for launch-bound ops).
 """
 
 from __future__ import annotations
@@ -24,10 +24,23 @@ def set_seed(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
+# How a cold L2 is made before each timed call. "read" (default): one read pass over twice the L2
+# size, so the L2 holds only clean, unrelated lines, as after a predecessor whose results were
+# written back. "write": zero twice the L2 size (Triton's do_bench does this); the L2 is then
+# full of dirty lines whose write-back (up to the L2 size, ~50 MB or ~17 us on an H100) lands
+# inside the timed call; benchmarks/NOTES.md (2026-11-24) compares the two.
+L2_FLUSH_MODE = "read"
+
+
 def _l2_flusher(device: torch.device) -> Callable[[], None]:
+    if L2_FLUSH_MODE not in ("read", "write"):
+        raise ValueError(f"L2_FLUSH_MODE must be 'read' or 'write', got {L2_FLUSH_MODE!r}")
     size = torch.cuda.get_device_properties(device).L2_cache_size
-    buf = torch.empty(max(2 * size, 1 << 20), dtype=torch.int8, device=device)
-    return lambda: buf.zero_()
+    buf = torch.zeros(max(2 * size, 1 << 20) // 8, dtype=torch.int64, device=device)
+    if L2_FLUSH_MODE == "write":
+        return lambda: buf.zero_()
+    out = torch.empty((), dtype=torch.int64, device=device)
+    return lambda: torch.sum(buf, out=out)
 
 
 def _iterations(fn: Callable[[], Any], time_ms: float, iters: Optional[int]) -> int:

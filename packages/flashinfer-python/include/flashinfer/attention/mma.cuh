@@ -121,28 +121,5 @@ struct SwizzledTile {
   }
 };
 
-/*!
- * @brief A [rows][HEAD_DIM] tile of 2-byte elements whose rows are padded to HEAD_DIM + 8
- *   elements: the layout of rows written whole by bulk copies, which cannot swizzle.
- *
- * A row is 2 * HEAD_DIM + 16 bytes = 4 (mod 32) banks further on, so the 8 rows of one ldmatrix
- * phase (one 16-byte chunk each) start at banks 4r + 4c (mod 32), r = 0..7: all 32 banks once,
- * for ldmatrix and ldmatrix.trans alike. Rows stay 16-byte aligned (bulk copy destinations).
- */
-template <int HEAD_DIM>
-struct PaddedTile {
-  static_assert(HEAD_DIM % 64 == 0, "HEAD_DIM must be a multiple of 64");
-  static constexpr int kRowElems = HEAD_DIM + 8;
-
-  /// Element offset of chunk `chunk` of row `row`.
-  __device__ __forceinline__ static uint32_t offset(uint32_t row, uint32_t chunk) {
-    return row * kRowElems + (chunk << 3);
-  }
-  /// Element offset of element `col` of row `row`.
-  __device__ __forceinline__ static uint32_t elem(uint32_t row, uint32_t col) {
-    return row * kRowElems + col;
-  }
-};
-
 }  // namespace attn
 }  // namespace flashinfer

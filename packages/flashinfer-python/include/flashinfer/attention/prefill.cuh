@@ -19,16 +19,6 @@
 // Pipeline per KV tile j (kStages buffers, loads kStages - 1 tiles ahead): look up the rows of
 // tile j + kStages - 1 -> wait K[j] -> S = Q K^T -> issue its K -> mask, softmax -> wait V[j] ->
 // O += P V -> issue its V. Decode also gets bytes in flight from the kWarpsKV key streams.
-//
-// K/V loaders. Default: 16-byte cp.async into swizzled tiles (every thread copies chunks of
-// several rows; rows past the end are zero-filled). Bulk (traits BULK_KV, sm_90 builds only):
-// one cp.async.bulk per K or V row (head_dim * 2 contiguous bytes), issued by thread r of the
-// group for row r, into rows padded to head_dim + 8 elements (PaddedTile: bulk copies cannot
-// swizzle); each stage's K and V have an mbarrier that each issuing thread arrives on with
-// expect_tx of its own bytes before its copies, and the group waits on its phase instead of
-// cp.async.wait_group. Rows past the end copy the last key again: their logits are masked to
-// -inf (P = 0) and their V is finite, so 0 * V adds nothing (stale shared memory could hold a
-// NaN, and 0 * NaN is NaN), and every tile completes the same byte count.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -41,7 +31,6 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "params.cuh"
-#include "sm90.cuh"
 
 #ifndef FLASHINFER_ATTENTION_STAGES
 #define FLASHINFER_ATTENTION_STAGES 3
@@ -58,11 +47,9 @@ namespace attn {
  * @tparam PAGED_ paged KV cache (else ragged)
  * @tparam WARPS_Q_, WARPS_KV_ warps splitting rows, groups of warps splitting keys
  * @tparam MMA_Q_ 16-row MMA tiles per warp; MMA_KV_ 16-key MMA tiles per pipeline step
- * @tparam BULK_KV_ load K/V rows with bulk copies (sm_90 builds; others fall back to cp.async)
  */
 template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, MaskMode MASK_, PosEncoding POS_,
-          bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_, int MMA_KV_,
-          bool BULK_KV_ = false>
+          bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_, int MMA_KV_>
 struct KernelTraits {
   using DTypeQ = DTypeQ_;
   using DTypeKV = DTypeQ_;
@@ -81,53 +68,27 @@ struct KernelTraits {
   static constexpr int kTileQ = 16 * kMmaQ * kWarpsQ;
   static constexpr int kTileKV = 16 * kMmaKV;
   static constexpr int kChunks = HEAD_DIM_ / 8;
-  static constexpr bool kBulkKV = BULK_KV_;
-  // Elements per K/V row in shared memory (the bulk loader's rows are padded; PaddedTile).
-  static constexpr int kKVRowElems = kBulkKV ? PaddedTile<HEAD_DIM_>::kRowElems : HEAD_DIM_;
   // Q fragments stay in registers when they are few (decode, head_dim <= 128); otherwise they
   // are re-read from shared memory for each KV tile (the O accumulators need the registers).
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
   // Tiles in flight per key stream: three (loads issued two tiles ahead) where shared memory
   // allows two CTAs per SM; head_dim 256 keeps two. FLASHINFER_ATTENTION_STAGES overrides the
   // first (benchmarks/tune_attention.py).
-  static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
-  static constexpr size_t kMergeSmem =
-      kWarpsKV > 1 ? size_t(kWarpsKV) * kTileQ * (HEAD_DIM_ + 2) * sizeof(float) : 0;
-  static constexpr size_t kv_smem(int stages, int row_elems) {
-    return size_t(kWarpsKV) * stages * 2 /*K,V*/ * kTileKV * row_elems * sizeof(DTypeKV);
-  }
-  // CTAs per SM that `bytes` of shared memory allow (228 KB per SM, 1 KB reserved per CTA).
-  static constexpr int ctas_per_sm(size_t bytes) { return int((228u << 10) / (bytes + 1024)); }
-  static constexpr int kStagesWanted = HEAD_DIM_ <= 128 ? FLASHINFER_ATTENTION_STAGES : 2;
-  // Padded rows make the bulk loader's tiles 6% larger (head_dim 128); where that would cost a
-  // CTA per SM, take one stage fewer (64-key tiles at head_dim 128: three padded stages and Q
-  // are 120 KB, one CTA per SM; two are 84 KB).
-  static constexpr bool kPaddingCostsACta =
-      kBulkKV && kStagesWanted > 2 &&
-      ctas_per_sm(kQSmem + kv_smem(kStagesWanted, kKVRowElems)) <
-          ctas_per_sm(kQSmem + kv_smem(kStagesWanted, HEAD_DIM_));
-  static constexpr int kStages = kPaddingCostsACta ? kStagesWanted - 1 : kStagesWanted;
+  static constexpr int kStages = HEAD_DIM_ <= 128 ? FLASHINFER_ATTENTION_STAGES : 2;
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
-  static constexpr size_t kKVSmem = kv_smem(kStages, kKVRowElems);
-  // The bulk loader's mbarriers ([group][stage][K, V]) sit past the K/V stages and the merge
-  // buffer that reuses them.
-  static constexpr size_t kBarOffset = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
-  static constexpr size_t kBarSmem = kBulkKV ? size_t(kWarpsKV) * kStages * 2 * 8 : 0;
-  static constexpr size_t kSmemBytes = kBarOffset + kBarSmem;
-  // The bulk loader's issuing threads per group: thread r copies rows r, r + kGroupThreads, ...
-  static constexpr int kBulkIssuers = kTileKV < kGroupThreads ? kTileKV : kGroupThreads;
-  static constexpr int kBulkRows = kTileKV / kBulkIssuers;
+  static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
+  static constexpr size_t kKVSmem = size_t(kWarpsKV) * kStages * 2 /*K,V*/ * kTileKV *
+                                    HEAD_DIM_ * sizeof(DTypeKV);
+  static constexpr size_t kMergeSmem =
+      kWarpsKV > 1 ? size_t(kWarpsKV) * kTileQ * (HEAD_DIM_ + 2) * sizeof(float) : 0;
+  static constexpr size_t kSmemBytes = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
 
   static_assert(sizeof(DTypeQ) == 2, "the MMA path takes fp16 or bf16 q and kv");
   static_assert(kGroupThreads % kChunks == 0 && (kTileKV * kChunks) % kGroupThreads == 0,
                 "a K/V tile must split evenly over the threads of a group");
   static_assert(kWarpsQ == 1 || kWarpsKV == 1 || kWarpsQ * kWarpsKV <= 16,
                 "at most 16 warps per CTA");
-  static_assert(kTileKV % kBulkIssuers == 0, "bulk loader: whole rows per issuing thread");
-  static_assert(!kBulkKV || kWarpsKV * kStages * 2 <= kThreads,
-                "bulk loader: one thread initializes each stage barrier");
-  static_assert(kBarOffset % 8 == 0, "mbarriers are 8-byte aligned");
 };
 
 /// Barrier among the threads of one K/V group (named barrier 1 + group when groups coexist).
@@ -142,10 +103,9 @@ __device__ __forceinline__ void group_sync(int group) {
   }
 }
 
-/// Rotate rows [0, rows) of a tile of layout Layout (SwizzledTile, PaddedTile) by RoPE
-/// (rotate-half); row r sits at position pos(r). Threads tid, tid + nthreads, ... each take one
-/// (row, pair).
-template <class KT, class Layout, typename T, typename Pos>
+/// Rotate rows [0, rows) of a swizzled tile by RoPE (rotate-half); row r sits at position
+/// pos(r). Threads tid, tid + nthreads, ... each take one (row, pair).
+template <class KT, typename T, typename Pos>
 __device__ __forceinline__ void rope_tile(T* tile, int rows, Pos pos, int tid, int nthreads,
                                           const AttentionParams& p) {
   constexpr int D = KT::kHeadDim;
@@ -155,38 +115,20 @@ __device__ __forceinline__ void rope_tile(T* tile, int rows, Pos pos, int tid, i
     const float freq = p.rope_rcp_scale * exp2f(-(2.f * i / D) * p.rope_log2_theta);
     float s, c;
     sincosf(float(pos(row)) * freq, &s, &c);
-    T* a = tile + Layout::elem(row, i);
-    T* b = tile + Layout::elem(row, i + kHalf);
+    T* a = tile + KT::Tile::elem(row, i);
+    T* b = tile + KT::Tile::elem(row, i + kHalf);
     const float x1 = to_float(*a), x2 = to_float(*b);
     *a = from_float<T>(x1 * c - x2 * s);
     *b = from_float<T>(x2 * c + x1 * s);
   }
 }
 
-/// The bulk loader runs where the build targets sm_90 or newer; elsewhere KT::kBulkKV traits
-/// fall back to cp.async (into their larger shared-memory allocation).
-template <class KT>
-__device__ __forceinline__ constexpr bool use_bulk_kv() {
-#ifdef FLASHINFER_BULK_COPY_ENABLED
-  return KT::kBulkKV;
-#else
-  return false;
-#endif
-}
-
-/*!
- * @brief One work item. `kv_phase` (bulk loader only) holds, per stage, the parity of the next
- *   phase of this group's stage barriers; it carries over from item to item, as the barriers do.
- */
 template <class KT>
 __device__ __forceinline__ void attention_item(const AttentionParams& p, int item,
-                                               uint32_t kv_head, uint8_t* smem,
-                                               uint32_t& kv_phase) {
+                                               uint32_t kv_head, uint8_t* smem) {
   using T = typename KT::DTypeQ;
   using TO = typename KT::DTypeO;
   using Tile = typename KT::Tile;
-  constexpr bool kBulk = use_bulk_kv<KT>();
-  using KVTile = std::conditional_t<kBulk, PaddedTile<KT::kHeadDim>, Tile>;
   constexpr int D = KT::kHeadDim;
   constexpr int kChunks = KT::kChunks;
   constexpr int kTileQ = KT::kTileQ;
@@ -210,11 +152,12 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   T* q_smem = reinterpret_cast<T*>(smem);
   T* kv_smem = reinterpret_cast<T*>(smem + KT::kQSmem);
   constexpr int kStages = KT::kStages;
-  constexpr int kTileElems = kTileKV * KT::kKVRowElems;
-  auto k_tile = [&](int stage) { return kv_smem + ((wkv * kStages + stage) * 2 + 0) * kTileElems; };
-  auto v_tile = [&](int stage) { return kv_smem + ((wkv * kStages + stage) * 2 + 1) * kTileElems; };
-  // Bulk loader: this group's barriers, [stage][K, V].
-  uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + KT::kBarOffset) + wkv * kStages * 2;
+  auto k_tile = [&](int stage) {
+    return kv_smem + ((wkv * kStages + stage) * 2 + 0) * kTileKV * D;
+  };
+  auto v_tile = [&](int stage) {
+    return kv_smem + ((wkv * kStages + stage) * 2 + 1) * kTileKV * D;
+  };
 
   // 2. Q tile -> shared memory (rows past the request are zeros).
   const T* q = static_cast<const T*>(p.q);
@@ -231,21 +174,17 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   }
   cp_async_commit();
 
-  // 3. K/V tile loader. cp.async: thread gtid owns chunk gtid % kChunks of rows
-  // gtid / kChunks + j * step. Bulk: issuing thread gtid owns whole rows gtid + j * kGroupThreads.
+  // 3. K/V tile loader: thread gtid owns chunk gtid % kChunks of rows gtid / kChunks + j * step.
   // The page ids of its rows are looked up one tile ahead into registers and shared by the K and
   // V loads of that tile: a page table read is a dependent global load, and issuing it just
   // before the copies it feeds would double the latency of each tile. Rows past the end are
-  // clamped to the last key (an address that exists); cp.async copies them as zeros, the bulk
-  // loader copies the last key again (see the top of the file). The loads need no branches.
+  // clamped to the last key (an address that exists) and copied as zeros, so the loads need no
+  // branches.
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
-  constexpr int kRowStep = kBulk ? KT::kGroupThreads : KT::kGroupThreads / kChunks;
-  constexpr int kRowsPerThread = kBulk ? KT::kBulkRows : kTileKV / kRowStep;
-  constexpr uint32_t kRowBytes = D * sizeof(T);
-  const int my_chunk = kBulk ? 0 : gtid % kChunks;
-  const int my_row0 = kBulk ? gtid : gtid / kChunks;
-  const bool issuer = !kBulk || gtid < KT::kBulkIssuers;
+  constexpr int kRowStep = KT::kGroupThreads / kChunks;
+  constexpr int kRowsPerThread = kTileKV / kRowStep;
+  const int my_chunk = gtid % kChunks, my_row0 = gtid / kChunks;
   const T* k_base = k + int64_t(kv_head) * p.k_stride_h + my_chunk * 8;
   const T* v_base = v + int64_t(kv_head) * p.v_stride_h + my_chunk * 8;
   if constexpr (!KT::kPaged) {
@@ -259,7 +198,6 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   auto lookup = [&](int tile) {
     fetched_base = kv_lo + tile * kTileKV;
     if constexpr (KT::kPaged) {
-      if (!issuer) return;
 #pragma unroll
       for (int j = 0; j < kRowsPerThread; ++j) {
         const int tok = min(fetched_base + my_row0 + j * kRowStep, kv_hi - 1);
@@ -273,11 +211,6 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
     // Strides are below 2^31 (checked by the binding): 32 x 32 -> 64-bit products.
     const int s_page = int(is_v ? p.v_stride_page : p.k_stride_page);
     const int s_n = int(is_v ? p.v_stride_n : p.k_stride_n);
-    [[maybe_unused]] uint64_t* bar = kv_bar + stage * 2 + int(is_v);
-    if constexpr (kBulk) {
-      if (!issuer) return;
-      sm90::mbar_arrive_expect_tx(bar, kRowsPerThread * kRowBytes);
-    }
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
       const int tok = fetched_base + my_row0 + j * kRowStep;
@@ -290,53 +223,33 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
       } else {
         off = mul_wide(clamped, s_n);
       }
-      if constexpr (kBulk) {
-#ifdef FLASHINFER_BULK_COPY_ENABLED
-        sm90::bulk_copy_g2s(dst + KVTile::offset(my_row0 + j * kRowStep, 0), src0 + off,
-                            kRowBytes, bar);
-#endif
-      } else {
-        cp_async_16(dst + KVTile::offset(my_row0 + j * kRowStep, my_chunk), src0 + off,
-                    tok < kv_hi);
-      }
+      cp_async_16(dst + Tile::offset(my_row0 + j * kRowStep, my_chunk), src0 + off,
+                  tok < kv_hi);
     }
-  };
-  // Waits for K (is_v false) or V of `stage`; cp.async: for the group committed 2 kStages - 3
-  // groups ago. The bulk loader flips the stage's parity after its V.
-  auto wait_kv = [&](int stage, bool is_v) {
-    if constexpr (kBulk) {
-      sm90::mbar_wait(kv_bar + stage * 2 + int(is_v), (kv_phase >> stage) & 1u);
-      if (is_v) kv_phase ^= 1u << stage;
-    } else {
-      cp_async_wait<2 * kStages - 3>();
-    }
-  };
-  auto commit = [] {
-    if constexpr (!kBulk) cp_async_commit();
   };
 
-  // Prologue: tiles 0 .. kStages-2 in flight, K and V each one commit group (cp.async).
+  // Prologue: tiles 0 .. kStages-2 in flight, K and V each one commit group.
 #pragma unroll
   for (int s = 0; s + 1 < kStages; ++s) {
     if (s < my_tiles) {
       lookup(wkv + s * KT::kWarpsKV);
       load(s, false);
     }
-    commit();
+    cp_async_commit();
     if (s < my_tiles) load(s, true);
-    commit();
+    cp_async_commit();
   }
 
   // 4. Per-thread row facts: rows g and g + 8 of each of the warp's MMA tiles.
   RowFacts<kMmaQ> rows;
   rows.template init<KT::kPos>(p, rng, row_begin + wq * 16 * kMmaQ, kv_head, g);
 
-  cp_async_wait<kBulk ? 0 : 2 * (kStages - 1)>();  // Q has landed (the prologue's K/V may not)
+  cp_async_wait<2 * (kStages - 1)>();  // Q has landed (the prologue's K/V may not)
   __syncthreads();
   if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
     // q row r sits at position delta + (row_begin + r) / G.
-    rope_tile<KT, Tile>(q_smem, kTileQ, [&](int r) { return delta + (row_begin + r) / G; },
-                        tid, KT::kThreads, p);
+    rope_tile<KT>(q_smem, kTileQ, [&](int r) { return delta + (row_begin + r) / G; }, tid,
+                  KT::kThreads, p);
     __syncthreads();
   }
 
@@ -371,15 +284,11 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
     const int ahead = j + kStages - 1;  // the tile whose loads this iteration issues
     const int base = kv_lo + tile * kTileKV;
     if (ahead < my_tiles) lookup(wkv + ahead * KT::kWarpsKV);  // lands while S is computed
-    wait_kv(stage, false);  // K[j] (V[j] and the later tiles may be in flight)
-    // Also orders this group's reads of the stage that the copies below refill (tile j - 1).
+    cp_async_wait<2 * kStages - 3>();  // K[j] (V[j] and the later tiles may be in flight)
     group_sync<KT>(wkv);
     T* ks = k_tile(stage);
     if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
-      rope_tile<KT, KVTile>(ks, kTileKV, [&](int r) { return base + r; }, gtid,
-                            KT::kGroupThreads, p);
-      // The rotated tile is later overwritten by bulk copies (async proxy).
-      if constexpr (kBulk) sm90::fence_proxy_async();
+      rope_tile<KT>(ks, kTileKV, [&](int r) { return base + r; }, gtid, KT::kGroupThreads, p);
       group_sync<KT>(wkv);
     }
 
@@ -402,7 +311,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
       for (int n2 = 0; n2 < kMmaKV; ++n2) {
         uint32_t kb[4];
         const int row = n2 * 16 + lane % 8 + (lane / 16) * 8;
-        ldmatrix_x4(kb, ks + KVTile::offset(row, 2 * kk + (lane / 8) % 2));
+        ldmatrix_x4(kb, ks + Tile::offset(row, 2 * kk + (lane / 8) % 2));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
           const uint32_t* a = KT::kQInRegs ? q_frag[KT::kQInRegs ? mq : 0][KT::kQInRegs ? kk : 0]
@@ -414,7 +323,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
     }
 
     if (ahead < my_tiles) load(ahead % kStages, false);
-    commit();
+    cp_async_commit();
 
     logits_and_mask<KT::kMask, KT::kPos>(s, p, rng, rows, base, kTileKV, t);
 
@@ -430,7 +339,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
           for (int e = 0; e < 4; ++e) o[mq][n][e] *= row_scale[mq][e / 2];
     }
 
-    wait_kv(stage, true);  // V[j]
+    cp_async_wait<2 * kStages - 3>();  // V[j]
     group_sync<KT>(wkv);
     T* vs = v_tile(stage);
     // O += P V
@@ -442,7 +351,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
 #pragma unroll
       for (int n2 = 0; n2 < D / 16; ++n2) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, vs + KVTile::offset(kk * 16 + lane % 16, 2 * n2 + lane / 16));
+        ldmatrix_x4_trans(vb, vs + Tile::offset(kk * 16 + lane % 16, 2 * n2 + lane / 16));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
           mma_16816<T>(o[mq][2 * n2], pa[mq], vb[0], vb[1]);
@@ -451,9 +360,9 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
       }
     }
     if (ahead < my_tiles) load(ahead % kStages, true);
-    commit();
+    cp_async_commit();
   }
-  cp_async_wait<0>();  // bulk loader: every tile it issued was waited for in the loop
+  cp_async_wait<0>();
 
   // 6. Row sums across the quad, then the epilogue.
   quad_sum(d);
@@ -501,8 +410,6 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
       out.pair(pr, col, x0 * inv, x1 * inv);
       if (col == 0) out.lse(pr, dsum > 0.f ? mx + log2f(dsum) : -INFINITY);
     }
-    // The merge buffer is the next item's K/V stages, which bulk copies (async proxy) refill.
-    if constexpr (kBulk) sm90::fence_proxy_async();
   }
 }
 
@@ -510,20 +417,10 @@ template <class KT>
 __global__ void __launch_bounds__(KT::kThreads)
     attention_kernel(const __grid_constant__ AttentionParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
-  uint32_t kv_phase = 0;
-  if constexpr (use_bulk_kv<KT>()) {
-    // One arrival per issuing thread and phase (each arrives with its own bytes).
-    if (threadIdx.x < KT::kWarpsKV * KT::kStages * 2) {
-      sm90::mbar_init(reinterpret_cast<uint64_t*>(smem + KT::kBarOffset) + threadIdx.x,
-                      KT::kBulkIssuers);
-      sm90::fence_mbarrier_init();
-    }
-    __syncthreads();
-  }
   pdl_wait();
   const int num_items = *p.num_items;
   for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-    attention_item<KT>(p, item, blockIdx.y, smem, kv_phase);
+    attention_item<KT>(p, item, blockIdx.y, smem);
     __syncthreads();  // shared memory is reused by the next item
   }
   pdl_launch_dependents();

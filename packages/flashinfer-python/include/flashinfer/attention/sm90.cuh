@@ -1,8 +1,7 @@
-// Hopper (sm_90a) building blocks of the attention kernels: mbarriers, 1-D bulk copies, the
-// async-proxy fence, warpgroup MMA (wgmma) with its shared-memory matrix descriptors, and the
-// 128-byte swizzled tile layout those descriptors describe. Plain inline PTX; only sm_90a has
-// wgmma, so every caller guards its use with FLASHINFER_SM90_ENABLED (bulk copies and
-// expect_tx are sm_90: FLASHINFER_BULK_COPY_ENABLED).
+// Hopper (sm_90a) building blocks of the attention kernels: mbarriers, the async-proxy fence,
+// warpgroup MMA (wgmma) with its shared-memory matrix descriptors, and the 128-byte swizzled
+// tile layout those descriptors describe. Plain inline PTX; only sm_90a has wgmma, so every
+// caller guards its use with FLASHINFER_SM90_ENABLED.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -14,9 +13,6 @@
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FLASHINFER_SM90_ENABLED 1
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define FLASHINFER_BULK_COPY_ENABLED 1
 #endif
 
 namespace flashinfer {
@@ -38,33 +34,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
                : "memory");
-}
-
-/// An arrival on `bar` that also raises its expected transaction bytes by `bytes` (sm_90): the
-/// phase completes once every expected arrival has come and that many bytes of bulk copies
-/// (bulk_copy_g2s) have landed. Issue it before this thread's copies on `bar`, so the barrier's
-/// byte count never runs ahead of what it expects.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-/// Makes this thread's mbarrier.init visible to the async proxy (the bulk-copy unit) before a
-/// later barrier lets other threads issue copies that complete on it (sm_90).
-__device__ __forceinline__ void fence_mbarrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-
-/// 1-D bulk copy (sm_90) of `bytes` (a multiple of 16; both addresses 16-byte aligned) from
-/// global to this CTA's shared memory; when it lands it completes `bytes` transactions on `bar`.
-/// No swizzle: the bytes land as they are in global memory.
-__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint32_t bytes,
-                                              uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-      ::"r"(smem_addr(smem)), "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
 }
 
 /// Block until phase `parity` (0 or 1) of `bar` has completed.
