@@ -39,8 +39,7 @@ def _l2_flusher(device: torch.device) -> Callable[[], None]:
     buf = torch.zeros(max(2 * size, 1 << 20) // 8, dtype=torch.int64, device=device)
     if L2_FLUSH_MODE == "write":
         return lambda: buf.zero_()
-    out = torch.empty((), dtype=torch.int64, device=device)
-    return lambda: torch.sum(buf, out=out)
+    return lambda: buf.sum()
 
 
 def _iterations(fn: Callable[[], Any], time_ms: float, iters: Optional[int]) -> int:
