@@ -8,7 +8,7 @@
 // consumers). The producer also loads each item's Q, and writes its bounds (ItemRange), into
 // one of two Q buffers ahead of time: consumers start an item with no global-memory latency.
 // No CTA-wide barrier in the main loop: the three warpgroups run decoupled.
-// Registers move from the producer (56 per thread) to the consumers (224) with setmaxnreg.
+// Registers move from the producer (72 per thread) to the consumers (216) with setmaxnreg.
 //
 // Consumer loop, per KV tile j (FlashAttention-3's intra-warpgroup overlap): issue S_j = Q K_j^T
 // (wgmma, Q and K from shared memory) and O += P_{j-1} V_{j-1} (P from registers, V from shared
@@ -57,6 +57,14 @@
 // 16-byte coalesced stores (8 rows x 16 bytes per 4-byte store instruction otherwise). 0: the
 // 4-byte stores straight from the accumulators (a810e42). Split-KV partials (float32) always
 // take the register path: they are twice the Q buffer's size.
+// Registers per thread after setmaxnreg: the producer warpgroup gives up what the two consumer
+// warpgroups take (128 x 72 + 256 x 216 = 64512 of the 65536; 80 / 216 fills the file).
+#ifndef FLASHINFER_ATTENTION_SM90_PRODUCER_REGS
+#define FLASHINFER_ATTENTION_SM90_PRODUCER_REGS 72
+#endif
+#ifndef FLASHINFER_ATTENTION_SM90_CONSUMER_REGS
+#define FLASHINFER_ATTENTION_SM90_CONSUMER_REGS 216
+#endif
 #ifndef FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM
 #define FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM 1
 #endif
@@ -113,8 +121,11 @@ struct Sm90Traits {
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   // Per consumer thread: O (D / 2), S (64) and P (32) registers and the row state; the
   // producer's copies need few. 128 x 56 + 256 x 224 <= 65536.
-  static constexpr int kProducerRegs = 72;
-  static constexpr int kConsumerRegs = 216;
+  static constexpr int kProducerRegs = FLASHINFER_ATTENTION_SM90_PRODUCER_REGS;
+  static constexpr int kConsumerRegs = FLASHINFER_ATTENTION_SM90_CONSUMER_REGS;
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 &&
+                    128 * kProducerRegs + 256 * kConsumerRegs <= 65536,
+                "setmaxnreg takes multiples of 8, and the register file holds 64K");
   using QTile = sm90::Sw128Tile<kTileQ, HEAD_DIM_>;
   using KVTile = sm90::Sw128Tile<kTileKV, HEAD_DIM_>;
   static constexpr size_t kQBytes = size_t(kTileQ) * HEAD_DIM_ * 2;
