@@ -58,7 +58,8 @@
 // 4-byte stores straight from the accumulators (a810e42). Split-KV partials (float32) always
 // take the register path: they are twice the Q buffer's size.
 // Registers per thread after setmaxnreg: the producer warpgroup gives up what the two consumer
-// warpgroups take (128 x 72 + 256 x 216 = 64512 of the 65536; 80 / 216 fills the file).
+// warpgroups take, within the CTA's 384 x 168 = 64512 (72 / 216 and 88 / 208 use all of it;
+// 80 / 216 would need 65536 and hangs: measured, 3b134a7).
 #ifndef FLASHINFER_ATTENTION_SM90_PRODUCER_REGS
 #define FLASHINFER_ATTENTION_SM90_PRODUCER_REGS 72
 #endif
@@ -123,9 +124,11 @@ struct Sm90Traits {
   // producer's copies need few. 128 x 56 + 256 x 224 <= 65536.
   static constexpr int kProducerRegs = FLASHINFER_ATTENTION_SM90_PRODUCER_REGS;
   static constexpr int kConsumerRegs = FLASHINFER_ATTENTION_SM90_CONSUMER_REGS;
+  // setmaxnreg moves registers within what the CTA was given at launch (384 threads x 168, the
+  // most a 384-thread CTA gets): a split asking for more blocks the consumers forever.
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 &&
-                    128 * kProducerRegs + 256 * kConsumerRegs <= 65536,
-                "setmaxnreg takes multiples of 8, and the register file holds 64K");
+                    128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168,
+                "setmaxnreg takes multiples of 8 and cannot exceed the CTA's launch registers");
   using QTile = sm90::Sw128Tile<kTileQ, HEAD_DIM_>;
   using KVTile = sm90::Sw128Tile<kTileKV, HEAD_DIM_>;
   static constexpr size_t kQBytes = size_t(kTileQ) * HEAD_DIM_ * 2;
