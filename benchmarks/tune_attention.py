@@ -39,9 +39,9 @@ VARIANTS = {
     "sm90 item-major": ("SM90_HEAD_MAJOR=0",),
     "sm90 register epilogue": ("SM90_EPILOGUE_SMEM=0",),
     "sm90 item-major, register epilogue": ("SM90_HEAD_MAJOR=0", "SM90_EPILOGUE_SMEM=0"),
-    # setmaxnreg split (producer / consumers; 72 / 216 default): the producer spills at 72
-    # (116 / 144 bytes at D = 128 paged causal), 60 / 52 at 88 / 208.
-    "sm90 regs 88/208": ("SM90_PRODUCER_REGS=88", "SM90_CONSUMER_REGS=208"),
+    # setmaxnreg split (producer / consumers; 88 / 208 default since 981a959): the producer
+    # spills 116 / 144 bytes at 72 / 216 (D = 128 paged causal), 60 / 52 at 88 / 208.
+    "sm90 regs 72/216": ("SM90_PRODUCER_REGS=72", "SM90_CONSUMER_REGS=216"),
     # Decode (cta 0): two CTAs per SM at 3 stages (100 KB of shared memory each), three at 2.
     # (A bulk-copy K/V loader, cp.async.bulk per row into padded rows, measured 5% slower on
     # decode at 1d9f7b3; removed, benchmarks/NOTES.md.)

@@ -8,7 +8,7 @@
 // consumers). The producer also loads each item's Q, and writes its bounds (ItemRange), into
 // one of two Q buffers ahead of time: consumers start an item with no global-memory latency.
 // No CTA-wide barrier in the main loop: the three warpgroups run decoupled.
-// Registers move from the producer (72 per thread) to the consumers (216) with setmaxnreg.
+// Registers move from the producer (88 per thread) to the consumers (208) with setmaxnreg.
 //
 // Consumer loop, per KV tile j (FlashAttention-3's intra-warpgroup overlap): issue S_j = Q K_j^T
 // (wgmma, Q and K from shared memory) and O += P_{j-1} V_{j-1} (P from registers, V from shared
@@ -59,12 +59,14 @@
 // take the register path: they are twice the Q buffer's size.
 // Registers per thread after setmaxnreg: the producer warpgroup gives up what the two consumer
 // warpgroups take, within the CTA's 384 x 168 = 64512 (72 / 216 and 88 / 208 use all of it;
-// 80 / 216 would need 65536 and hangs: measured, 3b134a7).
+// 80 / 216 would need 65536 and hangs: measured, 3b134a7). 88 / 208: the producer's spills
+// drop from 116 to 60 bytes (D = 128 paged), paged prefill 8 x 2048 906 -> 864 us, ragged
+// 16 x 1024 432 -> 421 (981a959, benchmarks/NOTES.md).
 #ifndef FLASHINFER_ATTENTION_SM90_PRODUCER_REGS
-#define FLASHINFER_ATTENTION_SM90_PRODUCER_REGS 72
+#define FLASHINFER_ATTENTION_SM90_PRODUCER_REGS 88
 #endif
 #ifndef FLASHINFER_ATTENTION_SM90_CONSUMER_REGS
-#define FLASHINFER_ATTENTION_SM90_CONSUMER_REGS 216
+#define FLASHINFER_ATTENTION_SM90_CONSUMER_REGS 208
 #endif
 #ifndef FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM
 #define FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM 1
