@@ -5,10 +5,9 @@ runs anywhere nvcc does.
     python benchmarks/tune_cascade.py OUT_DIR       # GPU: -> OUT_DIR/tune-cascade.json, table last
     python benchmarks/tune_cascade.py --build-only  # compile every variant (CPU machine: sm_90a)
 
-Variants are the FLASHINFER_CASCADE_* macros of include/flashinfer/cascade_kernels.cuh, plus
-"baseline": the kernels as measured at e1692f3 (merge_state bf16 8192x32x128: 76.0 us, 89.6% of
-copy), kept in benchmarks/cascade_baseline/ and compiled with today's binding, so old and new
-are measured in one run.
+Variants are the FLASHINFER_CASCADE_* macros of include/flashinfer/cascade_kernels.cuh. (The
+e1692f3 kernels were kept here once as a "baseline" variant and measured against today's in one
+run: results/2026-11-24-h100-946eff8-tune-cascade.json; removed since.)
 
 Method (the device README's METHOD.md). Inputs are random (never zeros), with empty states
 (s = -inf) whose v holds inf/NaN. Checks: every output is poisoned with NaN first, then compared
@@ -33,7 +32,6 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -46,11 +44,9 @@ import torch  # noqa: E402
 import flashinfer  # noqa: E402
 import flashinfer.cascade as cascade_api  # noqa: E402
 from flashinfer import aot, knobs  # noqa: E402
-from flashinfer.jit import toolchain  # noqa: E402
 from flashinfer.jit.cascade import gen_cascade_module  # noqa: E402
 from flashinfer.jit.core import JitSpec, get_module  # noqa: E402
 
-BASELINE_DIR = HERE / "cascade_baseline"
 SMALL_BYTES = 64 << 20  # as benchmarks/harness.py: below this, graphs of 10 calls
 REPEAT_MS = 200.0
 HEADLINE = "ms bf16"
@@ -67,11 +63,9 @@ class Variant:
     name: str
     macros: tuple[str, ...] = ()
     family: str = "all"
-    baseline: bool = False
 
 
 VARIANTS = [
-    Variant("baseline (e1692f3 kernels)", baseline=True),
     Variant("default"),  # 128 thr x 4 items x 8 blk/SM, L2::256B, flat; unroll 6, slices >= 8 vec
     Variant("two: 512 thr x 1 item x 4 blk/SM", ("THREADS=512", "ITEMS_PER_THREAD=1",
                                                   "MIN_BLOCKS_PER_SM=4"), "two"),
@@ -91,35 +85,8 @@ VARIANTS = [
 ]
 
 
-def baseline_source() -> Path:
-    """cascade.cu rewritten to include the baseline headers (a quoted include looks beside the
-    including file first; the headers the baseline did not change resolve on the include path,
-    to which spec() adds include/flashinfer).
-    A fixed directory, so a second run finds the module already built."""
-    root = Path(tempfile.gettempdir()) / "flashinfer-cascade-baseline"
-    (root / "flashinfer").mkdir(parents=True, exist_ok=True)
-    for name in ("cascade.cuh", "cascade_kernels.cuh"):
-        text = (BASELINE_DIR / "flashinfer" / name).read_text()
-        dst = root / "flashinfer" / name
-        if not dst.exists() or dst.read_text() != text:
-            dst.write_text(text)
-    src = (toolchain.csrc_dir() / "cascade.cu").read_text()
-    if "#include <flashinfer/cascade.cuh>" not in src:
-        raise RuntimeError("csrc/cascade.cu no longer includes <flashinfer/cascade.cuh>")
-    src = src.replace("#include <flashinfer/cascade.cuh>", '#include "flashinfer/cascade.cuh"')
-    dst = root / "cascade.cu"
-    if not dst.exists() or dst.read_text() != src:
-        dst.write_text(src)
-    return dst
-
-
 def spec(v: Variant) -> JitSpec:
     base = gen_cascade_module()
-    if v.baseline:
-        # The baseline headers include their unchanged siblings ("fastdiv.cuh") by bare name.
-        siblings = str(toolchain.include_dir() / "flashinfer")
-        return dataclasses.replace(base, sources=(str(baseline_source()),),
-                                   extra_include_dirs=(siblings,))
     macros = tuple(f"-DFLASHINFER_CASCADE_{m}" for m in v.macros)
     return dataclasses.replace(base, extra_cuda_cflags=base.extra_cuda_cflags + macros)
 
@@ -490,8 +457,8 @@ def main() -> int:
     out_path = Path(args.out_dir) / "tune-cascade.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     result: dict = {"device": harness.device_info(), "ceilings": harness.measure_ceilings(),
-                    "variants": {v.name: {"macros": list(v.macros), "family": v.family,
-                                          "baseline": v.baseline} for v in variants},
+                    "variants": {v.name: {"macros": list(v.macros), "family": v.family}
+                                 for v in variants},
                     "method": next(p for p in __doc__.split("\n\n") if p.startswith("Method")),
                     "checks": {}, "checks_ok": {}, "timings": {}, "pct_of_copy": {}}
     print("ceilings", result["ceilings"], flush=True)
@@ -543,7 +510,7 @@ def main() -> int:
         result["headline_kernel_us"] = {"error": repr(e)}
     va, sa, vb, sb = headline
     result["headline_api_us"] = {}
-    for v in two[:2]:  # baseline and default: what benchmarks/harness.py would report
+    for v in two[:1]:  # the default: what benchmarks/harness.py would report
         cascade_api.get_cascade_module = lambda mod=mods[v.name]: mod
         result["headline_api_us"][v.name] = [
             round(harness._median_ms(lambda: flashinfer.merge_state(va, sa, vb, sb))[0] * 1e3, 2)
