@@ -418,16 +418,12 @@ __global__ void __launch_bounds__(KT::kThreads)
     attention_kernel(const __grid_constant__ AttentionParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   pdl_wait();
-  // The next kernel (the split-KV merge) may launch now: it waits in pdl_wait() for this whole
-  // grid to finish and its writes to be visible, so only its launch and prologue overlap this
-  // grid. It starts only once every CTA of this grid has run this line, so none of them waits
-  // behind it for a slot.
-  pdl_launch_dependents();
   const int num_items = *p.num_items;
   for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
     attention_item<KT>(p, item, blockIdx.y, smem);
     __syncthreads();  // shared memory is reused by the next item
   }
+  pdl_launch_dependents();
 }
 
 /*!
