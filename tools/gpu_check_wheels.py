@@ -87,6 +87,16 @@ print("RESULT " + json.dumps({"s": time.perf_counter() - t, "stats": {}}))
 """
 
 
+def native_dlpack_exchange_api() -> object:
+    """Whether this torch has ``Tensor.__dlpack_c_exchange_api__`` before TVM-FFI is imported
+    (without it, ``import tvm_ffi`` loads its torch DLPack addon, building it first into
+    ~/.cache/tvm-ffi when it is not there)."""
+    code = "import torch; print(hasattr(torch.Tensor, '__dlpack_c_exchange_api__'))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/tmp")
+    out = proc.stdout.strip().splitlines()
+    return out[-1] == "True" if proc.returncode == 0 and out else (proc.stdout + proc.stderr)[-500:]
+
+
 def tvm_ffi_import(runs: int) -> dict:
     """``import tvm_ffi`` alone in fresh processes (torch imported and CUDA up first): the part
     of the first call that is TVM-FFI's, not ours."""
@@ -192,8 +202,9 @@ def main() -> int:
                                                "FLASHINFER_DISABLE_JIT",
                                                "FLASHINFER_CUDA_ARCH_LIST")},
         "target_first_call_ms": TARGET_MS,
-        # with it, TVM-FFI skips (and so does not build or load) its torch DLPack addon
-        "torch_dlpack_c_exchange_api": hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
+        # with it, TVM-FFI skips (and so does not build or load) its torch DLPack addon; asked
+        # of a fresh process, since importing tvm_ffi here may already have set it
+        "torch_dlpack_c_exchange_api": native_dlpack_exchange_api(),
         "tvm_ffi_import": tvm_ffi_import(args.runs),
         "jit_cache_sources_match": jit_cache.sources_match(),
         "ops": {},
