@@ -154,21 +154,30 @@ class Loader:
             self._contexts[device] = ctx  # retained for the process's life, like torch does
         return ctx
 
-    @contextlib.contextmanager
-    def current(self, device: int) -> Iterator[None]:
-        """Make ``device``'s primary context current on this thread for the block."""
+    def _enter(self, device: int) -> bool:
+        """Make ``device``'s primary context current on this thread; True if it was pushed
+        (then :meth:`_leave` pops it)."""
         ctx = self._primary_context(device)
         cur = ctypes.c_void_p()
         self.drv.check("cuCtxGetCurrent", self.drv.cuCtxGetCurrent(ctypes.byref(cur)))
         if cur.value == ctx.value:
-            yield
-            return
+            return False
         self.drv.check("cuCtxPushCurrent", self.drv.cuCtxPushCurrent_v2(ctx))
+        return True
+
+    def _leave(self, pushed: bool) -> None:
+        if pushed:
+            popped = ctypes.c_void_p()
+            self.drv.cuCtxPopCurrent_v2(ctypes.byref(popped))
+
+    @contextlib.contextmanager
+    def current(self, device: int) -> Iterator[None]:
+        """Make ``device``'s primary context current on this thread for the block."""
+        pushed = self._enter(device)
         try:
             yield
         finally:
-            popped = ctypes.c_void_p()
-            self.drv.cuCtxPopCurrent_v2(ctypes.byref(popped))
+            self._leave(pushed)
 
     def function(self, blob: VerifiedBlob, device: int) -> ctypes.c_void_p:
         """The kernel of a verified cubin, loaded on ``device`` (cached)."""
@@ -233,7 +242,8 @@ class Loader:
         config = CUlaunchConfig(
             *grid, *block, dynamic_smem, ctypes.c_void_p(stream or None), ctypes.pointer(attr), 1
         )
-        with self.current(device):
+        pushed = self._enter(device)  # not `with self.current(...)`: a launch is per call
+        try:
             if dynamic_smem > DEFAULT_SMEM_LIMIT and self._smem_set.get(
                 (device, fn.value or 0), 0
             ) < dynamic_smem:
@@ -245,11 +255,12 @@ class Loader:
                     what,
                 )
                 self._smem_set[(device, fn.value or 0)] = dynamic_smem
-            self.drv.check(
-                "cuLaunchKernelEx",
-                self.drv.cuLaunchKernelEx(ctypes.byref(config), fn, args, None),
-                f"{what} grid={grid} block={block} smem={dynamic_smem}",
-            )
+            code = self.drv.cuLaunchKernelEx(ctypes.byref(config), fn, args, None)
+            if code:  # the message is built only for a failure
+                self.drv.check("cuLaunchKernelEx", code,
+                               f"{what} grid={grid} block={block} smem={dynamic_smem}")
+        finally:
+            self._leave(pushed)
 
 
 _LOADER: Optional[Loader] = None
