@@ -17,7 +17,6 @@ from typing import Any, Callable, Optional
 
 import torch
 
-import flashinfer.testing
 from flashinfer.testing import bench_gpu_time
 
 
@@ -43,18 +42,19 @@ class Case:
     # and merges; serving frameworks run these under CUDA graphs). Compute-bound cases (prefill,
     # which plans on the host per call) are timed with CUDA events around the call.
     use_cuda_graph: Optional[bool] = None
-    # How the L2 is made cold before each call (flashinfer.testing.L2_FLUSH_MODE): "read" leaves
-    # clean lines, "write" dirty ones whose write-back the timed call then pays.
+    # How the L2 is made cold before each call (flashinfer.testing's cold_l2_cache): "read"
+    # leaves clean lines, "write" dirty ones whose write-back the timed call then pays.
     l2_flush: str = "read"
 
 
 def _median_ms(
-    fn: Callable[[], Any], repeat_ms: float = 300.0, use_cuda_graph: bool = False
+    fn: Callable[[], Any], repeat_ms: float = 300.0, use_cuda_graph: bool = False,
+    l2_flush: str = "read",
 ) -> tuple[float, float, float]:
     # One call per graph replay, so every call starts from a cold L2 (several calls per graph
     # would let small inputs stay in L2 between them).
     times = sorted(bench_gpu_time(fn, dry_run_time_ms=50, repeat_time_ms=repeat_ms,
-                                  cold_l2_cache=True, use_cuda_graph=use_cuda_graph,
+                                  cold_l2_cache=l2_flush, use_cuda_graph=use_cuda_graph,
                                   num_iters_within_graph=1))
     times = [t for t in times if t > 0]
     if not times:
@@ -64,9 +64,11 @@ def _median_ms(
 
 
 def _copy_ms(n: int) -> float:
+    """After a write flush: the copy starts with an L2 full of dirty lines and leaves its own,
+    the steady state of a stream of copies (and the ceiling's definition in earlier records)."""
     src = torch.randint(0, 127, (n,), dtype=torch.int8, device="cuda")
     dst = torch.empty_like(src)
-    return _median_ms(lambda: dst.copy_(src))[0]
+    return _median_ms(lambda: dst.copy_(src), l2_flush="write")[0]
 
 
 # Reads n bytes once (16-byte loads, four in flight per thread, a grid-stride loop over a
@@ -122,13 +124,7 @@ def measure_ceilings() -> dict:
     """Copy bandwidth (GB/s, read+write), read-only bandwidth (GB/s) and bf16 matmul rate
     (TFLOP/s) on this device."""
     n = 1 << 30  # 1 GiB each way, 20x the H100's L2
-    # The copy after a write flush: it starts with an L2 full of dirty lines and leaves its own,
-    # the steady state of a stream of copies (and the ceiling's definition in earlier records).
-    flashinfer.testing.L2_FLUSH_MODE = "write"
-    try:
-        copy_ms = _copy_ms(n)
-    finally:
-        flashinfer.testing.L2_FLUSH_MODE = "read"
+    copy_ms = _copy_ms(n)
     read_ms, read_method = _read_ms(n)
     m = 8192
     a = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
@@ -152,16 +148,13 @@ def run_cases(cases: list[Case], ceilings: dict) -> list[dict]:
         if graph is None:
             graph = case.bytes_moved > 0
         timing = "cuda graph replay (1 call per replay, cold L2)" if graph else "cuda events"
-        flashinfer.testing.L2_FLUSH_MODE = case.l2_flush
         try:
-            med, p10, p90 = _median_ms(case.fn, use_cuda_graph=graph)
+            med, p10, p90 = _median_ms(case.fn, use_cuda_graph=graph, l2_flush=case.l2_flush)
         except RuntimeError as err:  # an op that cannot be captured: time the call itself
             if not graph:
                 raise
             timing = f"cuda events (graph capture failed: {str(err).splitlines()[0][:120]})"
-            med, p10, p90 = _median_ms(case.fn, use_cuda_graph=False)
-        finally:
-            flashinfer.testing.L2_FLUSH_MODE = "read"
+            med, p10, p90 = _median_ms(case.fn, use_cuda_graph=False, l2_flush=case.l2_flush)
         timing += f", {case.l2_flush} flush"
         row: dict[str, Any] = {
             "name": case.name,

@@ -26,16 +26,8 @@ REPLAYS = 20
 
 def profile_case(batch: int, kv_len: int) -> dict:
     case = ba._decode(batch, kv_len, True, None, "")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            case.fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        case.fn()
-    flush = testing._l2_flusher(torch.device("cuda"))
+    graph = testing.cuda_graph_of(case.fn)
+    flush = testing._l2_flusher(torch.device("cuda"), "read")
     for _ in range(5):
         flush()
         graph.replay()

@@ -38,8 +38,11 @@ from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))  # cascade_ref: the float64 reference
 
+import cascade_ref  # noqa: E402
 import torch  # noqa: E402
+from cascade_ref import poison_empty, ref_merge  # noqa: E402
 
 import flashinfer  # noqa: E402
 import flashinfer.cascade as cascade_api  # noqa: E402
@@ -95,33 +98,12 @@ def spec(v: Variant) -> JitSpec:
 # float64 reference and checks
 
 
-def ref_merge(v: torch.Tensor, s: torch.Tensor, dim: int):
-    """Merge the states along ``dim`` of v (.., D) and s (..), in float64; empty states
-    (s = -inf) contribute nothing whatever their v holds."""
-    v, s = v.double(), s.double()
-    if s.shape[dim] == 0:
-        return v.sum(dim=dim), torch.full_like(s.sum(dim=dim), -math.inf)
-    m = s.amax(dim=dim, keepdim=True)
-    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-    w = torch.exp2(s - m)
-    d = w.sum(dim=dim)
-    wv = torch.where(w[..., None] > 0, w[..., None] * v, torch.zeros_like(v))
-    out = wv.sum(dim=dim) / torch.where(d > 0, d, torch.ones_like(d))[..., None]
-    lse = torch.where(d > 0, m.squeeze(dim) + torch.log2(d), torch.full_like(d, -math.inf))
-    return out, lse
+_SEEDS = iter(range(1 << 30))
 
 
 def rand_lse(shape, empty_frac=0.2, scale=4.0):
-    s = torch.randn(shape, device=DEV) * scale
-    s[torch.rand(shape, device=DEV) < empty_frac] = -math.inf
-    return s
-
-
-def poison_empty(v: torch.Tensor, s: torch.Tensor) -> None:
-    bad = torch.isneginf(s)[..., None].expand_as(v)
-    junk = torch.full_like(v, math.inf)
-    junk[..., ::2] = math.nan
-    v[bad] = junk[bad]
+    """Random base-2 LSEs, a fraction of them empty (-inf); a fresh seed per call."""
+    return cascade_ref.rand_lse(shape, empty_frac, scale, device=DEV, seed=next(_SEEDS))
 
 
 # Relative-norm bound and elementwise tolerance per output dtype: one rounding of a float32 sum.
@@ -338,33 +320,13 @@ def build_cases(pdl: bool) -> list[Case]:
     return cases, headline
 
 
-def graph_of(fn: Callable[[], None], calls: int = 1) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            fn()
-    torch.cuda.synchronize()
-    return graph
-
-
 def time_us(fn: Callable[[], None], nbytes: int) -> float:
     """Median microseconds per call (see the module docstring for the two methods)."""
     from flashinfer.testing import bench_gpu_time
 
-    if nbytes < SMALL_BYTES:
-        times = bench_gpu_time(fn, dry_run_time_ms=20, repeat_time_ms=REPEAT_MS,
-                               use_cuda_graph=True, num_iters_within_graph=10,
-                               cold_l2_cache=True)
-    else:
-        graph = graph_of(fn)
-        times = bench_gpu_time(graph.replay, dry_run_time_ms=20, repeat_time_ms=REPEAT_MS,
-                               cold_l2_cache=True)
+    calls = 10 if nbytes < SMALL_BYTES else 1
+    times = bench_gpu_time(fn, dry_run_time_ms=20, repeat_time_ms=REPEAT_MS, use_cuda_graph=True,
+                           num_iters_within_graph=calls, cold_l2_cache=True)
     return statistics.median(times) * 1e3
 
 

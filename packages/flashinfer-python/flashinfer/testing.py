@@ -2,7 +2,7 @@
 
 :func:`bench_gpu_time` times a callable on the GPU and returns per-iteration milliseconds. Timing
 follows the usual discipline: warm-up first (module loads, allocator growth stay out of the
-numbers), many repetitions, optionally a cold L2 before each one (``L2_FLUSH_MODE``), CUDA events
+numbers), many repetitions, optionally a cold L2 before each one (``cold_l2_cache``), CUDA events
 around the work (or around a CUDA graph of several iterations, for launch-bound ops).
 """
 
@@ -12,7 +12,7 @@ import math
 import random
 import time
 import warnings
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import torch
 
@@ -24,22 +24,39 @@ def set_seed(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-# How a cold L2 is made before each timed call. "read" (default): one read pass over twice the L2
-# size, so the L2 holds only clean, unrelated lines, as after a predecessor whose results were
-# written back. "write": zero twice the L2 size (Triton's do_bench does this); the L2 is then
-# full of dirty lines whose write-back (up to the L2 size, ~50 MB or ~17 us on an H100) lands
-# inside the timed call; benchmarks/NOTES.md (2026-11-24) compares the two.
-L2_FLUSH_MODE = "read"
-
-
-def _l2_flusher(device: torch.device) -> Callable[[], None]:
-    if L2_FLUSH_MODE not in ("read", "write"):
-        raise ValueError(f"L2_FLUSH_MODE must be 'read' or 'write', got {L2_FLUSH_MODE!r}")
+def _l2_flusher(device: torch.device, cold_l2_cache: Union[bool, str]) -> Optional[Callable[[], None]]:
+    """How a cold L2 is made before each timed call (``cold_l2_cache``). ``True`` or ``"read"``:
+    one read pass over twice the L2 size, so the L2 holds only clean, unrelated lines, as after
+    a predecessor whose results were written back. ``"write"``: zero twice the L2 size (Triton's
+    do_bench does this); the L2 is then full of dirty lines whose write-back (up to the L2 size,
+    ~50 MB or ~17 us on an H100) lands inside the timed call; benchmarks/NOTES.md (2026-11-24)
+    compares the two. ``False``: none."""
+    if cold_l2_cache is False:
+        return None
+    mode = "read" if cold_l2_cache is True else cold_l2_cache
+    if mode not in ("read", "write"):
+        raise ValueError(f"cold_l2_cache must be True, False, 'read' or 'write', got {cold_l2_cache!r}")
     size = torch.cuda.get_device_properties(device).L2_cache_size
     buf = torch.zeros(max(2 * size, 1 << 20) // 8, dtype=torch.int64, device=device)
-    if L2_FLUSH_MODE == "write":
+    if mode == "write":
         return lambda: buf.zero_()
     return lambda: buf.sum()
+
+
+def cuda_graph_of(fn: Callable[[], Any], calls: int = 1) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` calls of ``fn``, captured after three warm-up calls on a side
+    stream (allocator growth and lazy loading stay out of the graph)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    return graph
 
 
 def _iterations(fn: Callable[[], Any], time_ms: float, iters: Optional[int]) -> int:
@@ -61,11 +78,11 @@ def bench_gpu_time_with_cuda_event(
     repeat_iters: Optional[int] = None,
     dry_run_time_ms: float = 25,
     repeat_time_ms: float = 100,
-    cold_l2_cache: bool = True,
+    cold_l2_cache: Union[bool, str] = True,
     sleep_after_run: bool = False,
 ) -> List[float]:
     """Per-iteration milliseconds, each iteration between two CUDA events."""
-    flush = _l2_flusher(torch.device("cuda", torch.cuda.current_device())) if cold_l2_cache else None
+    flush = _l2_flusher(torch.device("cuda", torch.cuda.current_device()), cold_l2_cache)
     for _ in range(_iterations(fn, dry_run_time_ms, dry_run_iters)):
         fn()
     n = _iterations(fn, repeat_time_ms, repeat_iters)
@@ -92,20 +109,11 @@ def bench_gpu_time_with_cudagraph(
     dry_run_time_ms: float = 25,
     repeat_time_ms: float = 100,
     num_iters_within_graph: int = 10,
-    cold_l2_cache: bool = True,
+    cold_l2_cache: Union[bool, str] = True,
 ) -> List[float]:
     """Per-iteration milliseconds from replays of a graph holding ``num_iters_within_graph``
     calls (launch gaps shrink, so small ops are measured, not the launcher)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(num_iters_within_graph):
-            fn()
+    graph = cuda_graph_of(fn, num_iters_within_graph)
     times = bench_gpu_time_with_cuda_event(
         graph.replay, dry_run_iters, repeat_iters, dry_run_time_ms, repeat_time_ms, cold_l2_cache
     )
@@ -133,7 +141,7 @@ def bench_gpu_time(
     num_iters_within_graph: int = 10,
     input_args: Sequence[Any] = (),
     input_kwargs: Optional[dict] = None,
-    cold_l2_cache: bool = True,
+    cold_l2_cache: Union[bool, str] = True,
     aggregate_op: Callable = max,
 ) -> List[float]:
     """Time ``fn(*input_args, **input_kwargs)`` on the GPU; per-iteration **milliseconds**.
