@@ -123,13 +123,16 @@ struct Sm90Traits {
   static constexpr int kProducerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   // Per consumer thread: O (D / 2), S (64) and P (32) registers and the row state; the
-  // producer's copies need few. 128 x 56 + 256 x 224 <= 65536.
+  // producer's copies need few.
   static constexpr int kProducerRegs = FLASHINFER_ATTENTION_SM90_PRODUCER_REGS;
   static constexpr int kConsumerRegs = FLASHINFER_ATTENTION_SM90_CONSUMER_REGS;
-  // setmaxnreg moves registers within what the CTA was given at launch (384 threads x 168, the
-  // most a 384-thread CTA gets): a split asking for more blocks the consumers forever.
+  // setmaxnreg moves registers within what the CTA was given at launch: the 64K register file
+  // over kThreads, in steps of 8 (168 at 384 threads). A split asking for more blocks the
+  // consumers forever.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 &&
-                    128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168,
+                    kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
+                        kThreads * kLaunchRegs,
                 "setmaxnreg takes multiples of 8 and cannot exceed the CTA's launch registers");
   using QTile = sm90::Sw128Tile<kTileQ, HEAD_DIM_>;
   using KVTile = sm90::Sw128Tile<kTileKV, HEAD_DIM_>;
