@@ -42,3 +42,16 @@ def test_names_resolve_lazily_from_both_paths():
 
 def test_version():
     assert flashinfer.__version__ and flashinfer.__git_version__ == flashinfer.__git_commit__
+
+
+def test_tvm_ffi_is_imported_with_flashinfer_once_torch_is(tmp_path):
+    # The first op call must not pay TVM-FFI's import (20-60 ms) where torch is already loaded.
+    probe = ("import sys, torch\nassert 'tvm_ffi' not in sys.modules\nimport flashinfer\n"
+             "print('tvm_ffi' in sys.modules)")
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+        env={"FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws"), "PATH": "/usr/bin:/bin",
+             "PYTHONPATH": ":".join(sys.path)},
+    )
+    assert out.stdout.split() == ["True"], out.stdout + out.stderr
+    assert not (tmp_path / "ws").exists()

@@ -6,11 +6,12 @@ nvcc); writes one JSON file.
     python tools/gpu_check_wheels.py --commit SHA --out wheels.json [--junit junit.xml]
 
 For each covered op: correctness against a float32 torch reference (in this process), and the
-wall time of its first call in fresh processes (torch imported and CUDA initialized first, as
-benchmarks/bench_jit.py measures the JIT's first call), median of 5, with and without
-``import tvm_ffi`` done beforehand (the part of the first call that is TVM-FFI's own import),
-and ``import tvm_ffi`` alone; whether torch provides the DLPack C exchange API natively and
-whether the lookup matched modules by config key (no source hashed) are recorded too.
+wall time of its first call in fresh processes (``import torch, flashinfer`` and CUDA
+initialized first, as benchmarks/bench_jit.py measures the JIT's first call), median of 5, and
+the same with flashinfer imported before torch (then TVM-FFI's import falls on the first call).
+Also recorded: ``import flashinfer`` with torch loaded (where TVM-FFI's import lands),
+``import tvm_ffi`` alone and its slowest modules (``-X importtime``), whether torch provides
+the DLPack C exchange API natively, and whether the lookup matched modules by config key.
 Then the op's GPU test file, with the JIT disabled, so every test runs on the wheel's modules.
 """
 
@@ -48,7 +49,8 @@ OPS = {
 }
 
 _FIRST_CALL = """
-import json, time, torch, flashinfer
+import json, time
+{imports}
 {setup}
 torch.cuda.synchronize()
 {pre}
@@ -61,9 +63,9 @@ print("RESULT " + json.dumps({{"s": dt, "stats": dict(core.stats)}}))
 """
 
 
-def first_call(module: str, pre: str, runs: int = 5) -> dict:
+def first_call(module: str, imports: str, pre: str = "", runs: int = 5) -> dict:
     _, setup, call, _ = OPS[module]
-    code = _FIRST_CALL.format(setup=setup, pre=pre, call=call)
+    code = _FIRST_CALL.format(imports=imports, setup=setup, pre=pre, call=call)
     seconds, stats = [], None
     for _ in range(runs):
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -97,12 +99,14 @@ def native_dlpack_exchange_api() -> object:
     return out[-1] == "True" if proc.returncode == 0 and out else (proc.stdout + proc.stderr)[-500:]
 
 
-def tvm_ffi_import(runs: int) -> dict:
-    """``import tvm_ffi`` alone in fresh processes (torch imported and CUDA up first): the part
-    of the first call that is TVM-FFI's, not ours."""
+_FLASHINFER_IMPORT = _TVM_FFI_IMPORT.replace("import tvm_ffi", "import flashinfer")
+
+
+def timed_import(code: str, runs: int) -> dict:
+    """One import in fresh processes (torch imported and CUDA up first)."""
     seconds = []
     for _ in range(runs):
-        proc = subprocess.run([sys.executable, "-c", _TVM_FFI_IMPORT], capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                               text=True, cwd="/tmp")
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
@@ -110,6 +114,28 @@ def tvm_ffi_import(runs: int) -> dict:
         seconds.append(json.loads(line[7:])["s"] * 1e3)
     return {"median_ms": round(statistics.median(seconds), 2),
             "runs_ms": [round(s, 2) for s in seconds]}
+
+
+def tvm_ffi_importtime(top: int = 8) -> object:
+    """The slowest modules of ``import tvm_ffi`` by self time (``python -X importtime``, torch
+    imported and CUDA up first), in ms, or the error text."""
+    code = "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize(); import tvm_ffi"
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True,
+                          text=True, cwd="/tmp")
+    if proc.returncode != 0:
+        return proc.stderr[-1000:]
+    rows, inside = [], False
+    for line in proc.stderr.splitlines():
+        parts = line.split("|")
+        if not line.startswith("import time:") or len(parts) != 3 or "self" in parts[0]:
+            continue
+        name = parts[2].strip()
+        inside = inside or name.startswith("tvm_ffi")
+        if inside:
+            rows.append((int(parts[0].split(":")[1]) / 1e3, int(parts[1]) / 1e3, name))
+    total = next((cum for _, cum, name in rows if name == "tvm_ffi"), None)
+    slowest = sorted(rows, reverse=True)[:top]
+    return {"total_ms": total, "slowest_self_ms": {n: round(s, 2) for s, _, n in slowest}}
 
 
 def correctness(module: str) -> str:
@@ -167,8 +193,8 @@ def main() -> int:
     parser.add_argument("--test-timeout", type=int, default=300)
     parser.add_argument("--runs", type=int, default=5, help="fresh processes per first call")
     parser.add_argument("--pre-runs", type=int, default=None,
-                        help="fresh processes for the variant with tvm_ffi imported first "
-                        "(default: --runs)")
+                        help="fresh processes for the variant with flashinfer imported before "
+                        "torch (default: --runs)")
     parser.add_argument("-m", dest="marker", default=None,
                         help='pytest marker expression for the test files, e.g. "not large"')
     args = parser.parse_args()
@@ -205,7 +231,10 @@ def main() -> int:
         # with it, TVM-FFI skips (and so does not build or load) its torch DLPack addon; asked
         # of a fresh process, since importing tvm_ffi here may already have set it
         "torch_dlpack_c_exchange_api": native_dlpack_exchange_api(),
-        "tvm_ffi_import": tvm_ffi_import(args.runs),
+        "tvm_ffi_import": timed_import(_TVM_FFI_IMPORT, args.runs),
+        "tvm_ffi_importtime": tvm_ffi_importtime(),
+        # with torch loaded, import flashinfer imports TVM-FFI (flashinfer/__init__.py)
+        "flashinfer_import_torch_loaded": timed_import(_FLASHINFER_IMPORT, args.runs),
         "jit_cache_sources_match": jit_cache.sources_match(),
         "ops": {},
     }
@@ -216,15 +245,15 @@ def main() -> int:
             entry["correctness"] = correctness(module)
         except Exception as e:  # noqa: BLE001 - record and go on to the next op
             entry["correctness"] = f"{type(e).__name__}: {e}"
-        entry["first_call"] = first_call(module, pre="", runs=args.runs)
-        entry["first_call_tvm_ffi_imported"] = first_call(
-            module, "import tvm_ffi", args.pre_runs or args.runs)
+        entry["first_call"] = first_call(module, "import torch, flashinfer", runs=args.runs)
+        entry["first_call_flashinfer_before_torch"] = first_call(
+            module, "import flashinfer, torch", runs=args.pre_runs or args.runs)
         median = entry["first_call"].get("median_ms")
         entry["meets_target"] = median is not None and median <= TARGET_MS
         report["ops"][op] = entry
         print(f"{op}: {entry['correctness']}, first call {median} ms "
-              f"({entry['first_call_tvm_ffi_imported'].get('median_ms')} ms with tvm_ffi "
-              "imported)", flush=True)
+              f"({entry['first_call_flashinfer_before_torch'].get('median_ms')} ms with "
+              "flashinfer imported before torch)", flush=True)
     report["jit_stats_this_process"] = dict(core.stats)
 
     files = sorted({OPS[m][3] for m in covered if (ROOT / OPS[m][3]).is_file()})

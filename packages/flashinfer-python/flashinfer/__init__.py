@@ -1,12 +1,16 @@
 """FlashInfer: GPU kernels for LLM serving.
 
 ``import flashinfer`` is cheap: it imports neither torch nor TVM-FFI and touches no file. Each
-op's submodule (and torch with it) is imported on first use of one of its names.
+op's submodule (and torch with it) is imported on first use of one of its names. One exception:
+in a process that has already imported torch (every process that calls an op), TVM-FFI, which
+binds every kernel, is imported here, so its 20-60 ms land at import, as they do upstream, and
+not on the first op call.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 try:
@@ -86,3 +90,10 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY_NAMES) | _SUBMODULES)
+
+
+if "torch" in sys.modules:
+    try:
+        import tvm_ffi  # noqa: F401
+    except (ImportError, OSError):
+        pass  # the first op that needs it imports it again and raises the error there
