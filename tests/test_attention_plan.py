@@ -12,11 +12,21 @@ from flashinfer.attention_plan import HEADER, choose_chunk_size, choose_cta, sch
 SMS = 132
 
 
-def _items(plan, buf):
-    """(request, qo_tile, kv_chunk) of every item, in plan order."""
+def _items(plan, buf, columns=3):
+    """(request, qo_tile, kv_chunk[, merge_slot]) of every item, in plan order."""
     cap = plan.item_capacity
-    cols = [buf[HEADER + i * cap:HEADER + i * cap + plan.num_items].tolist() for i in range(3)]
+    cols = [buf[HEADER + i * cap:HEADER + i * cap + plan.num_items].tolist()
+            for i in range(columns)]
     return list(zip(*cols))
+
+
+def _check_slots(plan, buf):
+    """One merge slot per (request, qo tile), shared by its chunks, below the item capacity."""
+    slots = {}
+    for b, t, _, slot in _items(plan, buf, columns=4):
+        assert 0 <= slot < plan.item_capacity
+        assert slots.setdefault((b, t), slot) == slot
+    assert len(set(slots.values())) == len(slots)
 
 
 def _check_cover(qo_lens, kv_lens, plan, buf, group_size):
@@ -61,6 +71,7 @@ def test_schedule_covers_every_tile_and_chunk_once(qo_lens, kv_lens, group_size)
     assert buf.dtype == torch.int32 and buf.numel() == plan.buffer_len
     assert buf[0].item() == plan.num_items and buf[1].item() == plan.kv_chunk_size
     _check_cover(qo_lens, kv_lens, plan, buf, group_size)
+    _check_slots(plan, buf)
     assert plan.grid_x == plan.num_items == plan.item_capacity
     assert plan.num_rows == sum(qo_lens)
 
@@ -70,9 +81,10 @@ def test_split_merge_indptr_counts_chunks_per_query_row():
     plan, buf = schedule(qo_lens, kv_lens, group_size=4, num_kv_heads=8, head_dim=128,
                          num_sms=SMS, kv_chunk_size=1024)
     assert plan.split_kv and plan.kv_chunk_size == 1024
-    merge = buf[HEADER + 3 * plan.item_capacity:].tolist()
+    merge = buf[HEADER + 4 * plan.item_capacity:].tolist()
     assert merge == [0, 5, 6, 7, 8]  # 5 chunks for row 0, 1 each for the rest
     assert plan.num_partials == 8
+    _check_slots(plan, buf)
 
 
 def test_items_longest_first_and_causal_cost():
@@ -96,7 +108,8 @@ def test_cuda_graph_capacity_keeps_the_launch_shape():
                          num_sms=SMS, item_capacity=64, force_split=True, cta=0)
     assert plan.grid_x == plan.item_capacity == 64 and plan.num_items == 3
     assert plan.split_kv  # forced: the captured graph always runs the merge
-    assert buf.numel() == HEADER + 3 * 64 + 3 + 1
+    assert buf.numel() == HEADER + 4 * 64 + 3 + 1
+    _check_slots(plan, buf)
     with pytest.raises(ValueError, match="more than the 2 this wrapper was sized for"):
         schedule([1] * 3, [10, 20, 30], group_size=4, num_kv_heads=8, head_dim=128,
                  num_sms=SMS, item_capacity=2)

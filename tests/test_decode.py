@@ -1,4 +1,4 @@
-"""flashinfer.decode: single and batch decode (CUDA cores and tensor cores, CUDA graphs)."""
+"""flashinfer.decode: single and batch decode (both use_tensor_cores values, CUDA graphs)."""
 
 from __future__ import annotations
 
@@ -163,3 +163,27 @@ def test_cuda_graph_capture_replan_replay(use_tensor_cores):
     w.plan(indptr2, indices2, last2, hq, hkv, d, page, q_data_type=dtype)
     graph.replay()
     _check(out, None, q, seqs2, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [4, 8])
+def test_split_kv_merged_in_the_kernel(group):
+    """Split KV merged by the last CTA of each request (no merge kernel): many chunks (a count
+    that is not a multiple of the merge's unroll), one-chunk and empty requests, eight packed
+    rows per tile (more (row, column) pairs than threads); run twice, since the counters must
+    be back at 0 for the second launch, and checked against the reference both times."""
+    gen = torch.Generator().manual_seed(group)
+    dtype, hkv, d, page = torch.bfloat16, 2, 128, 16
+    hq = hkv * group
+    kv_lens = [5000, 1, 0, 2049, 300]
+    cache, indptr, indices, last, seqs = make_paged(kv_lens, page, hkv, d, dtype, "cuda", "NHD",
+                                                    False, gen)
+    q = torch.randn(len(kv_lens), hq, d, generator=gen).to(dtype).cuda()
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD")
+    w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype, fixed_split_size=256)
+    assert w._plan.split_kv and w._plan.cta == 0
+    for _ in range(2):
+        o, lse = w.run(q, cache, return_lse=True)
+        _check(o, lse, q, seqs, dtype)
+        assert torch.all(o[2] == 0) and torch.all(lse[2] == float("-inf"))
+        assert int(w._ws.counters.abs().sum()) == 0

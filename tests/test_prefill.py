@@ -411,3 +411,36 @@ def test_hopper_kernel_under_cuda_graph_replan():
             s0 = 0 if b == 0 else qo_lens[0]
             ro, _ = attention_ref(q[s0:s0 + qo_lens[b]], *seqs[b], causal=True)
             _close(out[s0:s0 + qo_lens[b]], ro, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa2_split_kv_merged_in_the_kernel(causal):
+    """The FA2 64-row shape with split KV: the last CTA of each (request, row tile, KV head)
+    merges 64 packed rows of partial states; a request shorter than one chunk writes its output
+    directly; under the causal mask the first row tiles of the last request see none of its
+    later chunks (empty partial states). Twice, so the second launch finds the counters at 0."""
+    gen = torch.Generator().manual_seed(int(causal))
+    dtype, hq, hkv, d = torch.float16, 8, 2, 128
+    qo_lens, kv_lens = [40, 3, 16, 300], [3000, 100, 700, 300]
+    q = torch.randn(sum(qo_lens), hq, d, generator=gen).to(dtype).cuda()
+    k = torch.randn(sum(kv_lens), hkv, d, generator=gen).to(dtype).cuda()
+    v = torch.randn(sum(kv_lens), hkv, d, generator=gen).to(dtype).cuda()
+
+    def cum(xs):
+        return torch.tensor([0] + torch.tensor(xs).cumsum(0).tolist(), dtype=torch.int32)
+
+    qi, ki = cum(qo_lens), cum(kv_lens)
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), backend="fa2")
+    w.plan(qi.cuda(), ki.cuda(), hq, hkv, d, causal=causal, q_data_type=dtype,
+           fixed_split_size=256)
+    assert w._plan.split_kv and w._plan.cta == 1
+    for _ in range(2):
+        o, lse = w.run(q, k, v, return_lse=True)
+        for b in range(len(qo_lens)):
+            ro, rl = attention_ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]],
+                                   causal=causal)
+            _close(o[qi[b]:qi[b + 1]], ro, dtype)
+            _lse_close(lse[qi[b]:qi[b + 1]], rl)
+        assert int(w._ws.counters.abs().sum()) == 0

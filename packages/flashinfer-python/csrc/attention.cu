@@ -8,7 +8,8 @@
 //   FI_PAGED                0 ragged KV, 1 paged KV
 // The module holds three CTA shapes of the FA2 kernel and, where the variant allows it, the
 // Hopper kernel (the plan picks one per batch), and the split-KV merge. Exported: `run`
-// (attention, then the merge when the plan splits KV) and `cta_tile_q`.
+// (attention, then the merge kernel when the plan splits KV and the kernel does not merge its
+// own partial states: the FA2 shapes do, given merge_counters) and `cta_tile_q`.
 #include <flashinfer/attention/prefill.cuh>
 #include <flashinfer/attention/prefill_sm90.cuh>
 #include <flashinfer/cascade.cuh>
@@ -124,7 +125,8 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
          Optional<TensorView> lse, int64_t kv_layout, TensorView qo_indptr, TensorView kv_indptr,
          Optional<TensorView> kv_indices, Optional<TensorView> kv_last_page_len,
          TensorView plan, int64_t item_capacity, bool split_kv, Optional<TensorView> o_part,
-         Optional<TensorView> lse_part, int64_t num_rows, Optional<TensorView> custom_mask,
+         Optional<TensorView> lse_part, int64_t num_rows,
+         Optional<TensorView> merge_counters, Optional<TensorView> custom_mask,
          Optional<TensorView> mask_indptr, Optional<TensorView> alibi_slopes, double sm_scale,
          double logits_soft_cap, double o_scale, double rope_scale, double rope_theta,
          int64_t window_left, bool enable_pdl) {
@@ -137,6 +139,13 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
   fill_tensor_params(p, q, o, lse, kv);
   fill_batch_params(p, q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kPaged);
   fill_plan_params(p, q, plan, item_capacity, split_kv, o_part, lse_part, num_rows, kHeadDim);
+  // The FA2 kernels take the first item of CTA blockIdx.x without a bound check.
+  TVM_FFI_CHECK(cta == 3 || grid_x <= item_capacity, ValueError)
+      << "grid_x (" << grid_x << ") must not exceed item_capacity (" << item_capacity << ")";
+  // The FA2 kernels merge split-KV partial states themselves; the Hopper kernel's are merged
+  // by the merge kernel below.
+  if (split_kv && merge_counters.has_value() && cta != 3)
+    fill_merge_counters(p, q, *merge_counters, item_capacity);
   if constexpr (kMask == MaskMode::kCustom) {
     TVM_FFI_CHECK(custom_mask.has_value() && mask_indptr.has_value(), ValueError)
         << "this module was built for a custom mask: custom_mask and mask_indptr are required";
@@ -162,7 +171,7 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
     case 3: status = launch_sm90(p, int(grid_x), enable_pdl, stream); break;
   }
   check_launch(status, "attention");
-  if (split_kv) {
+  if (split_kv && p.merge_counters == nullptr) {
     status = flashinfer::cascade::MergeStatesVarlen<DTypeO>(
         p.o_part, p.lse_part, p.merge_indptr, static_cast<DTypeO*>(p.o), p.lse, num_rows,
         p.num_qo_heads, kHeadDim, p.o_stride_n, p.o_stride_h, enable_pdl, stream);

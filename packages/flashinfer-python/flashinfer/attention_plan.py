@@ -5,12 +5,15 @@ The unit of work is an *item*: one request, one tile of its packed query rows (`
 group_size`` rows, ``tile_q`` per tile) and one chunk of its keys. Each CTA of the kernel takes
 items ``blockIdx.x, blockIdx.x + gridDim.x, ...`` for one KV head (``blockIdx.y``). Long keys and
 few items leave SMs idle, so the keys are split into chunks (*split KV*): every chunk writes a
-partial softmax state (float32 output and base-2 lse) and a merge kernel combines them.
+partial softmax state (float32 output and base-2 lse) and they are merged: by the last CTA of
+each (request, tile, KV head) to finish, counted in a ``merge_slot`` per (request, tile), or by
+a merge kernel (the Hopper kernel's case).
 
 The kernel reads the plan from one int32 buffer on the device::
 
     [num_items, kv_chunk_size, 0, 0,
      request_idx[cap], qo_tile_idx[cap], kv_chunk_idx[cap],     # cap = item_capacity
+     merge_slot[cap],                                           # < cap, one per (request, tile)
      merge_indptr[num_rows + 1]]                                # split KV only
 
 Nothing here touches the GPU; the functions are pure and tested on the CPU.
@@ -68,7 +71,7 @@ class AttentionPlan:
     @property
     def buffer_len(self) -> int:
         """Ints of the plan buffer."""
-        return HEADER + 3 * self.item_capacity + (self.num_rows + 1 if self.split_kv else 0)
+        return HEADER + 4 * self.item_capacity + (self.num_rows + 1 if self.split_kv else 0)
 
 
 def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False) -> int:
@@ -192,7 +195,8 @@ def schedule(
             target = min(target, item_capacity * num_kv_heads)
         chunk = choose_chunk_size(kv_lens, qtiles, num_kv_heads, target)
 
-    items: list[tuple[int, int, int, int]] = []  # (cost, request, qtile, chunk)
+    items: list[tuple[int, int, int, int, int]] = []  # (cost, request, qtile, chunk, slot)
+    slot = 0  # one per (request, tile): fewer than the items
     for b, (qo, kv, nq) in enumerate(zip(qo_lens, kv_lens, qtiles)):
         nc = _num_chunks(kv, chunk)
         for qt in range(nq):
@@ -201,7 +205,8 @@ def schedule(
             for c in range(nc):
                 lo = c * chunk
                 hi = min(kv, lo + chunk) if chunk else kv
-                items.append((max(0, min(hi, visible) - lo), b, qt, c))
+                items.append((max(0, min(hi, visible) - lo), b, qt, c, slot))
+            slot += 1
     # Longest first: CTAs take items in index order, so the tail is made of short ones.
     items.sort(key=lambda it: -it[0])
     split = force_split or any(_num_chunks(k, chunk) > 1 for k, q in zip(kv_lens, qo_lens) if q)
@@ -227,6 +232,7 @@ def schedule(
         buf[HEADER:HEADER + len(items)] = cols[:, 0]
         buf[HEADER + capacity:HEADER + capacity + len(items)] = cols[:, 1]
         buf[HEADER + 2 * capacity:HEADER + 2 * capacity + len(items)] = cols[:, 2]
+        buf[HEADER + 3 * capacity:HEADER + 3 * capacity + len(items)] = cols[:, 3]
     if split:
         per_row = torch.repeat_interleave(
             torch.tensor([_num_chunks(k, chunk) for k in kv_lens], dtype=torch.int64),
@@ -234,5 +240,5 @@ def schedule(
         )
         merge = torch.zeros(num_rows + 1, dtype=torch.int64)
         merge[1:] = torch.cumsum(per_row, 0)
-        buf[HEADER + 3 * capacity:] = merge.to(torch.int32)
+        buf[HEADER + 4 * capacity:] = merge.to(torch.int32)
     return plan_info, buf

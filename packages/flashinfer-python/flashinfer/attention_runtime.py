@@ -19,6 +19,10 @@ INT_WORKSPACE_BYTES = 8 << 20
 # The int workspace holds the plan first and auxiliary index arrays (decode's qo_indptr, the
 # single-request indptrs) from this int offset on.
 AUX_OFFSET = 1 << 20
+# Just below them, the split-KV merge counters (item_capacity x num_kv_heads of them are used;
+# csrc/attention.cu): zeroed with the workspace, left at 0 by every launch.
+MERGE_COUNTERS = 1 << 17
+COUNTERS_OFFSET = AUX_OFFSET - MERGE_COUNTERS
 
 _DTYPE_NAMES = {
     "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
@@ -150,6 +154,8 @@ class Workspace:
         self.int_ws = int_workspace_buffer
         self._pinned: Optional[torch.Tensor] = None
         self._copy_done: Optional[torch.cuda.Event] = None
+        self.counters = self.int_view(COUNTERS_OFFSET, MERGE_COUNTERS)
+        self.counters.zero_()
 
     @property
     def float_bytes(self) -> int:
@@ -175,6 +181,9 @@ class Workspace:
     def upload(self, host: torch.Tensor, offset: int = 0, non_blocking: bool = True) -> torch.Tensor:
         """Copy the int32 CPU tensor ``host`` into the int workspace at ``offset``; returns the
         device view. Goes through a pinned mirror, reused once the previous copy has finished."""
+        if offset < COUNTERS_OFFSET < offset + host.numel():
+            raise ValueError(f"the plan needs {host.numel()} ints, the int workspace has room "
+                             f"for {COUNTERS_OFFSET - offset}; plan a smaller batch")
         dev = self.int_view(offset, host.numel())
         if self.device.type != "cuda":
             dev.copy_(host)
@@ -198,13 +207,17 @@ def run_attention(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *,
                   kv_indptr: torch.Tensor, kv_indices: Optional[torch.Tensor] = None,
                   kv_last_page_len: Optional[torch.Tensor] = None,
                   partials: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                  counters: Optional[torch.Tensor] = None,
                   custom_mask: Optional[torch.Tensor] = None,
                   mask_indptr: Optional[torch.Tensor] = None,
                   alibi_slopes: Optional[torch.Tensor] = None, sm_scale: float, softcap: float,
                   o_scale: float, rope_scale: float, rope_theta: float, window_left: int,
                   enable_pdl: bool) -> None:
-    """One launch of a compiled attention module (and its split-KV merge) for a plan."""
-    o_part = lse_part = None
+    """One launch of a compiled attention module (and its split-KV merge) for a plan.
+
+    ``counters`` (int32, all 0) lets the kernel merge its own split-KV partial states; with too
+    few of them (fewer than ``item_capacity * num_kv_heads``) a merge kernel does it."""
+    o_part = lse_part = merge_counters = None
     if plan.split_kv:
         if partials is None:
             raise ValueError("a split-KV plan needs partial-state buffers")
@@ -213,10 +226,14 @@ def run_attention(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *,
         if plan.num_partials > room:
             raise ValueError(f"the float workspace holds {room} partial states, the plan needs "
                              f"{plan.num_partials}; pass a larger float_workspace_buffer")
+        # KV heads: k is [..., Hkv, D] (NHD) or [..., Hkv, tokens, D] (HND), ragged or paged
+        needed = plan.item_capacity * (k.shape[-2] if kv_layout == 0 else k.shape[-3])
+        if counters is not None and counters.numel() >= needed:
+            merge_counters = counters[:needed]
     module.run(plan.cta, plan.grid_x, q, k, v, o, lse, kv_layout, qo_indptr, kv_indptr,
                kv_indices, kv_last_page_len, plan_dev, plan.item_capacity, plan.split_kv,
-               o_part, lse_part, plan.num_rows, custom_mask, mask_indptr, alibi_slopes,
-               sm_scale, softcap, o_scale, rope_scale, rope_theta, window_left, enable_pdl)
+               o_part, lse_part, plan.num_rows, merge_counters, custom_mask, mask_indptr,
+               alibi_slopes, sm_scale, softcap, o_scale, rope_scale, rope_theta, window_left, enable_pdl)
 
 
 @functools.cache

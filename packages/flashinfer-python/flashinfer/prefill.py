@@ -240,8 +240,11 @@ def _single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encodi
     o = torch.empty(qo_len, num_qo_heads, head_dim, dtype=o_dtype, device=device)
     lse = torch.empty(qo_len, num_qo_heads, dtype=torch.float32, device=device) if return_lse else None
     module = rt.get_attention_module(variant)
+    counters = torch.zeros(plan.item_capacity * num_kv_heads, dtype=torch.int32,
+                           device=device) if plan.split_kv else None
     rt.run_attention(module, plan, dev[:n], q=q, k=k, v=v, o=o, lse=lse, kv_layout=layout,
                      qo_indptr=dev[n:n + 2], kv_indptr=dev[n + 2:n + 4], partials=partials,
+                     counters=counters,
                      custom_mask=mask, mask_indptr=mask_indptr,
                      alibi_slopes=rt.alibi_slopes_for(pos_encoding_mode, num_qo_heads, device),
                      sm_scale=sm, softcap=rt.soft_cap(logits_soft_cap), o_scale=o_scale,
@@ -376,7 +379,8 @@ class _BatchAttentionBase:
             module, self._plan, self._plan_dev, q=q, k=k, v=v, o=out, lse=lse,
             kv_layout=self._layout, qo_indptr=self._qo_indptr, kv_indptr=self._kv_indptr,
             kv_indices=self._kv_indices, kv_last_page_len=self._kv_last_page_len,
-            partials=partials, custom_mask=self._mask, mask_indptr=self._mask_indptr,
+            partials=partials, counters=self._ws.counters, custom_mask=self._mask,
+            mask_indptr=self._mask_indptr,
             alibi_slopes=rt.alibi_slopes_for(self._pos_encoding_mode, self._num_qo_heads, q.device),
             sm_scale=sm, softcap=self._softcap, o_scale=o_scale, rope_scale=self._rope_scale,
             rope_theta=self._rope_theta, window_left=self._window_left,

@@ -19,10 +19,23 @@ namespace attn {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 
+/// What the plan says of one work item: request, packed-row tile, KV chunk and merge slot.
+struct ItemIds {
+  int b, qtile, chunk, slot;
+};
+
+/// The plan's entries for item `item` (< the plan's item capacity: the loads need no bound).
+__device__ __forceinline__ ItemIds load_item_ids(const AttentionParams& p, int item) {
+  return {p.request_idx[item], p.qo_tile_idx[item], p.kv_chunk_idx[item],
+          p.merge_counters != nullptr ? p.merge_slot[item] : 0};
+}
+
 /// The rows and keys of one work item (request, packed-row tile, KV chunk) for one KV head.
 struct ItemRange {
   int b;                   // request
   int chunk;               // KV chunk index (split KV)
+  int n_chunks;            // chunks of the request's keys (1 unless split KV)
+  int slot;                // merge slot of the item's (request, tile): its counters' index
   int qo_begin, qo_len;    // q rows of the request
   int kv_len;              // keys of the request
   int64_t kv_token_begin;  // ragged: first token of the request
@@ -36,14 +49,17 @@ struct ItemRange {
 };
 
 template <bool kPaged, bool kCausal>
-__device__ __forceinline__ ItemRange item_range(const AttentionParams& p, int item, int tile_q,
-                                                int tile_kv) {
+__device__ __forceinline__ ItemRange item_range(const AttentionParams& p, const ItemIds& ids,
+                                                int tile_q, int tile_kv) {
   ItemRange r;
-  r.b = p.request_idx[item];
-  const int qtile = p.qo_tile_idx[item];
-  r.chunk = p.kv_chunk_idx[item];
+  r.b = ids.b;
+  const int qtile = ids.qtile;
+  r.chunk = ids.chunk;
+  r.slot = ids.slot;
   r.qo_begin = p.qo_indptr[r.b];
   r.qo_len = p.qo_indptr[r.b + 1] - r.qo_begin;
+  // Every q row of a request has the same number of chunks (items exist only for qo_len > 0).
+  r.n_chunks = p.split_kv ? p.merge_indptr[r.qo_begin + 1] - p.merge_indptr[r.qo_begin] : 1;
   r.kv_token_begin = 0;
   r.page_begin = 0;
   if constexpr (kPaged) {
@@ -69,6 +85,12 @@ __device__ __forceinline__ ItemRange item_range(const AttentionParams& p, int it
   if (p.window_left >= 0) r.kv_lo = max(r.kv_lo, r.delta + r.qo_first - p.window_left);
   r.num_tiles = r.kv_hi > r.kv_lo ? (r.kv_hi - r.kv_lo + tile_kv - 1) / tile_kv : 0;
   return r;
+}
+
+template <bool kPaged, bool kCausal>
+__device__ __forceinline__ ItemRange item_range(const AttentionParams& p, int item, int tile_q,
+                                                int tile_kv) {
+  return item_range<kPaged, kCausal>(p, load_item_ids(p, item), tile_q, tile_kv);
 }
 
 /// What the logits pass needs of each of a thread's rows: MQ tiles x (row g, row g + 8).
@@ -213,17 +235,23 @@ __device__ __forceinline__ void quad_sum(float (&d)[MQ][2]) {
 }
 
 /// Output stores of one item: the final output (o, lse) or, under split KV, the float32 partial
-/// state of the item's chunk. Packed row pr is q row pr / G of head kv_head * G + pr % G.
+/// state of the item's chunk. Packed row pr is q row pr / G of head kv_head * G + pr % G. Where
+/// the kernel merges its own chunks (merge_counters set), a request of one chunk writes the
+/// final output directly.
 template <typename TO, int D>
 struct OutputWriter {
   const AttentionParams& p;
   const ItemRange& r;
   uint32_t kv_head;
 
+  __device__ __forceinline__ bool to_partial() const {
+    return p.split_kv && (p.merge_counters == nullptr || r.n_chunks > 1);
+  }
+
   /// Columns col, col + 1 of packed row pr (already divided by the row sum).
   __device__ __forceinline__ void pair(int pr, int col, float x0, float x1) const {
     const int qo = pr / p.group_size, head = kv_head * p.group_size + pr % p.group_size;
-    if (p.split_kv) {
+    if (to_partial()) {
       const int64_t part = p.merge_indptr[r.qo_begin + qo] + r.chunk;
       float* dst = p.o_part + (part * p.num_qo_heads + head) * D + col;
       *reinterpret_cast<float2*>(dst) = make_float2(x0 * p.o_scale, x1 * p.o_scale);
@@ -237,7 +265,7 @@ struct OutputWriter {
   /// The base-2 lse of packed row pr.
   __device__ __forceinline__ void lse(int pr, float value) const {
     const int qo = pr / p.group_size, head = kv_head * p.group_size + pr % p.group_size;
-    if (p.split_kv) {
+    if (to_partial()) {
       const int64_t part = p.merge_indptr[r.qo_begin + qo] + r.chunk;
       p.lse_part[part * p.num_qo_heads + head] = value;
     } else if (p.lse != nullptr) {
@@ -264,6 +292,79 @@ struct OutputWriter {
       }
   }
 };
+
+/*!
+ * @brief The split-KV merge inside the attention kernel: every thread of the CTA calls this
+ *   once its item's partial state is written; the last of the n_chunks CTAs of the item's
+ *   (request, tile, KV head), counted by an atomic in merge_counters, merges their partial
+ *   states into o and lse and resets the counter for the next launch. This saves the merge
+ *   kernel and the gap before it (the merge is dependent loads over a few KB per row, which a
+ *   kernel of its own pays again at launch).
+ *
+ * The partial states of the other CTAs are read through L2 (ld.global.cg): they were written
+ * by other SMs, and the writers' __threadfence before the count orders them before it.
+ */
+template <typename TO, int D, int kThreads>
+__device__ __forceinline__ void merge_if_last(const AttentionParams& p, const ItemRange& r,
+                                              uint32_t kv_head, int tile_q) {
+  if (!p.split_kv || p.merge_counters == nullptr || r.n_chunks <= 1) return;  // CTA-uniform
+  __shared__ int s_last;
+  __threadfence();
+  __syncthreads();
+  int* counter = p.merge_counters + int64_t(r.slot) * p.num_kv_heads + kv_head;
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1) == r.n_chunks - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+
+  constexpr int kVecs = D / 4;  // float4 columns of a head row
+  constexpr int kUnroll = 8;    // chunks whose loads are in flight together
+  const int G = p.group_size, Hq = p.num_qo_heads, n = r.n_chunks;
+  const int rows = min(tile_q, r.packed_len - r.row_begin);
+  for (int idx = threadIdx.x; idx < rows * kVecs; idx += kThreads) {
+    const int pr = r.row_begin + idx / kVecs, col = (idx % kVecs) * 4;
+    const int qo = pr / G, head = kv_head * G + pr % G;
+    const int64_t part0 = p.merge_indptr[r.qo_begin + qo];
+    const float* lse_p = p.lse_part + part0 * Hq + head;
+    const float* o_p = p.o_part + (part0 * Hq + head) * D + col;
+    float m = -INFINITY, d = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int c0 = 0; c0 < n; c0 += kUnroll) {
+      float s[kUnroll];
+      float4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const bool in = c0 + u < n;
+        s[u] = in ? __ldcg(lse_p + int64_t(c0 + u) * Hq) : -INFINITY;
+        v[u] = in ? __ldcg(reinterpret_cast<const float4*>(o_p + int64_t(c0 + u) * Hq * D))
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float mx = m;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) mx = fmaxf(mx, s[u]);
+      if (mx == -INFINITY) continue;  // no key seen yet: nothing to add
+      const float scale = exp2f(m - mx);  // m = -inf -> 0
+      d *= scale;
+      acc.x *= scale, acc.y *= scale, acc.z *= scale, acc.w *= scale;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        // An empty chunk (lse -inf) has weight exactly 0 and wrote v = 0.
+        const float w = exp2f(s[u] - mx);
+        d += w;
+        acc.x += w * v[u].x, acc.y += w * v[u].y, acc.z += w * v[u].z, acc.w += w * v[u].w;
+      }
+      m = mx;
+    }
+    const float inv = d > 0.f ? 1.f / d : 0.f;
+    TO* dst = static_cast<TO*>(p.o) + (r.qo_begin + qo) * p.o_stride_n + head * p.o_stride_h +
+              col;
+    reinterpret_cast<uint32_t*>(dst)[0] = pack2<TO>(acc.x * inv, acc.y * inv);
+    reinterpret_cast<uint32_t*>(dst)[1] = pack2<TO>(acc.z * inv, acc.w * inv);
+    if (col == 0 && p.lse != nullptr)
+      p.lse[int64_t(r.qo_begin + qo) * Hq + head] = d > 0.f ? m + log2f(d) : -INFINITY;
+  }
+  if (threadIdx.x == 0) *counter = 0;  // every CTA of the item has counted: ready for the next run
+}
 
 }  // namespace attn
 }  // namespace flashinfer

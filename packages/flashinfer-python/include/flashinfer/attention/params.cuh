@@ -59,10 +59,15 @@ struct AttentionParams {
 
   // Split KV: when set, item outputs go to o_part [P, Hq, D] / lse_part [P, Hq] (float32) at
   // partial index merge_indptr[q_row] + chunk, and a merge kernel combines them into o / lse.
+  // With merge_counters set the attention kernel merges them itself (merge_if_last): the
+  // counter of (merge_slot[item], KV head) counts the item's finished chunks, and a request of
+  // one chunk writes o / lse directly. Counters are 0 between launches.
   bool split_kv;
   float* o_part;
   float* lse_part;
   const int32_t* merge_indptr;
+  const int32_t* merge_slot;
+  int32_t* merge_counters;
 
   // Custom mask: bits of request b start at byte mask_indptr[b] of custom_mask.
   const uint8_t* custom_mask;

@@ -124,7 +124,7 @@ __device__ __forceinline__ void rope_tile(T* tile, int rows, Pos pos, int tid, i
 }
 
 template <class KT>
-__device__ __forceinline__ void attention_item(const AttentionParams& p, int item,
+__device__ __forceinline__ void attention_item(const AttentionParams& p, const ItemIds& ids,
                                                uint32_t kv_head, uint8_t* smem) {
   using T = typename KT::DTypeQ;
   using TO = typename KT::DTypeO;
@@ -143,7 +143,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
   const int g = lane / 4, t = lane % 4;
 
   // 1. Where this item's rows and keys are.
-  const ItemRange rng = item_range<KT::kPaged, kCausal>(p, item, kTileQ, kTileKV);
+  const ItemRange rng = item_range<KT::kPaged, kCausal>(p, ids, kTileQ, kTileKV);
   const int G = p.group_size;
   const int qo_begin = rng.qo_begin, packed_len = rng.packed_len, row_begin = rng.row_begin;
   const int delta = rng.delta, kv_lo = rng.kv_lo, kv_hi = rng.kv_hi, num_tiles = rng.num_tiles;
@@ -411,6 +411,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, int ite
       if (col == 0) out.lse(pr, dsum > 0.f ? mx + log2f(dsum) : -INFINITY);
     }
   }
+  merge_if_last<TO, D, KT::kThreads>(p, rng, kv_head, kTileQ);
 }
 
 template <class KT>
@@ -418,9 +419,13 @@ __global__ void __launch_bounds__(KT::kThreads)
     attention_kernel(const __grid_constant__ AttentionParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   pdl_wait();
+  // The first item's plan entries are loaded together with num_items, not after it: each is a
+  // dependent load ahead of the first K/V bytes (blockIdx.x < gridDim.x <= the item capacity).
   const int num_items = *p.num_items;
+  ItemIds ids = load_item_ids(p, blockIdx.x);
   for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-    attention_item<KT>(p, item, blockIdx.y, smem);
+    attention_item<KT>(p, ids, blockIdx.y, smem);
+    if (item + int(gridDim.x) < num_items) ids = load_item_ids(p, item + gridDim.x);
     __syncthreads();  // shared memory is reused by the next item
   }
   pdl_launch_dependents();
