@@ -47,6 +47,11 @@ VARIANTS = {
     # decode at 1d9f7b3; removed, benchmarks/NOTES.md.)
     "stages 2": ("STAGES=2",),
     "cta0 2 streams x 32 keys": ("CTA0_WARPS_KV=2", "CTA0_MMA_KV=2"),
+    # FA2 kernels: split-KV merge in the kernel (default since 46861cd) or by the merge kernel;
+    # the first item's plan entries loaded with num_items or after it.
+    "merge kernel": ("FUSED_MERGE=0",),
+    "no item prefetch": ("PREFETCH_ITEM=0",),
+    "merge kernel, no item prefetch": ("FUSED_MERGE=0", "PREFETCH_ITEM=0"),
 }
 MODULES = [
     AttentionVariant("bfloat16", "bfloat16", 128, "none", "NONE", True),     # decode

@@ -144,7 +144,7 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
       << "grid_x (" << grid_x << ") must not exceed item_capacity (" << item_capacity << ")";
   // The FA2 kernels merge split-KV partial states themselves; the Hopper kernel's are merged
   // by the merge kernel below.
-  if (split_kv && merge_counters.has_value() && cta != 3)
+  if (FLASHINFER_ATTENTION_FUSED_MERGE && split_kv && merge_counters.has_value() && cta != 3)
     fill_merge_counters(p, q, *merge_counters, item_capacity);
   if constexpr (kMask == MaskMode::kCustom) {
     TVM_FFI_CHECK(custom_mask.has_value() && mask_indptr.has_value(), ValueError)

@@ -27,14 +27,13 @@ struct ItemIds {
 /// The plan's entries for item `item` (< the plan's item capacity: the loads need no bound).
 __device__ __forceinline__ ItemIds load_item_ids(const AttentionParams& p, int item) {
   return {p.request_idx[item], p.qo_tile_idx[item], p.kv_chunk_idx[item],
-          p.merge_counters != nullptr ? p.merge_slot[item] : 0};
+          0};
 }
 
 /// The rows and keys of one work item (request, packed-row tile, KV chunk) for one KV head.
 struct ItemRange {
   int b;                   // request
   int chunk;               // KV chunk index (split KV)
-  int n_chunks;            // chunks of the request's keys (1 unless split KV)
   int slot;                // merge slot of the item's (request, tile): its counters' index
   int qo_begin, qo_len;    // q rows of the request
   int kv_len;              // keys of the request
@@ -58,8 +57,6 @@ __device__ __forceinline__ ItemRange item_range(const AttentionParams& p, const 
   r.slot = ids.slot;
   r.qo_begin = p.qo_indptr[r.b];
   r.qo_len = p.qo_indptr[r.b + 1] - r.qo_begin;
-  // Every q row of a request has the same number of chunks (items exist only for qo_len > 0).
-  r.n_chunks = p.split_kv ? p.merge_indptr[r.qo_begin + 1] - p.merge_indptr[r.qo_begin] : 1;
   r.kv_token_begin = 0;
   r.page_begin = 0;
   if constexpr (kPaged) {
@@ -234,19 +231,30 @@ __device__ __forceinline__ void quad_sum(float (&d)[MQ][2]) {
     }
 }
 
-/// Output stores of one item: the final output (o, lse) or, under split KV, the float32 partial
-/// state of the item's chunk. Packed row pr is q row pr / G of head kv_head * G + pr % G. Where
-/// the kernel merges its own chunks (merge_counters set), a request of one chunk writes the
-/// final output directly.
+/// Chunks of the item's request: 1 unless split KV (every q row of a request has as many, and
+/// items exist only for qo_len > 0). Loaded where the epilogue needs it: a value held across
+/// the main loop costs the decode kernel ~50 registers and 5% of its speed.
+__device__ __forceinline__ int item_chunks(const AttentionParams& p, const ItemRange& r) {
+  return p.split_kv ? p.merge_indptr[r.qo_begin + 1] - p.merge_indptr[r.qo_begin] : 1;
+}
+
+/// Whether an item writes a partial state: under split KV, except where the kernel merges its
+/// own chunks (merge_counters set) and the request has one chunk (it writes o / lse directly).
+__device__ __forceinline__ bool writes_partial(const AttentionParams& p, const ItemRange& r) {
+  return p.split_kv && (p.merge_counters == nullptr || item_chunks(p, r) > 1);
+}
+
+/// Output stores of one item: the final output (o, lse) or the float32 partial state of the
+/// item's chunk (`partial`: writes_partial). Packed row pr is q row pr / G of head
+/// kv_head * G + pr % G.
 template <typename TO, int D>
 struct OutputWriter {
   const AttentionParams& p;
   const ItemRange& r;
   uint32_t kv_head;
+  bool partial;
 
-  __device__ __forceinline__ bool to_partial() const {
-    return p.split_kv && (p.merge_counters == nullptr || r.n_chunks > 1);
-  }
+  __device__ __forceinline__ bool to_partial() const { return partial; }
 
   /// Columns col, col + 1 of packed row pr (already divided by the row sum).
   __device__ __forceinline__ void pair(int pr, int col, float x0, float x1) const {
@@ -307,19 +315,21 @@ struct OutputWriter {
 template <typename TO, int D, int kThreads>
 __device__ __forceinline__ void merge_if_last(const AttentionParams& p, const ItemRange& r,
                                               uint32_t kv_head, int tile_q) {
-  if (!p.split_kv || p.merge_counters == nullptr || r.n_chunks <= 1) return;  // CTA-uniform
+  if (!p.split_kv || p.merge_counters == nullptr) return;
+  const int n = item_chunks(p, r);
+  if (n <= 1) return;  // CTA-uniform, like the tests above
   __shared__ int s_last;
   __threadfence();
   __syncthreads();
   int* counter = p.merge_counters + int64_t(r.slot) * p.num_kv_heads + kv_head;
-  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1) == r.n_chunks - 1;
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1) == n - 1;
   __syncthreads();
   if (!s_last) return;
   __threadfence();
 
   constexpr int kVecs = D / 4;  // float4 columns of a head row
   constexpr int kUnroll = 8;    // chunks whose loads are in flight together
-  const int G = p.group_size, Hq = p.num_qo_heads, n = r.n_chunks;
+  const int G = p.group_size, Hq = p.num_qo_heads;
   const int rows = min(tile_q, r.packed_len - r.row_begin);
   for (int idx = threadIdx.x; idx < rows * kVecs; idx += kThreads) {
     const int pr = r.row_begin + idx / kVecs, col = (idx % kVecs) * 4;

@@ -35,6 +35,15 @@
 #ifndef FLASHINFER_ATTENTION_STAGES
 #define FLASHINFER_ATTENTION_STAGES 3
 #endif
+// Split-KV partial states merged by the kernel itself (merge_if_last; 0: by the merge kernel),
+// and the first item's plan entries loaded together with num_items (0: after it). Switches
+// for benchmarks/tune_attention.py.
+#ifndef FLASHINFER_ATTENTION_FUSED_MERGE
+#define FLASHINFER_ATTENTION_FUSED_MERGE 1
+#endif
+#ifndef FLASHINFER_ATTENTION_PREFETCH_ITEM
+#define FLASHINFER_ATTENTION_PREFETCH_ITEM 1
+#endif
 
 namespace flashinfer {
 namespace attn {
@@ -366,7 +375,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 
   // 6. Row sums across the quad, then the epilogue.
   quad_sum(d);
-  const OutputWriter<TO, D> out{p, rng, kv_head};
+  const OutputWriter<TO, D> out{
+      p, rng, kv_head, FLASHINFER_ATTENTION_FUSED_MERGE ? writes_partial(p, rng) : p.split_kv};
   if constexpr (KT::kWarpsKV == 1) {
     out.rows(o, m, d, row_begin + wq * 16 * kMmaQ, g, t);
   } else {
@@ -411,7 +421,9 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       if (col == 0) out.lse(pr, dsum > 0.f ? mx + log2f(dsum) : -INFINITY);
     }
   }
+#if FLASHINFER_ATTENTION_FUSED_MERGE
   merge_if_last<TO, D, KT::kThreads>(p, rng, kv_head, kTileQ);
+#endif
 }
 
 template <class KT>
@@ -422,12 +434,19 @@ __global__ void __launch_bounds__(KT::kThreads)
   // The first item's plan entries are loaded together with num_items, not after it: each is a
   // dependent load ahead of the first K/V bytes (blockIdx.x < gridDim.x <= the item capacity).
   const int num_items = *p.num_items;
+#if FLASHINFER_ATTENTION_PREFETCH_ITEM
   ItemIds ids = load_item_ids(p, blockIdx.x);
   for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
     attention_item<KT>(p, ids, blockIdx.y, smem);
     if (item + int(gridDim.x) < num_items) ids = load_item_ids(p, item + gridDim.x);
     __syncthreads();  // shared memory is reused by the next item
   }
+#else
+  for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+    attention_item<KT>(p, load_item_ids(p, item), blockIdx.y, smem);
+    __syncthreads();  // shared memory is reused by the next item
+  }
+#endif
   pdl_launch_dependents();
 }
 

@@ -527,7 +527,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
 
     quad_sum(d);
     // A row that saw no key writes 0 and lse -inf.
-    const OutputWriter<TO, D> out{p, r, kv_head};
+    const OutputWriter<TO, D> out{p, r, kv_head, writes_partial(p, r)};
 #if FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM
     // The item's Q buffer is free: every wgmma of the item has completed (its last P V needed
     // all four warps of the warpgroup past their last S wait), and each warp writes only the
