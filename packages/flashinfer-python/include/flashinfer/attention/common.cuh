@@ -27,7 +27,7 @@ struct ItemIds {
 /// The plan's entries for item `item` (< the plan's item capacity: the loads need no bound).
 __device__ __forceinline__ ItemIds load_item_ids(const AttentionParams& p, int item) {
   return {p.request_idx[item], p.qo_tile_idx[item], p.kv_chunk_idx[item],
-          0};
+          p.merge_counters != nullptr ? p.merge_slot[item] : 0};
 }
 
 /// The rows and keys of one work item (request, packed-row tile, KV chunk) for one KV head.
