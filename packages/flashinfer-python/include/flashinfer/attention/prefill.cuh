@@ -422,7 +422,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     }
   }
 #if FLASHINFER_ATTENTION_FUSED_MERGE
-  merge_if_last<TO, D, KT::kThreads>(p, rng, kv_head, kTileQ);
+  // The flag takes the first word of the Q tile, unread since the main loop.
+  merge_if_last<TO, D, KT::kThreads>(p, rng, kv_head, kTileQ, reinterpret_cast<int*>(smem));
 #endif
 }
 
