@@ -21,10 +21,13 @@ def _ws():
 
 
 def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note="",
-            layout="NHD", shuffle_pages=True, use_cuda_graph=None, l2_flush="read"):
+            layout="NHD", shuffle_pages=True, use_cuda_graph=None, l2_flush="read",
+            graph_wrapper=False):
     """Pages in random order by default (a long-running server's cache), NHD. Timed as graph
     replays (harness.Case), as serving frameworks run decode; ``use_cuda_graph=False`` times
-    the Python call with CUDA events instead (host launch gaps included)."""
+    the Python call with CUDA events instead (host launch gaps included). ``graph_wrapper``:
+    the wrapper in CUDA-graph mode (caller buffers, a plan of fixed capacity that always splits
+    KV, as vLLM and SGLang run it)."""
     pages = (kv_len + PAGE - 1) // PAGE
     shape = (PAGE, HKV, D) if layout == "NHD" else (HKV, PAGE, D)
     cache = torch.randn(batch * pages, 2, *shape, dtype=DT, device="cuda")
@@ -32,8 +35,17 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
     indices = (torch.randperm(batch * pages, dtype=torch.int32) if shuffle_pages
                else torch.arange(batch * pages, dtype=torch.int32))
     last = torch.full((batch,), kv_len - (pages - 1) * PAGE, dtype=torch.int32)
+    bufs = {}
+    if graph_wrapper:
+        bufs = dict(use_cuda_graph=True,
+                    paged_kv_indptr_buffer=torch.empty(batch + 1, dtype=torch.int32,
+                                                       device="cuda"),
+                    paged_kv_indices_buffer=torch.empty(batch * pages, dtype=torch.int32,
+                                                        device="cuda"),
+                    paged_kv_last_page_len_buffer=torch.empty(batch, dtype=torch.int32,
+                                                              device="cuda"))
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), layout,
-                                                      use_tensor_cores=use_tensor_cores)
+                                                      use_tensor_cores=use_tensor_cores, **bufs)
     w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=DT, fixed_split_size=split)
     q = torch.randn(batch, HQ, D, dtype=DT, device="cuda")
     out = torch.empty_like(q)
@@ -129,6 +141,10 @@ def cases() -> list[Case]:
                        use_cuda_graph=False))
     # After a dirty (zero_) flush: the write-back of 50 MB of the flush's lines is then timed too.
     out.append(_decode(1, 32768, True, 56.0, "<= 50 us", note=", write flush", l2_flush="write"))
+    for batch, kv_len, base, target in ((64, 4096, 362.8, "<= 350 us"),
+                                        (1, 32768, 56.0, "<= 50 us")):
+        out.append(_decode(batch, kv_len, True, base, target, note=", CUDA-graph wrapper",
+                           graph_wrapper=True))
     out.append(_decode(64, 4096, True, 362.8, "<= 350 us", note=", write flush",
                        l2_flush="write"))
     for split in (256, 512, 2048):

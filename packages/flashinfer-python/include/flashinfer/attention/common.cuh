@@ -331,7 +331,7 @@ __device__ __forceinline__ void merge_if_last(const AttentionParams& p, const It
   __threadfence();
 
   constexpr int kVecs = D / 4;  // float4 columns of a head row
-  constexpr int kUnroll = 8;    // chunks whose loads are in flight together
+  constexpr int kUnroll = 16;   // chunks whose loads are in flight together (2 rounds for 32)
   const int G = p.group_size, Hq = p.num_qo_heads;
   const int rows = min(tile_q, r.packed_len - r.row_begin);
   for (int idx = threadIdx.x; idx < rows * kVecs; idx += kThreads) {
