@@ -52,9 +52,6 @@ VARIANTS = {
     "merge kernel": ("FUSED_MERGE=0",),
     "no item prefetch": ("PREFETCH_ITEM=0",),
     "merge kernel, no item prefetch": ("FUSED_MERGE=0", "PREFETCH_ITEM=0"),
-    # FA2 K/V copies with an L2 prefetch-size hint (cp.async ... .L2::128B / .L2::256B).
-    "kv l2 prefetch 128": ("KV_L2_PREFETCH=128",),
-    "kv l2 prefetch 256": ("KV_L2_PREFETCH=256",),
 }
 MODULES = [
     AttentionVariant("bfloat16", "bfloat16", 128, "none", "NONE", True),     # decode

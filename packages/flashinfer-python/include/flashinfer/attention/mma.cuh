@@ -21,21 +21,6 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool p
                "l"(gmem), "r"(pred ? 16 : 0));
 }
 
-/// cp_async_16 with an L2 prefetch-size hint (kPrefetch = 128 or 256 bytes: L2 fetches that
-/// much around the address from DRAM at once; 0: no hint), for K/V rows of 256+ bytes.
-template <int kPrefetch>
-__device__ __forceinline__ void cp_async_16_hint(void* smem, const void* gmem, bool pred) {
-  if constexpr (kPrefetch == 256) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-                 "l"(gmem), "r"(pred ? 16 : 0));
-  } else if constexpr (kPrefetch == 128) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-                 "l"(gmem), "r"(pred ? 16 : 0));
-  } else {
-    cp_async_16(smem, gmem, pred);
-  }
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 /// Wait until at most `N` committed groups of this thread are still in flight.

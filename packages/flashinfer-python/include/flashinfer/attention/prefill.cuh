@@ -44,10 +44,6 @@
 #ifndef FLASHINFER_ATTENTION_PREFETCH_ITEM
 #define FLASHINFER_ATTENTION_PREFETCH_ITEM 1
 #endif
-// L2 prefetch-size hint of the K/V copies (0, 128 or 256 bytes; cp_async_16_hint).
-#ifndef FLASHINFER_ATTENTION_KV_L2_PREFETCH
-#define FLASHINFER_ATTENTION_KV_L2_PREFETCH 0
-#endif
 
 namespace flashinfer {
 namespace attn {
@@ -236,8 +232,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       } else {
         off = mul_wide(clamped, s_n);
       }
-      cp_async_16_hint<FLASHINFER_ATTENTION_KV_L2_PREFETCH>(
-          dst + Tile::offset(my_row0 + j * kRowStep, my_chunk), src0 + off, tok < kv_hi);
+      cp_async_16(dst + Tile::offset(my_row0 + j * kRowStep, my_chunk), src0 + off,
+                  tok < kv_hi);
     }
   };
 
