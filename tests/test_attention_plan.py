@@ -125,3 +125,13 @@ def test_schedule_rejects_bad_input(qo_lens, kv_lens, kwargs, match):
     with pytest.raises(ValueError, match=match):
         schedule(qo_lens, kv_lens, group_size=1, num_kv_heads=1, head_dim=128, num_sms=SMS,
                  **kwargs)
+
+
+def test_decode_splits_for_one_cta_per_sm():
+    # cta 0 aims for one CTA per SM: 1 x 32768 at 8 KV heads takes 16 chunks of 2048 (128 CTAs),
+    # and 16 x 4096 (128 CTAs already) is not split.
+    plan, _ = schedule([1], [32768], group_size=4, num_kv_heads=8, head_dim=128, num_sms=SMS)
+    assert plan.cta == 0 and plan.kv_chunk_size == 2048 and plan.num_items == 16
+    plan, _ = schedule([1] * 16, [4096] * 16, group_size=4, num_kv_heads=8, head_dim=128,
+                       num_sms=SMS)
+    assert not plan.split_kv and plan.num_items == 16
