@@ -52,6 +52,9 @@ VARIANTS = {
     "merge kernel": ("FUSED_MERGE=0",),
     "no item prefetch": ("PREFETCH_ITEM=0",),
     "merge kernel, no item prefetch": ("FUSED_MERGE=0", "PREFETCH_ITEM=0"),
+    # FA2 grid: item-major over the linear CTA index (default since this variant) or
+    # (blockIdx.x = item, blockIdx.y = KV head).
+    "head-major grid": ("ITEM_MAJOR_GRID=0",),
 }
 MODULES = [
     AttentionVariant("bfloat16", "bfloat16", 128, "none", "NONE", True),     # decode

@@ -50,7 +50,7 @@ struct AttentionParams {
   // The plan. Work item i (of *num_items) is request request_idx[i], packed-row tile
   // qo_tile_idx[i] (CTA_TILE_Q rows of the request's qo_len * group_size packed rows) and KV
   // chunk kv_chunk_idx[i] ([c * chunk, (c + 1) * chunk) of the request's keys; *kv_chunk_size
-  // == 0 means the whole sequence). blockIdx.y is the KV head.
+  // == 0 means the whole sequence). Each CTA takes (item, KV head) pairs (attention_kernel).
   const int32_t* request_idx;
   const int32_t* qo_tile_idx;
   const int32_t* kv_chunk_idx;

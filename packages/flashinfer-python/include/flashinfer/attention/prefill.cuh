@@ -44,6 +44,11 @@
 #ifndef FLASHINFER_ATTENTION_PREFETCH_ITEM
 #define FLASHINFER_ATTENTION_PREFETCH_ITEM 1
 #endif
+// Which (item, KV head) a CTA takes first: 1 = item-major over the linear CTA index (the KV
+// heads of one item adjacent), 0 = (blockIdx.x, blockIdx.y).
+#ifndef FLASHINFER_ATTENTION_ITEM_MAJOR_GRID
+#define FLASHINFER_ATTENTION_ITEM_MAJOR_GRID 1
+#endif
 
 namespace flashinfer {
 namespace attn {
@@ -435,16 +440,29 @@ __global__ void __launch_bounds__(KT::kThreads)
   // The first item's plan entries are loaded together with num_items, not after it: each is a
   // dependent load ahead of the first K/V bytes (blockIdx.x < gridDim.x <= the item capacity).
   const int num_items = *p.num_items;
+  // CTA L = blockIdx.y * gridDim.x + blockIdx.x takes item L / H of KV head L % H (then items
+  // + gridDim.x of that head): the CTAs with work are the first num_items * H that launch,
+  // which the block scheduler spreads over all SMs. With (blockIdx.x, blockIdx.y) a CUDA-graph
+  // plan of fixed capacity (more CTAs than items) interleaves idle CTAs with working ones and
+  // stacks the working ones on a subset of the SMs.
+#if FLASHINFER_ATTENTION_ITEM_MAJOR_GRID
+  const uint32_t linear = blockIdx.y * gridDim.x + blockIdx.x;
+  const int first = int(linear / uint32_t(p.num_kv_heads));
+  const uint32_t kv_head = linear % uint32_t(p.num_kv_heads);
+#else
+  const int first = blockIdx.x;
+  const uint32_t kv_head = blockIdx.y;
+#endif
 #if FLASHINFER_ATTENTION_PREFETCH_ITEM
-  ItemIds ids = load_item_ids(p, blockIdx.x);
-  for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-    attention_item<KT>(p, ids, blockIdx.y, smem);
+  ItemIds ids = load_item_ids(p, first);
+  for (int item = first; item < num_items; item += gridDim.x) {
+    attention_item<KT>(p, ids, kv_head, smem);
     if (item + int(gridDim.x) < num_items) ids = load_item_ids(p, item + gridDim.x);
     __syncthreads();  // shared memory is reused by the next item
   }
 #else
-  for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-    attention_item<KT>(p, load_item_ids(p, item), blockIdx.y, smem);
+  for (int item = first; item < num_items; item += gridDim.x) {
+    attention_item<KT>(p, load_item_ids(p, item), kv_head, smem);
     __syncthreads();  // shared memory is reused by the next item
   }
 #endif
