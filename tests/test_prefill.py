@@ -190,6 +190,18 @@ def test_batch_paged_prefill(page_size, layout, tuple_form, causal, backend):
         _lse_close(lse[s:e], rl)
 
 
+def _ragged_batch(qo_lens, kv_lens, hq, hkv, d, dtype, gen):
+    """q, k, v (ragged, NHD, on the GPU) and the int32 qo / kv indptrs (on the CPU)."""
+    q = torch.randn(sum(qo_lens), hq, d, generator=gen).to(dtype).cuda()
+    k = torch.randn(sum(kv_lens), hkv, d, generator=gen).to(dtype).cuda()
+    v = torch.randn(sum(kv_lens), hkv, d, generator=gen).to(dtype).cuda()
+
+    def cum(xs):
+        return torch.tensor([0] + torch.tensor(xs).cumsum(0).tolist(), dtype=torch.int32)
+
+    return q, k, v, cum(qo_lens), cum(kv_lens)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -198,12 +210,7 @@ def test_batch_ragged_prefill(dtype, head_dim, causal):
     gen = torch.Generator().manual_seed(head_dim)
     hq, hkv = 8, 1
     qo_lens, kv_lens = [1, 100, 0, 257, 31], [1, 100, 7, 300, 10]
-    q = torch.randn(sum(qo_lens), hq, head_dim, generator=gen).to(dtype).cuda()
-    k = torch.randn(sum(kv_lens), hkv, head_dim, generator=gen).to(dtype).cuda()
-    v = torch.randn(sum(kv_lens), hkv, head_dim, generator=gen).to(dtype).cuda()
-    def cum(xs):
-        return torch.tensor([0] + torch.tensor(xs).cumsum(0).tolist(), dtype=torch.int32)
-    qi, ki = cum(qo_lens), cum(kv_lens)
+    q, k, v, qi, ki = _ragged_batch(qo_lens, kv_lens, hq, hkv, head_dim, dtype, gen)
     w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
         torch.empty(128 << 20, dtype=torch.uint8, device="cuda"))
     w.plan(qi.cuda(), ki.cuda(), hq, hkv, head_dim, causal=causal, q_data_type=dtype)
@@ -423,14 +430,7 @@ def test_fa2_split_kv_merged_in_the_kernel(causal):
     gen = torch.Generator().manual_seed(int(causal))
     dtype, hq, hkv, d = torch.float16, 8, 2, 128
     qo_lens, kv_lens = [40, 3, 16, 300], [3000, 100, 700, 300]
-    q = torch.randn(sum(qo_lens), hq, d, generator=gen).to(dtype).cuda()
-    k = torch.randn(sum(kv_lens), hkv, d, generator=gen).to(dtype).cuda()
-    v = torch.randn(sum(kv_lens), hkv, d, generator=gen).to(dtype).cuda()
-
-    def cum(xs):
-        return torch.tensor([0] + torch.tensor(xs).cumsum(0).tolist(), dtype=torch.int32)
-
-    qi, ki = cum(qo_lens), cum(kv_lens)
+    q, k, v, qi, ki = _ragged_batch(qo_lens, kv_lens, hq, hkv, d, dtype, gen)
     w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
         torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), backend="fa2")
     w.plan(qi.cuda(), ki.cuda(), hq, hkv, d, causal=causal, q_data_type=dtype,
