@@ -46,7 +46,11 @@ VARIANTS = {
     # (A bulk-copy K/V loader, cp.async.bulk per row into padded rows, measured 5% slower on
     # decode at 1d9f7b3; removed, benchmarks/NOTES.md.)
     "stages 2": ("STAGES=2",),
+    "stages 4": ("STAGES=4",),
     "cta0 2 streams x 32 keys": ("CTA0_WARPS_KV=2", "CTA0_MMA_KV=2"),
+    # Eight key streams (one warp each): twice the bytes in flight per CTA, one CTA per SM
+    # (196 KB of shared memory).
+    "cta0 8 streams": ("CTA0_WARPS_KV=8",),
     # FA2 kernels: split-KV merge in the kernel (default since 46861cd) or by the merge kernel;
     # the first item's plan entries loaded with num_items or after it.
     "merge kernel": ("FUSED_MERGE=0",),
