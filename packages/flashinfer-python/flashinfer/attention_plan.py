@@ -160,10 +160,12 @@ def schedule(
         Keys per chunk (``fixed_split_size``); None chooses one, 0 or ``disable_split_kv``
         disables splitting.
     item_capacity : int, optional
-        Fixed buffer size (CUDA-graph mode: the launch shape must not change). Then the merge
-        always runs, so a later plan may split or not under the same captured graph.
+        Fixed buffer size (CUDA-graph mode: the launch shape must not change).
     force_split : bool
-        Split even with one chunk per request (CUDA-graph mode).
+        Plan for the split-KV path even with one chunk per request (CUDA-graph mode: the
+        captured launches are the same whether a later plan splits or not; the FA2 kernels
+        then write one-chunk requests' outputs directly and merge the others themselves, the
+        Hopper kernel's are merged by the merge kernel).
     sm90 : bool
         The Hopper kernel may be chosen (compute capability 9.0 and a variant that has it).
     ctas_per_sm : int, optional
