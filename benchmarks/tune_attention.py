@@ -51,11 +51,10 @@ VARIANTS = {
     # Eight key streams (one warp each): twice the bytes in flight per CTA, one CTA per SM
     # (196 KB of shared memory).
     "cta0 8 streams": ("CTA0_WARPS_KV=8",),
-    # FA2 kernels: split-KV merge in the kernel (default since 46861cd) or by the merge kernel;
-    # the first item's plan entries loaded with num_items or after it.
+    # FA2 kernels: split-KV merge in the kernel (default since 46861cd) or by the merge kernel.
+    # (Loading the first item's plan entries after num_items, the PREFETCH_ITEM=0 switch until
+    # 1349704, measured 1.5 us slower on decode: benchmarks/NOTES.md.)
     "merge kernel": ("FUSED_MERGE=0",),
-    "no item prefetch": ("PREFETCH_ITEM=0",),
-    "merge kernel, no item prefetch": ("FUSED_MERGE=0", "PREFETCH_ITEM=0"),
     # FA2 grid: item-major over the linear CTA index (default since this variant) or
     # (blockIdx.x = item, blockIdx.y = KV head).
     "head-major grid": ("ITEM_MAJOR_GRID=0",),

@@ -53,7 +53,6 @@ import json, time
 {imports}
 {setup}
 torch.cuda.synchronize()
-{pre}
 t = time.perf_counter()
 {call}
 torch.cuda.synchronize()
@@ -63,9 +62,9 @@ print("RESULT " + json.dumps({{"s": dt, "stats": dict(core.stats)}}))
 """
 
 
-def first_call(module: str, imports: str, pre: str = "", runs: int = 5) -> dict:
+def first_call(module: str, imports: str, runs: int = 5) -> dict:
     _, setup, call, _ = OPS[module]
-    code = _FIRST_CALL.format(imports=imports, setup=setup, pre=pre, call=call)
+    code = _FIRST_CALL.format(imports=imports, setup=setup, call=call)
     seconds, stats = [], None
     for _ in range(runs):
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

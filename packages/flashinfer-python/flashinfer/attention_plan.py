@@ -2,8 +2,9 @@
 ``run`` (every layer) and safe to replay in a CUDA graph.
 
 The unit of work is an *item*: one request, one tile of its packed query rows (``qo_len *
-group_size`` rows, ``tile_q`` per tile) and one chunk of its keys. Each CTA of the kernel takes
-items ``blockIdx.x, blockIdx.x + gridDim.x, ...`` for one KV head (``blockIdx.y``). Long keys and
+group_size`` rows, ``tile_q`` per tile) and one chunk of its keys, for each KV head; the kernel
+spreads the (item, KV head) pairs over its CTAs (``attention_kernel``, ``grid_x`` CTAs per KV
+head; the Hopper kernel's grid is persistent). Long keys and
 few items leave SMs idle, so the keys are split into chunks (*split KV*): every chunk writes a
 partial softmax state (float32 output and base-2 lse) and they are merged: by the last CTA of
 each (request, tile, KV head) to finish, counted in a ``merge_slot`` per (request, tile), or by
@@ -233,10 +234,8 @@ def schedule(
     buf[1] = chunk
     if items:
         cols = torch.tensor([it[1:] for it in items], dtype=torch.int32)
-        buf[HEADER:HEADER + len(items)] = cols[:, 0]
-        buf[HEADER + capacity:HEADER + capacity + len(items)] = cols[:, 1]
-        buf[HEADER + 2 * capacity:HEADER + 2 * capacity + len(items)] = cols[:, 2]
-        buf[HEADER + 3 * capacity:HEADER + 3 * capacity + len(items)] = cols[:, 3]
+        for i in range(4):  # request_idx, qo_tile_idx, kv_chunk_idx, merge_slot
+            buf[HEADER + i * capacity:HEADER + i * capacity + len(items)] = cols[:, i]
     if split:
         per_row = torch.repeat_interleave(
             torch.tensor([_num_chunks(k, chunk) for k in kv_lens], dtype=torch.int64),

@@ -233,7 +233,8 @@ def run_attention(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *,
     module.run(plan.cta, plan.grid_x, q, k, v, o, lse, kv_layout, qo_indptr, kv_indptr,
                kv_indices, kv_last_page_len, plan_dev, plan.item_capacity, plan.split_kv,
                o_part, lse_part, plan.num_rows, merge_counters, custom_mask, mask_indptr,
-               alibi_slopes, sm_scale, softcap, o_scale, rope_scale, rope_theta, window_left, enable_pdl)
+               alibi_slopes, sm_scale, softcap, o_scale, rope_scale, rope_theta, window_left,
+               enable_pdl)
 
 
 @functools.cache

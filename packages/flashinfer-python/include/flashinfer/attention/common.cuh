@@ -254,12 +254,10 @@ struct OutputWriter {
   uint32_t kv_head;
   bool partial;
 
-  __device__ __forceinline__ bool to_partial() const { return partial; }
-
   /// Columns col, col + 1 of packed row pr (already divided by the row sum).
   __device__ __forceinline__ void pair(int pr, int col, float x0, float x1) const {
     const int qo = pr / p.group_size, head = kv_head * p.group_size + pr % p.group_size;
-    if (to_partial()) {
+    if (partial) {
       const int64_t part = p.merge_indptr[r.qo_begin + qo] + r.chunk;
       float* dst = p.o_part + (part * p.num_qo_heads + head) * D + col;
       *reinterpret_cast<float2*>(dst) = make_float2(x0 * p.o_scale, x1 * p.o_scale);
@@ -273,7 +271,7 @@ struct OutputWriter {
   /// The base-2 lse of packed row pr.
   __device__ __forceinline__ void lse(int pr, float value) const {
     const int qo = pr / p.group_size, head = kv_head * p.group_size + pr % p.group_size;
-    if (to_partial()) {
+    if (partial) {
       const int64_t part = p.merge_indptr[r.qo_begin + qo] + r.chunk;
       p.lse_part[part * p.num_qo_heads + head] = value;
     } else if (p.lse != nullptr) {

@@ -35,14 +35,10 @@
 #ifndef FLASHINFER_ATTENTION_STAGES
 #define FLASHINFER_ATTENTION_STAGES 3
 #endif
-// Split-KV partial states merged by the kernel itself (merge_if_last; 0: by the merge kernel),
-// and the first item's plan entries loaded together with num_items (0: after it). Switches
-// for benchmarks/tune_attention.py.
+// Split-KV partial states merged by the kernel itself (merge_if_last; 0: by the merge kernel).
+// A switch for benchmarks/tune_attention.py.
 #ifndef FLASHINFER_ATTENTION_FUSED_MERGE
 #define FLASHINFER_ATTENTION_FUSED_MERGE 1
-#endif
-#ifndef FLASHINFER_ATTENTION_PREFETCH_ITEM
-#define FLASHINFER_ATTENTION_PREFETCH_ITEM 1
 #endif
 // Which (item, KV head) a CTA takes first: 1 = item-major over the linear CTA index (the KV
 // heads of one item adjacent), 0 = (blockIdx.x, blockIdx.y).
@@ -437,14 +433,11 @@ __global__ void __launch_bounds__(KT::kThreads)
     attention_kernel(const __grid_constant__ AttentionParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   pdl_wait();
-  // The first item's plan entries are loaded together with num_items, not after it: each is a
-  // dependent load ahead of the first K/V bytes (blockIdx.x < gridDim.x <= the item capacity).
   const int num_items = *p.num_items;
   // CTA L = blockIdx.y * gridDim.x + blockIdx.x takes item L / H of KV head L % H (then items
-  // + gridDim.x of that head): the CTAs with work are the first num_items * H that launch,
-  // which the block scheduler spreads over all SMs. With (blockIdx.x, blockIdx.y) a CUDA-graph
-  // plan of fixed capacity (more CTAs than items) interleaves idle CTAs with working ones and
-  // stacks the working ones on a subset of the SMs.
+  // + gridDim.x of that head): the KV heads of one item run side by side and read neighbouring
+  // rows of the same pages (decode 128 x 8192 1421 vs 1437 us with (blockIdx.x, blockIdx.y)
+  // on the H100; benchmarks/NOTES.md).
 #if FLASHINFER_ATTENTION_ITEM_MAJOR_GRID
   const uint32_t linear = blockIdx.y * gridDim.x + blockIdx.x;
   const int first = int(linear / uint32_t(p.num_kv_heads));
@@ -453,19 +446,14 @@ __global__ void __launch_bounds__(KT::kThreads)
   const int first = blockIdx.x;
   const uint32_t kv_head = blockIdx.y;
 #endif
-#if FLASHINFER_ATTENTION_PREFETCH_ITEM
+  // The first item's plan entries are loaded together with num_items, not after it: each is a
+  // dependent load ahead of the first K/V bytes (first < gridDim.x <= the item capacity).
   ItemIds ids = load_item_ids(p, first);
   for (int item = first; item < num_items; item += gridDim.x) {
     attention_item<KT>(p, ids, kv_head, smem);
     if (item + int(gridDim.x) < num_items) ids = load_item_ids(p, item + gridDim.x);
     __syncthreads();  // shared memory is reused by the next item
   }
-#else
-  for (int item = first; item < num_items; item += gridDim.x) {
-    attention_item<KT>(p, load_item_ids(p, item), kv_head, smem);
-    __syncthreads();  // shared memory is reused by the next item
-  }
-#endif
   pdl_launch_dependents();
 }
 
