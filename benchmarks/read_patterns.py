@@ -19,7 +19,6 @@ GPU only (CuPy compiles the kernels):
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
