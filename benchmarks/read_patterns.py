@@ -127,10 +127,209 @@ __global__ void read_heads(const int4* __restrict__ x, long long n, int heads, i
   }
   if (acc == 0x9e3779b9u) out[0] = acc;
 }
+// The decode kernel's pattern through a page table (pages in random order, cache [P][2][16 tokens]
+// [8 heads][128] of 2-byte elements): CTA L takes KV head L % 8 of chunk L / 8, which is
+// `ppc` pages of the table. read_paged_loads: 16-byte loads, 16 threads per 256-byte row.
+template <int U>
+__global__ void read_paged_loads(const int4* __restrict__ x, const int* __restrict__ table,
+                                 int ppc, unsigned* out) {
+  const int head = blockIdx.x % 8, chunk = blockIdx.x / 8;
+  unsigned acc = 0;
+  const int rows = ppc * 32;  // K and V rows of 16 tokens per page
+  for (int r0 = threadIdx.x / 16; r0 < rows; r0 += U * (blockDim.x / 16)) {
+    int4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int r = min(r0 + u * (blockDim.x / 16), rows - 1);
+      const long long page = table[chunk * ppc + r / 32];
+      v[u] = x[page * 4096 + (r % 32) * 128 + head * 16 + threadIdx.x % 16];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x9e3779b9u) out[0] = acc;
+}
+
+__device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred P1;\n WAIT:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      " @!P1 bra WAIT;\n}\n" ::"r"(b), "r"(parity) : "memory");
+}
+
+// The same through the TMA: per page, four 2 KB boxes [16 tokens][64] (K and V, two column
+// halves) of the tensor map at `tmap` (dims 64, 2 halves, 8 heads, 16 tokens, 2 x P), one thread
+// per CTA, S pages in flight.
+template <int S>
+__global__ void read_paged_tma(const void* tmap, const int* __restrict__ table, int ppc,
+                               unsigned* out) {
+  extern __shared__ __align__(1024) unsigned char smem[];  // S x 8 KB, then the barriers
+  unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem + S * 8192);
+  if (threadIdx.x != 0) return;
+  const int head = blockIdx.x % 8, chunk = blockIdx.x / 8;
+  for (int s = 0; s < S; ++s) {
+    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s]);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  auto issue = [&](int i) {
+    const int s = i % S;
+    const int page = table[chunk * ppc + i];
+    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s]);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(8192)
+                 : "memory");
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        unsigned dst =
+            (unsigned)__cvta_generic_to_shared(smem + s * 8192 + kv * 4096 + half * 2048);
+        asm volatile(
+            "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+            " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+            ::"r"(dst), "l"(tmap), "r"(0), "r"(half), "r"(head), "r"(0), "r"(2 * page + kv),
+              "r"(b) : "memory");
+      }
+  };
+  for (int i = 0; i < ppc && i < S; ++i) issue(i);
+  for (int i = 0; i < ppc; ++i) {
+    bar_wait((unsigned)__cvta_generic_to_shared(&bar[i % S]), unsigned((i / S) & 1));
+    if (i + S < ppc) issue(i + S);
+  }
+  if (smem[0] == 0x5a && smem[1] == 0xa5 && smem[2] == 0x11) out[0] = 1;
+}
+
+// All heads of a page at once: one 64 KB bulk copy per page (K and V), one CTA per chunk.
+template <int S>
+__global__ void read_paged_bulk(const char* __restrict__ x, const int* __restrict__ table,
+                                int ppc, unsigned* out) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(8) unsigned long long bar[S];
+  if (threadIdx.x != 0) return;
+  const int chunk = blockIdx.x;
+  for (int s = 0; s < S; ++s) {
+    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s]);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  constexpr int C = 65536 / 2;  // two 32 KB copies per page
+  auto issue = [&](int i) {  // copy i: half i % 2 of page i / 2
+    const int s = i % S;
+    const long long page = table[chunk * ppc + i / 2];
+    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s]);
+    unsigned dst = (unsigned)__cvta_generic_to_shared(smem + s * C);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(C)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+        ::"r"(dst), "l"(x + page * 65536 + (i % 2) * C), "r"(C), "r"(b) : "memory");
+  };
+  const int n = 2 * ppc;
+  for (int i = 0; i < n && i < S; ++i) issue(i);
+  for (int i = 0; i < n; ++i) {
+    bar_wait((unsigned)__cvta_generic_to_shared(&bar[i % S]), unsigned((i / S) & 1));
+    if (i + S < n) issue(i + S);
+  }
+  if (smem[0] == 0x5a && smem[1] == 0xa5 && smem[2] == 0x11) out[0] = 1;
+}
 """
 
 SIZES = {"2^25": 1 << 25, "2^26": 1 << 26, "2^27 (decode 1 x 32768)": 1 << 27, "2^30 (decode 64 x 4096)": 1 << 30,
          "2^32 (decode 128 x 8192)": 1 << 32}
+
+
+def _time(run) -> dict:
+    run()
+    torch.cuda.synchronize()
+    med, p10, p90 = harness._median_ms(run, use_cuda_graph=True)
+    return {"median_us": round(med * 1e3, 2), "p10_us": round(p10 * 1e3, 2),
+            "p90_us": round(p90 * 1e3, 2)}
+
+
+def _tensor_map(ptr: int, pages: int):
+    """A TMA tensor map over a cache [pages][2][16][8][128] of 2-byte elements: dims (64
+    columns, 2 column halves, 8 heads, 16 tokens, 2 x pages K/V blocks), box [16 tokens][64],
+    128-byte swizzle; its 128 bytes on the device (the kernels take its global address)."""
+    import ctypes
+
+    import cupy
+    import numpy as np
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    tmap = (ctypes.c_uint64 * 16)()
+    dims = (ctypes.c_uint64 * 5)(64, 2, 8, 16, 2 * pages)
+    strides = (ctypes.c_uint64 * 4)(128, 256, 2048, 32768)
+    box = (ctypes.c_uint32 * 5)(64, 1, 1, 16, 1)
+    ones = (ctypes.c_uint32 * 5)(1, 1, 1, 1, 1)
+    # UINT16, rank 5, no interleave, 128-byte swizzle, 256-byte L2 promotion, no OOB fill
+    err = lib.cuTensorMapEncodeTiled(ctypes.byref(tmap), 1, 5, ctypes.c_void_p(ptr), dims,
+                                     strides, box, ones, 0, 3, 3, 0)
+    if err != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: CUresult {err}")
+    return cupy.asarray(np.frombuffer(bytes(tmap), dtype=np.uint64))
+
+
+# Pages per chunk of the paged patterns, as the decode cases split them: 1 x 32768 is 16 chunks
+# of 128 pages per KV head, 64 x 4096 is 64 requests of 256 pages, 128 x 8192 128 of 512.
+PAGED = {"2^27 (decode 1 x 32768)": (1 << 27, 128), "2^30 (decode 64 x 4096)": (1 << 30, 256),
+         "2^32 (decode 128 x 8192)": (1 << 32, 512)}
+
+
+def paged(module, flag, sms: int, out_path: Path, result: dict) -> dict:
+    """The decode kernel's access pattern over a paged cache (pages shuffled or in order),
+    through 16-byte loads, the TMA (per KV head), and 64 KB bulk copies (all heads)."""
+    import cupy
+
+    rows = {}
+    for size_name, (nbytes, ppc) in PAGED.items():
+        src = torch.randint(-128, 127, (nbytes,), dtype=torch.int8, device="cuda")
+        x = cupy.from_dlpack(src)
+        pages = nbytes // 65536
+        tmap = _tensor_map(src.data_ptr(), pages)
+        rows[size_name] = {}
+        for order in ("shuffled", "in order"):
+            perm = torch.randperm(pages) if order == "shuffled" else torch.arange(pages)
+            table = cupy.from_dlpack(perm.to(torch.int32).cuda())
+            chunks = pages // ppc
+            configs = [  # label, kernel, grid, block, shared, args
+                ("loads U4, per head", "read_paged_loads<4>", chunks * 8, 128, 0,
+                 (x, table, cupy.int32(ppc), flag)),
+                ("tma 4 pages in flight, per head", "read_paged_tma<4>", chunks * 8, 32,
+                 4 * 8192 + 64, (tmap, table, cupy.int32(ppc), flag)),
+                ("tma 8 pages in flight, per head", "read_paged_tma<8>", chunks * 8, 32,
+                 8 * 8192 + 64, (tmap, table, cupy.int32(ppc), flag)),
+                ("bulk 32K x 4, all heads", "read_paged_bulk<4>", chunks * 8, 32, 4 * 32768,
+                 (x, table, cupy.int32(ppc // 8), flag)),
+                ("bulk 32K x 6, all heads", "read_paged_bulk<6>", chunks * 8, 32, 6 * 32768,
+                 (x, table, cupy.int32(ppc // 8), flag)),
+            ]
+            for label, kname, grid, block, shared, kargs in configs:
+                kernel = module.get_function(kname)
+                if shared > 48 * 1024:
+                    kernel.max_dynamic_shared_size_bytes = shared
+
+                def run(kernel=kernel, grid=grid, block=block, shared=shared, kargs=kargs):
+                    stream = torch.cuda.current_stream().cuda_stream
+                    with cupy.cuda.ExternalStream(stream):
+                        kernel((grid,), (block,), kargs, shared_mem=shared)
+
+                key = f"{label}, pages {order}"
+                try:
+                    row = _time(run)
+                except Exception as err:  # recorded, never hidden
+                    rows[size_name][key] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
+                    print(f"{size_name:28s} {key:48s} ERROR {err}", flush=True)
+                    continue
+                row["GBps"] = round(nbytes / (row["median_us"] * 1e-6) / 1e9, 1)
+                row.update(grid=grid, block=block, shared_bytes=shared)
+                rows[size_name][key] = row
+                print(f"{size_name:28s} {key:48s} {row['median_us']:9.2f} us "
+                      f"{row['GBps']:7.0f} GB/s", flush=True)
+        del x, src, tmap
+        torch.cuda.empty_cache()
+        result["paged"] = rows
+        harness.write(out_path, result)
+    return rows
 
 
 def main() -> int:
@@ -140,7 +339,9 @@ def main() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     names = ([f"read_grid<{u}>" for u in (4, 8)] + [f"read_blocks<{u}>" for u in (4, 8)]
              + [f"read_bulk<{c},{s}>" for c, s in ((16384, 8), (16384, 6), (32768, 4), (32768, 6))]
-             + [f"read_heads<{u}>" for u in (4, 8)])
+             + [f"read_heads<{u}>" for u in (4, 8)]
+             + ["read_paged_loads<4>", "read_paged_tma<4>", "read_paged_tma<8>",
+                "read_paged_bulk<4>", "read_paged_bulk<6>"])
     module = cupy.RawModule(code=SRC, options=("-std=c++17",), name_expressions=names)
     flag = cupy.zeros(1, dtype=cupy.uint32)
     configs = [  # (label, kernel, grid, block, shared bytes, args(x, nbytes))
@@ -162,11 +363,16 @@ def main() -> int:
         ("heads 4 (NHD decode pattern, 8 heads)", "read_heads<4>", None, 128, 0, None),
         ("heads 8 (NHD decode pattern, 8 heads)", "read_heads<8>", None, 128, 0, None),
     ]
+    sections = sys.argv[2:] or ["contiguous", "paged"]
     result = {"device": harness.device_info(), "ceilings": harness.measure_ceilings(),
               "method": "one-call CUDA-graph replays after the read-pass L2 flush, median",
               "sizes": {}}
     print("ceilings", result["ceilings"], flush=True)
+    if "paged" in sections:
+        result["paged"] = paged(module, flag, sms, out_path, result)
     for size_name, nbytes in SIZES.items():
+        if "contiguous" not in sections:
+            break
         src = torch.randint(-128, 127, (nbytes,), dtype=torch.int8, device="cuda")
         x = cupy.from_dlpack(src)
         rows = {}
