@@ -34,8 +34,7 @@ def main() -> int:
     print("ceilings", ceilings, flush=True)
     cases = [ba._decode(1, n, True, None, "") for n in KV_LENS]
     cases += [ba._decode(64, 4096, True, 362.8, "<= 350 us", layout=layout,
-                         shuffle_pages=shuffle, note=f", {layout}, pages "
-                         f"{'shuffled' if shuffle else 'in order'}")
+                         shuffle_pages=shuffle, note=f", {layout}")
               for layout in ("NHD", "HND") for shuffle in (True, False)]
     cases += [ba._decode(128, 8192, True, 1420.0, "<= 1390 us", layout="HND", note=", HND")]
     rows = harness.run_cases(cases, ceilings)

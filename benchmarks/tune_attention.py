@@ -3,9 +3,10 @@ csrc/attention.cu and include/flashinfer/attention/prefill.cuh), check each agai
 reference, and time each on issue 3's headline shapes (the three decode cases and the three
 prefill ones), with the copy, read-only and matmul ceilings measured in the same run. GPU only.
 
-    python benchmarks/tune_attention.py OUT.json [VARIANT ...]
+    python benchmarks/tune_attention.py OUT.json [--decode] [VARIANT ...]
 
-Variants are keys of VARIANTS; "default" twice in the list gives a repeat of the baseline (the
+Variants are keys of VARIANTS (``--decode``: the decode cases only); "default" twice in the
+list gives a repeat of the baseline (the
 run-to-run spread). The GPU tests run with a variant's macros through the JIT's extra flags,
 e.g. FLASHINFER_EXTRA_CUDAFLAGS="-DFLASHINFER_ATTENTION_STAGES=2" (part of the cache key).
 """
@@ -51,6 +52,10 @@ VARIANTS = {
     # Eight key streams (one warp each): twice the bytes in flight per CTA, one CTA per SM
     # (196 KB of shared memory).
     "cta0 8 streams": ("CTA0_WARPS_KV=8",),
+    # Two key streams: 52 KB of shared memory, four CTAs per SM, so batch 64 x 8 KV heads
+    # runs in one wave (as the pure read of benchmarks/read_patterns.py does).
+    "cta0 2 streams": ("CTA0_WARPS_KV=2",),
+    "cta0 2 streams, stages 4": ("CTA0_WARPS_KV=2", "STAGES=4"),
     # FA2 kernels: split-KV merge in the kernel (default since 46861cd) or by the merge kernel.
     # (Loading the first item's plan entries after num_items, the PREFETCH_ITEM=0 switch until
     # 1349704, measured 1.5 us slower on decode: benchmarks/NOTES.md.)
@@ -114,15 +119,22 @@ def check(label) -> dict:
     return {"errors": errs, "ok": ok}
 
 
-def cases():
-    return [
+def cases(decode_only: bool = False):
+    out = [
         ba._decode(64, 4096, True, 362.8, "<= 350 us"),
         ba._decode(1, 32768, True, 56.0, "<= 50 us"),
         ba._decode(128, 8192, True, 1420.0, "<= 1390 us"),
+        ba._decode(64, 4096, True, 362.8, "<= 350 us", shuffle_pages=True),
+        ba._decode(1, 32768, True, 56.0, "<= 50 us", shuffle_pages=True),
+        ba._decode(128, 8192, True, 1420.0, "<= 1390 us", shuffle_pages=True),
         ba._decode(64, 4096, True, 362.8, "<= 350 us", note=", CUDA-graph wrapper",
                    graph_wrapper=True),
         ba._decode(1, 32768, True, 56.0, "<= 50 us", note=", CUDA-graph wrapper",
                    graph_wrapper=True),
+    ]
+    if decode_only:
+        return out
+    return out + [
         ba._single_prefill(16384, 5824.0, "<= 5800 us"),
         ba._ragged_prefill(16, 1024, 452.0, "<= 450 us"),
         ba._paged_prefill(8, 2048, 906.0, "<= 900 us"),
@@ -131,7 +143,8 @@ def cases():
 
 def main() -> int:
     out_path = Path(sys.argv[1])
-    names = sys.argv[2:] or list(VARIANTS)
+    decode_only = "--decode" in sys.argv[2:]
+    names = [a for a in sys.argv[2:] if a != "--decode"] or list(VARIANTS)
     unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
@@ -150,7 +163,7 @@ def main() -> int:
         entry = {"flags": VARIANTS[name], "check": check(label)}
         if entry["check"]["ok"]:
             print(f"== {label}", flush=True)
-            entry["cases"] = harness.run_cases(cases(), result["ceilings"])
+            entry["cases"] = harness.run_cases(cases(decode_only), result["ceilings"])
         result["variants"][label] = entry
         out_path.write_text(json.dumps(result, indent=1))
     summary(result)
