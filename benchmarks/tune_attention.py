@@ -6,8 +6,8 @@ prefill ones), with the copy, read-only and matmul ceilings measured in the same
     python benchmarks/tune_attention.py OUT.json [--decode] [VARIANT ...]
 
 Variants are keys of VARIANTS (``--decode``: the decode cases only); "default" twice in the
-list gives a repeat of the baseline (the run-to-run spread). The GPU tests run with a variant's macros through the JIT's extra flags,
-e.g. FLASHINFER_EXTRA_CUDAFLAGS="-DFLASHINFER_ATTENTION_STAGES=2" (part of the cache key).
+list gives a repeat of the baseline (the run-to-run spread). The GPU tests run with a variant's
+macros through the JIT's extra flags, e.g. FLASHINFER_EXTRA_CUDAFLAGS="-DFLASHINFER_ATTENTION_STAGES=2" (part of the cache key).
 """
 
 from __future__ import annotations
