@@ -55,6 +55,11 @@ VARIANTS = {
     # runs in one wave (as the pure read of benchmarks/read_patterns.py does).
     "cta0 2 streams": ("CTA0_WARPS_KV=2",),
     "cta0 2 streams, stages 4": ("CTA0_WARPS_KV=2", "STAGES=4"),
+    # Two stages (one tile ahead per stream): 68 KB at four streams (three CTAs per SM), 52 KB
+    # at three (four per SM: batch 64 x 8 KV heads in one wave), 36 KB at two (six per SM).
+    "stages 2, 3 streams": ("STAGES=2", "CTA0_WARPS_KV=3"),
+    "stages 2, 2 streams": ("STAGES=2", "CTA0_WARPS_KV=2"),
+    "stages 2, 8 streams": ("STAGES=2", "CTA0_WARPS_KV=8"),
     # FA2 kernels: split-KV merge in the kernel (default since 46861cd) or by the merge kernel.
     # (Loading the first item's plan entries after num_items, the PREFETCH_ITEM=0 switch until
     # 1349704, measured 1.5 us slower on decode: benchmarks/NOTES.md.)
@@ -130,6 +135,9 @@ def cases(decode_only: bool = False):
                    graph_wrapper=True),
         ba._decode(1, 32768, True, 56.0, "<= 50 us", note=", CUDA-graph wrapper",
                    graph_wrapper=True),
+        # More, shorter chunks: for CTA shapes with more CTAs per SM than the plan assumes.
+        ba._decode(1, 32768, True, 56.0, "<= 50 us", 1024, ", chunk 1024"),
+        ba._decode(1, 32768, True, 56.0, "<= 50 us", 512, ", chunk 512"),
     ]
     if decode_only:
         return out
