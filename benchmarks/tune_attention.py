@@ -42,24 +42,24 @@ VARIANTS = {
     # setmaxnreg split (producer / consumers; 88 / 208 default since 981a959): the producer
     # spills 116 / 144 bytes at 72 / 216 (D = 128 paged causal), 60 / 52 at 88 / 208.
     "sm90 regs 72/216": ("SM90_PRODUCER_REGS=72", "SM90_CONSUMER_REGS=216"),
-    # Decode (cta 0): two CTAs per SM at 3 stages (100 KB of shared memory each), three at 2.
-    # (A bulk-copy K/V loader, cp.async.bulk per row into padded rows, measured 5% slower on
-    # decode at 1d9f7b3; removed, benchmarks/NOTES.md.)
+    # FA2 prefill shapes (cta 1, 2): K/V tiles in flight per stream (default 3).
     "stages 2": ("STAGES=2",),
     "stages 4": ("STAGES=4",),
+    # Decode (cta 0, default since 40b6d25's run: two stages, four key streams, 68 KB of shared
+    # memory; ~220 registers per thread allow two CTAs per SM, "3 per SM" caps them at 168).
+    # Three stages (the default until then): 100 KB.
+    # (A bulk-copy K/V loader, cp.async.bulk per row into padded rows, measured 5% slower on
+    # decode at 1d9f7b3; removed, benchmarks/NOTES.md.)
+    "cta0 stages 3": ("CTA0_STAGES=3",),
+    "cta0 stages 4": ("CTA0_STAGES=4",),
+    "cta0 3 per SM": ("CTA0_MIN_BLOCKS=3",),
     "cta0 2 streams x 32 keys": ("CTA0_WARPS_KV=2", "CTA0_MMA_KV=2"),
-    # Eight key streams (one warp each): twice the bytes in flight per CTA, one CTA per SM
-    # (196 KB of shared memory).
-    "cta0 8 streams": ("CTA0_WARPS_KV=8",),
-    # Two key streams: 52 KB of shared memory, four CTAs per SM, so batch 64 x 8 KV heads
-    # runs in one wave (as the pure read of benchmarks/read_patterns.py does).
+    # Fewer key streams: more CTAs per SM (two streams: 36 KB, six per SM; three: 52 KB, four
+    # per SM, batch 64 x 8 KV heads in one wave); eight: one per SM, twice the bytes in flight.
     "cta0 2 streams": ("CTA0_WARPS_KV=2",),
-    "cta0 2 streams, stages 4": ("CTA0_WARPS_KV=2", "STAGES=4"),
-    # Two stages (one tile ahead per stream): 68 KB at four streams (three CTAs per SM), 52 KB
-    # at three (four per SM: batch 64 x 8 KV heads in one wave), 36 KB at two (six per SM).
-    "stages 2, 3 streams": ("STAGES=2", "CTA0_WARPS_KV=3"),
-    "stages 2, 2 streams": ("STAGES=2", "CTA0_WARPS_KV=2"),
-    "stages 2, 8 streams": ("STAGES=2", "CTA0_WARPS_KV=8"),
+    "cta0 3 streams": ("CTA0_WARPS_KV=3",),
+    "cta0 8 streams": ("CTA0_WARPS_KV=8",),
+    "cta0 8 streams, stages 3": ("CTA0_WARPS_KV=8", "CTA0_STAGES=3"),
     # FA2 kernels: split-KV merge in the kernel (default since 46861cd) or by the merge kernel.
     # (Loading the first item's plan entries after num_items, the PREFETCH_ITEM=0 switch until
     # 1349704, measured 1.5 us slower on decode: benchmarks/NOTES.md.)

@@ -127,11 +127,18 @@ def test_schedule_rejects_bad_input(qo_lens, kv_lens, kwargs, match):
                  **kwargs)
 
 
-def test_decode_splits_for_one_cta_per_sm():
-    # cta 0 aims for one CTA per SM: 1 x 32768 at 8 KV heads takes 16 chunks of 2048 (128 CTAs),
-    # and 16 x 4096 (128 CTAs already) is not split.
+def test_decode_splits_for_two_ctas_per_sm():
+    # cta 0 aims for two CTAs per SM: 1 x 32768 at 8 KV heads takes 32 chunks of 1024 (256
+    # CTAs), 16 x 4096 two chunks per request, and 32 x 4096 (256 CTAs already) is not split.
     plan, _ = schedule([1], [32768], group_size=4, num_kv_heads=8, head_dim=128, num_sms=SMS)
-    assert plan.cta == 0 and plan.kv_chunk_size == 2048 and plan.num_items == 16
+    assert plan.cta == 0 and plan.kv_chunk_size == 1024 and plan.num_items == 32
     plan, _ = schedule([1] * 16, [4096] * 16, group_size=4, num_kv_heads=8, head_dim=128,
                        num_sms=SMS)
-    assert not plan.split_kv and plan.num_items == 16
+    assert plan.split_kv and plan.kv_chunk_size == 2048 and plan.num_items == 32
+    plan, _ = schedule([1] * 32, [4096] * 32, group_size=4, num_kv_heads=8, head_dim=128,
+                       num_sms=SMS)
+    assert not plan.split_kv and plan.num_items == 32
+    # An explicit ctas_per_sm still rules.
+    plan, _ = schedule([1], [32768], group_size=4, num_kv_heads=8, head_dim=128, num_sms=SMS,
+                       ctas_per_sm=1)
+    assert plan.kv_chunk_size == 2048 and plan.num_items == 16

@@ -33,8 +33,9 @@ constexpr MaskMode kMask = static_cast<MaskMode>(FI_MASK_MODE);
 constexpr PosEncoding kPos = static_cast<PosEncoding>(FI_POS_ENCODING);
 constexpr bool kPaged = FI_PAGED != 0;
 
-template <int WQ, int WKV, int MQ, int MKV>
-using Traits = KernelTraits<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, WKV, MQ, MKV>;
+template <int WQ, int WKV, int MQ, int MKV, int STAGES = FLASHINFER_ATTENTION_STAGES>
+using Traits =
+    KernelTraits<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, WKV, MQ, MKV, STAGES>;
 
 // CTA shapes (the `cta` argument of run; flashinfer/jit/attention.py mirrors this table):
 //   0: 16 rows,  1 x 4 warps (decode, short queries), 16-key steps
@@ -50,7 +51,15 @@ constexpr int kStepKV = kHeadDim <= 128 ? 4 : 2;
 #ifndef FLASHINFER_ATTENTION_CTA0_MMA_KV
 #define FLASHINFER_ATTENTION_CTA0_MMA_KV 1
 #endif
-using Cta0 = Traits<1, FLASHINFER_ATTENTION_CTA0_WARPS_KV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV>;
+// Decode streams K/V with one tile ahead per stream (68 KB of shared memory; its ~220 registers
+// per thread hold it at two CTAs per SM either way). Against three stages, H100, pages in
+// order: 64 x 4096 352.5 vs 356.1 us, 128 x 8192 1374 vs 1401 us, CUDA-graph 1 x 32768 56.6 vs
+// 58.6 us (benchmarks/NOTES.md): fewer bytes in flight per stream read faster.
+#ifndef FLASHINFER_ATTENTION_CTA0_STAGES
+#define FLASHINFER_ATTENTION_CTA0_STAGES 2
+#endif
+using Cta0 = Traits<1, FLASHINFER_ATTENTION_CTA0_WARPS_KV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
+                    FLASHINFER_ATTENTION_CTA0_STAGES>;
 #ifndef FLASHINFER_ATTENTION_CTA1_MMA_KV
 #define FLASHINFER_ATTENTION_CTA1_MMA_KV kStepKV
 #endif

@@ -170,10 +170,11 @@ def schedule(
     sm90 : bool
         The Hopper kernel may be chosen (compute capability 9.0 and a variant that has it).
     ctas_per_sm : int, optional
-        CTAs per SM the split heuristic aims for (default: 2 for the FA2 prefill shapes 1 and
-        2, 1 otherwise). For decode (cta 0) one per SM beat two on the H100 wherever they
-        differ: 1 x 32768 57.3 vs 58.5 us, 16 x 4096 99.3 vs 102.2 us (fewer, longer chunks
-        amortize each CTA's start; benchmarks/NOTES.md).
+        CTAs per SM the split heuristic aims for (default: 2 for the FA2 shapes, 1 for the
+        persistent Hopper kernel). Decode (cta 0) holds three per SM with its two-stage
+        pipeline; two per SM measured 56.4 vs 56.8 us (one per SM) on 1 x 32768 (H100,
+        benchmarks/NOTES.md), and CUDA-graph plans need it: their captured grid has about two
+        CTAs per SM.
     """
     if len(qo_lens) != len(kv_lens):
         raise ValueError(f"qo_lens and kv_lens must have one entry per request, got "
@@ -184,7 +185,7 @@ def schedule(
     if cta is None:
         cta = choose_cta(max_rows, head_dim, sm90)
     if ctas_per_sm is None:
-        ctas_per_sm = 2 if cta in (1, 2) else 1
+        ctas_per_sm = 1 if cta == 3 else 2
     tile_q = tile_rows(cta, head_dim)
     qtiles = [math.ceil(q * group_size / tile_q) for q in qo_lens]
 

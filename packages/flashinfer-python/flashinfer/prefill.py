@@ -316,13 +316,10 @@ class _BatchAttentionBase:
                                          -(-2 * sms // num_kv_heads)),
                     "row_capacity": sum(qo_lens),
                 }
+            # The captured grid has item_capacity CTAs per KV head, about two per SM: the
+            # split heuristic's default for the FA2 shapes fills them.
             kwargs.update(cta=self._fixed["cta"], item_capacity=self._fixed["item_capacity"],
                           force_split=True)
-            if self._fixed["cta"] == 0:
-                # The captured grid has item_capacity CTAs per KV head (about two per SM): a
-                # split for one CTA per SM leaves half of them idle, and decode 1 x 32768 then
-                # ran 60.8-61.7 us against 58.6-58.9 with the split that fills them (H100).
-                kwargs["ctas_per_sm"] = 2
             if sum(qo_lens) > self._fixed["row_capacity"]:
                 raise ValueError(f"CUDA-graph mode: the batch has {sum(qo_lens)} query rows, more "
                                  f"than the {self._fixed['row_capacity']} of the first plan")

@@ -32,6 +32,8 @@
 #include "mma.cuh"
 #include "params.cuh"
 
+// Tiles in flight per key stream of the FA2 prefill shapes (head_dim <= 128); the decode shape
+// takes its own (FLASHINFER_ATTENTION_CTA0_STAGES, csrc/attention.cu).
 #ifndef FLASHINFER_ATTENTION_STAGES
 #define FLASHINFER_ATTENTION_STAGES 3
 #endif
@@ -57,9 +59,11 @@ namespace attn {
  * @tparam PAGED_ paged KV cache (else ragged)
  * @tparam WARPS_Q_, WARPS_KV_ warps splitting rows, groups of warps splitting keys
  * @tparam MMA_Q_ 16-row MMA tiles per warp; MMA_KV_ 16-key MMA tiles per pipeline step
+ * @tparam STAGES_ K/V tiles in flight per key stream at head_dim <= 128 (256 keeps two)
  */
 template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, MaskMode MASK_, PosEncoding POS_,
-          bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_, int MMA_KV_>
+          bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_, int MMA_KV_,
+          int STAGES_ = FLASHINFER_ATTENTION_STAGES>
 struct KernelTraits {
   using DTypeQ = DTypeQ_;
   using DTypeKV = DTypeQ_;
@@ -81,10 +85,9 @@ struct KernelTraits {
   // Q fragments stay in registers when they are few (decode, head_dim <= 128); otherwise they
   // are re-read from shared memory for each KV tile (the O accumulators need the registers).
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
-  // Tiles in flight per key stream: three (loads issued two tiles ahead) where shared memory
-  // allows two CTAs per SM; head_dim 256 keeps two. FLASHINFER_ATTENTION_STAGES overrides the
-  // first (benchmarks/tune_attention.py).
-  static constexpr int kStages = HEAD_DIM_ <= 128 ? FLASHINFER_ATTENTION_STAGES : 2;
+  // Tiles in flight per key stream (loads issued kStages - 1 tiles ahead); head_dim 256 keeps
+  // two for shared memory.
+  static constexpr int kStages = HEAD_DIM_ <= 128 ? STAGES_ : 2;
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
   static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
@@ -428,8 +431,15 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 #endif
 }
 
+// CTAs per SM the decode shape (one warp of rows) is compiled for: its registers (~220 per
+// thread at head_dim 128) otherwise allow two of its 128-thread CTAs per SM.
+#ifndef FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS
+#define FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS 1
+#endif
+
 template <class KT>
-__global__ void __launch_bounds__(KT::kThreads)
+__global__ void __launch_bounds__(KT::kThreads,
+                                  KT::kWarpsQ == 1 ? FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS : 1)
     attention_kernel(const __grid_constant__ AttentionParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   pdl_wait();
