@@ -135,9 +135,12 @@ def cases(decode_only: bool = False):
                    graph_wrapper=True),
         ba._decode(1, 32768, True, 56.0, "<= 50 us", note=", CUDA-graph wrapper",
                    graph_wrapper=True),
-        # More, shorter chunks: for CTA shapes with more CTAs per SM than the plan assumes.
-        ba._decode(1, 32768, True, 56.0, "<= 50 us", 1024, ", chunk 1024"),
+        # Other splits than the plan's (two CTAs per SM: 1 x 32768 in chunks of 1024, 16 x 4096
+        # in two chunks per request).
+        ba._decode(1, 32768, True, 56.0, "<= 50 us", 2048, ", chunk 2048"),
         ba._decode(1, 32768, True, 56.0, "<= 50 us", 512, ", chunk 512"),
+        ba._decode(16, 4096, True, None, ""),
+        ba._decode(16, 4096, True, None, "", 0, ", not split"),
     ]
     if decode_only:
         return out
