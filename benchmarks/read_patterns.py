@@ -29,19 +29,55 @@ import torch  # noqa: E402
 import harness  # noqa: E402
 
 SRC = r"""
+// mbarrier and bulk-copy helpers (one thread per CTA issues and waits).
+__device__ __forceinline__ unsigned sh(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void bars_init(unsigned long long* bar, int n) {
+  for (int s = 0; s < n; ++s)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sh(bar + s)));
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+__device__ __forceinline__ void bar_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred P1;\n WAIT:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      " @!P1 bra WAIT;\n}\n" ::"r"(sh(bar)), "r"(parity) : "memory");
+}
+
+/// `bytes` from global `src` to shared `dst`, completing on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes,
+                                          unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sh(bar)),
+               "r"(bytes) : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(sh(dst)), "l"(src), "r"(bytes), "r"(sh(bar)) : "memory");
+}
+
+// Words i, i + stride, ... below end, U loads in flight per thread; their XOR.
 template <int U>
-__global__ void read_grid(const int4* __restrict__ x, long long n, unsigned* out) {
-  const long long stride = (long long)gridDim.x * blockDim.x;
-  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+__device__ unsigned read_strided(const int4* __restrict__ x, long long i, long long end,
+                                 long long stride) {
   unsigned acc = 0;
-  for (; i + (U - 1) * stride < n; i += U * stride) {
+  for (; i + (U - 1) * stride < end; i += U * stride) {
     int4 v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) v[u] = x[i + u * stride];
 #pragma unroll
     for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
-  for (; i < n; i += stride) acc ^= x[i].x;
+  for (; i < end; i += stride) acc ^= x[i].x;
+  return acc;
+}
+
+template <int U>
+__global__ void read_grid(const int4* __restrict__ x, long long n, unsigned* out) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  const unsigned acc =
+      read_strided<U>(x, (long long)blockIdx.x * blockDim.x + threadIdx.x, n, stride);
   if (acc == 0x9e3779b9u) out[0] = acc;
 }
 
@@ -49,54 +85,25 @@ template <int U>
 __global__ void read_blocks(const int4* __restrict__ x, long long n, unsigned* out) {
   const long long per = (n + gridDim.x - 1) / gridDim.x;
   const long long lo = blockIdx.x * per, hi = min(n, lo + per);
-  const int stride = blockDim.x;
-  long long i = lo + threadIdx.x;
-  unsigned acc = 0;
-  for (; i + (U - 1) * stride < hi; i += U * stride) {
-    int4 v[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) v[u] = x[i + u * stride];
-#pragma unroll
-    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  for (; i < hi; i += stride) acc ^= x[i].x;
+  const unsigned acc = read_strided<U>(x, lo + threadIdx.x, hi, blockDim.x);
   if (acc == 0x9e3779b9u) out[0] = acc;
 }
 
 // One thread per CTA: contiguous range, C-byte bulk copies, S in flight.
 template <int C, int S>
 __global__ void read_bulk(const char* __restrict__ x, long long nbytes, unsigned* out) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ __align__(8) unsigned long long bar[S];
   if (threadIdx.x != 0) return;
   const long long chunks = nbytes / C;
   const long long per = (chunks + gridDim.x - 1) / gridDim.x;
   const long long lo = blockIdx.x * per, hi = min(chunks, lo + per);
-  for (int s = 0; s < S; ++s) {
-    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s]);
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
-  }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  auto issue = [&](long long c) {
-    const int s = int((c - lo) % S);
-    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s]);
-    unsigned dst = (unsigned)__cvta_generic_to_shared(smem + s * C);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(C)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-        ::"r"(dst), "l"(x + c * C), "r"(C), "r"(b) : "memory");
-  };
-  for (long long c = lo; c < hi && c < lo + S; ++c) issue(c);
+  bars_init(bar, S);
+  for (long long c = lo; c < hi && c < lo + S; ++c)
+    bulk_copy(smem + (c - lo) % S * C, x + c * C, C, bar + (c - lo) % S);
   for (long long c = lo; c < hi; ++c) {
-    const int s = int((c - lo) % S);
-    const unsigned parity = unsigned(((c - lo) / S) & 1);
-    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s]);
-    asm volatile(
-        "{\n .reg .pred P1;\n WAIT:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-        " @!P1 bra WAIT;\n}\n" ::"r"(b), "r"(parity) : "memory");
-    if (c + S < hi) issue(c + S);
+    bar_wait(bar + (c - lo) % S, unsigned(((c - lo) / S) & 1));
+    if (c + S < hi) bulk_copy(smem + (c - lo) % S * C, x + (c + S) * C, C, bar + (c - lo) % S);
   }
   if (smem[0] == 0x5a && smem[1] == 0xa5 && smem[2] == 0x11) out[0] = 1;
 }
@@ -150,13 +157,6 @@ __global__ void read_paged_loads(const int4* __restrict__ x, const int* __restri
   if (acc == 0x9e3779b9u) out[0] = acc;
 }
 
-__device__ __forceinline__ void bar_wait(unsigned b, unsigned parity) {
-  asm volatile(
-      "{\n .reg .pred P1;\n WAIT:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-      " @!P1 bra WAIT;\n}\n" ::"r"(b), "r"(parity) : "memory");
-}
-
 // The same through the TMA: per page, four 2 KB boxes [16 tokens][64] (K and V, two column
 // halves) of the tensor map at `tmap` (dims 64, 2 halves, 8 heads, 16 tokens, 2 x P), one thread
 // per CTA, S pages in flight.
@@ -167,33 +167,26 @@ __global__ void read_paged_tma(const void* tmap, const int* __restrict__ table, 
   unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem + S * 8192);
   if (threadIdx.x != 0) return;
   const int head = blockIdx.x % 8, chunk = blockIdx.x / 8;
-  for (int s = 0; s < S; ++s) {
-    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s]);
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
-  }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  bars_init(bar, S);
   auto issue = [&](int i) {
     const int s = i % S;
     const int page = table[chunk * ppc + i];
-    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s]);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(8192)
-                 : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sh(bar + s)),
+                 "r"(8192) : "memory");
 #pragma unroll
     for (int kv = 0; kv < 2; ++kv)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        unsigned dst =
-            (unsigned)__cvta_generic_to_shared(smem + s * 8192 + kv * 4096 + half * 2048);
         asm volatile(
             "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
             " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
-            ::"r"(dst), "l"(tmap), "r"(0), "r"(half), "r"(head), "r"(0), "r"(2 * page + kv),
-              "r"(b) : "memory");
+            ::"r"(sh(smem + s * 8192 + kv * 4096 + half * 2048)), "l"(tmap), "r"(0), "r"(half),
+              "r"(head), "r"(0), "r"(2 * page + kv), "r"(sh(bar + s)) : "memory");
       }
   };
   for (int i = 0; i < ppc && i < S; ++i) issue(i);
   for (int i = 0; i < ppc; ++i) {
-    bar_wait((unsigned)__cvta_generic_to_shared(&bar[i % S]), unsigned((i / S) & 1));
+    bar_wait(bar + i % S, unsigned((i / S) & 1));
     if (i + S < ppc) issue(i + S);
   }
   if (smem[0] == 0x5a && smem[1] == 0xa5 && smem[2] == 0x11) out[0] = 1;
@@ -203,31 +196,19 @@ __global__ void read_paged_tma(const void* tmap, const int* __restrict__ table, 
 template <int S>
 __global__ void read_paged_bulk(const char* __restrict__ x, const int* __restrict__ table,
                                 int ppc, unsigned* out) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ __align__(8) unsigned long long bar[S];
   if (threadIdx.x != 0) return;
-  const int chunk = blockIdx.x;
-  for (int s = 0; s < S; ++s) {
-    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s]);
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
-  }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   constexpr int C = 65536 / 2;  // two 32 KB copies per page
   auto issue = [&](int i) {  // copy i: half i % 2 of page i / 2
-    const int s = i % S;
-    const long long page = table[chunk * ppc + i / 2];
-    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s]);
-    unsigned dst = (unsigned)__cvta_generic_to_shared(smem + s * C);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(C)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-        ::"r"(dst), "l"(x + page * 65536 + (i % 2) * C), "r"(C), "r"(b) : "memory");
+    const long long page = table[blockIdx.x * ppc + i / 2];
+    bulk_copy(smem + i % S * C, x + page * 65536 + (i % 2) * C, C, bar + i % S);
   };
+  bars_init(bar, S);
   const int n = 2 * ppc;
   for (int i = 0; i < n && i < S; ++i) issue(i);
   for (int i = 0; i < n; ++i) {
-    bar_wait((unsigned)__cvta_generic_to_shared(&bar[i % S]), unsigned((i / S) & 1));
+    bar_wait(bar + i % S, unsigned((i / S) & 1));
     if (i + S < n) issue(i + S);
   }
   if (smem[0] == 0x5a && smem[1] == 0xa5 && smem[2] == 0x11) out[0] = 1;
