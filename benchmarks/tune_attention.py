@@ -54,8 +54,9 @@ VARIANTS = {
     "cta0 stages 4": ("CTA0_STAGES=4",),
     "cta0 3 per SM": ("CTA0_MIN_BLOCKS=3",),
     "cta0 2 streams x 32 keys": ("CTA0_WARPS_KV=2", "CTA0_MMA_KV=2"),
-    # Fewer key streams: more CTAs per SM (two streams: 36 KB, six per SM; three: 52 KB, four
-    # per SM, batch 64 x 8 KV heads in one wave); eight: one per SM, twice the bytes in flight.
+    # Fewer key streams: more CTAs per SM (registers: two streams four per SM, so batch 64 x 8
+    # KV heads runs in one wave; three streams three per SM); eight: one per SM (registers),
+    # twice the bytes in flight.
     "cta0 2 streams": ("CTA0_WARPS_KV=2",),
     "cta0 3 streams": ("CTA0_WARPS_KV=3",),
     "cta0 8 streams": ("CTA0_WARPS_KV=8",),

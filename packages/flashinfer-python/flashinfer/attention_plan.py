@@ -171,10 +171,10 @@ def schedule(
         The Hopper kernel may be chosen (compute capability 9.0 and a variant that has it).
     ctas_per_sm : int, optional
         CTAs per SM the split heuristic aims for (default: 2 for the FA2 shapes, 1 for the
-        persistent Hopper kernel). Decode (cta 0) holds three per SM with its two-stage
-        pipeline; two per SM measured 56.4 vs 56.8 us (one per SM) on 1 x 32768 (H100,
-        benchmarks/NOTES.md), and CUDA-graph plans need it: their captured grid has about two
-        CTAs per SM.
+        persistent Hopper kernel). Decode (cta 0) fits two per SM (its registers); with its
+        two-stage pipeline two per SM measured 56.4 vs 56.8 us (one per SM) on 1 x 32768
+        (H100, benchmarks/NOTES.md), and CUDA-graph plans need it: their captured grid has
+        about two CTAs per SM.
     """
     if len(qo_lens) != len(kv_lens):
         raise ValueError(f"qo_lens and kv_lens must have one entry per request, got "
