@@ -224,7 +224,10 @@ def _single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encodi
                          num_kv_heads=num_kv_heads, head_dim=head_dim, num_sms=_num_sms(device),
                          causal=mask_mode == "causal", kv_chunk_size=fixed_split_size,
                          sm90=rt.use_sm90(device, variant, backend))
-    dev = torch.cat([buf, torch.tensor([0, qo_len, 0, kv_len], dtype=torch.int32)]).to(device)
+    # One upload: the plan, the two indptrs, and (split KV) the merge counters, all 0.
+    counters = plan.item_capacity * num_kv_heads if plan.split_kv else 0
+    dev = torch.cat([buf, torch.tensor([0, qo_len, 0, kv_len], dtype=torch.int32),
+                     torch.zeros(counters, dtype=torch.int32)]).to(device)
     n = buf.numel()
     partials = None
     if plan.split_kv:
@@ -240,11 +243,9 @@ def _single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encodi
     o = torch.empty(qo_len, num_qo_heads, head_dim, dtype=o_dtype, device=device)
     lse = torch.empty(qo_len, num_qo_heads, dtype=torch.float32, device=device) if return_lse else None
     module = rt.get_attention_module(variant)
-    counters = torch.zeros(plan.item_capacity * num_kv_heads, dtype=torch.int32,
-                           device=device) if plan.split_kv else None
     rt.run_attention(module, plan, dev[:n], q=q, k=k, v=v, o=o, lse=lse, kv_layout=layout,
                      qo_indptr=dev[n:n + 2], kv_indptr=dev[n + 2:n + 4], partials=partials,
-                     counters=counters,
+                     counters=dev[n + 4:] if counters else None,
                      custom_mask=mask, mask_indptr=mask_indptr,
                      alibi_slopes=rt.alibi_slopes_for(pos_encoding_mode, num_qo_heads, device),
                      sm_scale=sm, softcap=rt.soft_cap(logits_soft_cap), o_scale=o_scale,

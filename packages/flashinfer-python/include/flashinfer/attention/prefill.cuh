@@ -379,8 +379,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 
   // 6. Row sums across the quad, then the epilogue.
   quad_sum(d);
-  const OutputWriter<TO, D> out{
-      p, rng, kv_head, FLASHINFER_ATTENTION_FUSED_MERGE ? writes_partial(p, rng) : p.split_kv};
+  const OutputWriter<TO, D> out{p, rng, kv_head, writes_partial(p, rng)};
   if constexpr (KT::kWarpsKV == 1) {
     out.rows(o, m, d, row_begin + wq * 16 * kMmaQ, g, t);
   } else {
