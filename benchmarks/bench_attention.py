@@ -60,7 +60,8 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
     return Case(f"batch decode {batch} x kv {kv_len} ({tc}{note})",
                 lambda: w.run(q, cache, out=out), bytes_moved=kv_bytes + 2 * q.numel() * 2,
                 baseline_us=baseline, target=target,
-                extra={"split": w._plan.kv_chunk_size, "items": w._plan.num_items},
+                extra={"split": w._plan.kv_chunk_size, "items": w._plan.num_items,
+                       "cta": w._plan.cta},
                 use_cuda_graph=use_cuda_graph, l2_flush=l2_flush)
 
 
@@ -159,6 +160,10 @@ def cases() -> list[Case]:
                            graph_wrapper=True))
     out.append(_decode(64, 4096, True, 362.8, "<= 350 us", note=", write flush",
                        l2_flush="write"))
+    # The batch the two-key-stream shape (cta 4) is picked for, with the four-stream one beside.
+    out.append(_with_cta(0, _decode, 64, 4096, True, 362.8, "<= 350 us"))
+    out.append(_with_cta(0, _decode, 64, 4096, True, 362.8, "<= 350 us", None, "",
+                         "NHD", True))
     for split in (256, 512, 2048):
         out.append(_decode(1, 32768, True, 56.0, "<= 50 us", split, f", chunk {split}"))
     for split in (512, 1024, 2048):

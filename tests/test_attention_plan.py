@@ -142,3 +142,37 @@ def test_decode_splits_for_two_ctas_per_sm():
     plan, _ = schedule([1], [32768], group_size=4, num_kv_heads=8, head_dim=128, num_sms=SMS,
                        ctas_per_sm=1)
     assert plan.kv_chunk_size == 2048 and plan.num_items == 16
+
+
+@pytest.mark.parametrize("batch, cta", [
+    (33, 0),   # 264 CTAs at 8 KV heads: two per SM, one wave of shape 0
+    (34, 4),   # 272: one wave of the two-stream shape (four per SM) instead of two
+    (64, 4),   # 512
+    (66, 4),   # 528: exactly four per SM
+    (67, 0),   # 536: more than one wave either way
+    (128, 0),
+])
+def test_decode_takes_two_key_streams_when_they_fit_one_wave(batch, cta):
+    plan, _ = schedule([1] * batch, [4096] * batch, group_size=4, num_kv_heads=8, head_dim=128,
+                       num_sms=SMS)
+    assert plan.cta == cta and plan.tile_q == 16 and not plan.split_kv
+    assert plan.num_items == batch and plan.grid_x == batch
+
+
+def test_two_key_stream_plans_split_for_four_ctas_per_sm():
+    # 40 requests at 8 KV heads (320 unsplit CTAs): shape 4, which aims for four per SM (528),
+    # so the one long request is split and the short ones are not.
+    plan, buf = schedule([1] * 40, [32768] + [100] * 39, group_size=4, num_kv_heads=8,
+                         head_dim=128, num_sms=SMS)
+    assert plan.cta == 4 and plan.split_kv
+    assert 8 * plan.num_items <= 4 * SMS
+    assert plan.num_items == 39 + math.ceil(32768 / plan.kv_chunk_size)
+    _check_cover([1] * 40, [32768] + [100] * 39, plan, buf, 4)
+    _check_slots(plan, buf)
+
+
+def test_two_key_streams_only_for_16_row_tiles():
+    # Two rows of a group of 8 are 16 packed rows (shape 4); three are 24 (shape 1, 64 rows).
+    assert choose_cta(16, 128, unsplit_ctas=400, num_sms=SMS) == 4
+    assert choose_cta(24, 128, unsplit_ctas=400, num_sms=SMS) == 1
+    assert choose_cta(16, 128) == 0  # nothing known of the batch: the wide shape

@@ -9,12 +9,25 @@ import torch
 from attention_ref import attention_ref, make_paged
 
 import flashinfer
+from flashinfer import attention_plan
 
 TOL = {torch.float16: dict(atol=4e-3, rtol=1e-2), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
 
 def _ws(mb=128):
     return torch.empty(mb << 20, dtype=torch.uint8, device="cuda")
+
+
+@pytest.fixture(params=["auto", "two key streams"])
+def decode_shape(request, monkeypatch):
+    """Runs a test with the CTA shape the plan picks, then with the two-key-stream decode shape
+    (cta 4) forced for every 16-row batch: the plan takes it by itself only for batches of two
+    to four CTAs per SM."""
+    if request.param != "auto":
+        choose = attention_plan.choose_cta
+        monkeypatch.setattr(attention_plan, "choose_cta",
+                            lambda rows, *a, **kw: 4 if rows <= 16 else choose(rows, *a, **kw))
+    return request.param
 
 
 def _check(o, lse, q, seqs, dtype, **kw):
@@ -56,7 +69,7 @@ def test_decode_single_validation_on_cpu():
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("use_tensor_cores", [False, True])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_batch_decode(dtype, head_dim, group, use_tensor_cores, page_size):
+def test_batch_decode(dtype, head_dim, group, use_tensor_cores, page_size, decode_shape):
     gen = torch.Generator().manual_seed(head_dim + group + page_size)
     hkv = 2
     kv_lens = [1, 0, 17, 513, 64, 1000, 3]
@@ -66,6 +79,7 @@ def test_batch_decode(dtype, head_dim, group, use_tensor_cores, page_size):
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD",
                                                       use_tensor_cores=use_tensor_cores)
     w.plan(indptr, indices, last, hkv * group, hkv, head_dim, page_size, q_data_type=dtype)
+    assert w._plan.cta == (0 if decode_shape == "auto" else 4)
     o, lse = w.run(q, cache, return_lse=True)
     _check(o, lse, q, seqs, dtype)
     assert torch.all(o[1] == 0) and torch.all(lse[1] == float("-inf"))  # the empty request
@@ -76,7 +90,7 @@ def test_batch_decode(dtype, head_dim, group, use_tensor_cores, page_size):
 @pytest.mark.parametrize("opts", [dict(), dict(window_left=20), dict(logits_soft_cap=20.0),
                                   dict(pos_encoding_mode="ROPE_LLAMA"),
                                   dict(pos_encoding_mode="ALIBI")])
-def test_batch_decode_options(layout, opts):
+def test_batch_decode_options(layout, opts, decode_shape):
     gen = torch.Generator().manual_seed(7)
     dtype, hq, hkv, d, page = torch.float16, 8, 2, 128, 16
     kv_lens = [100, 33, 1, 257]
@@ -85,6 +99,7 @@ def test_batch_decode_options(layout, opts):
     q = torch.randn(4, hq, d, generator=gen).to(dtype).cuda()
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), layout)
     w.plan(indptr, indices, last, hq, hkv, d, page, **opts)
+    assert w._plan.cta == (0 if decode_shape == "auto" else 4)
     o = w.run(q, cache)
     _check(o, None, q, seqs, dtype, window_left=opts.get("window_left", -1),
            soft_cap=opts.get("logits_soft_cap"), pos_encoding=opts.get("pos_encoding_mode", "NONE"))
@@ -127,7 +142,7 @@ def test_tensor_core_and_cuda_core_decode_agree(batch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("use_tensor_cores", [False, True])
-def test_cuda_graph_capture_replan_replay(use_tensor_cores):
+def test_cuda_graph_capture_replan_replay(use_tensor_cores, decode_shape):
     gen = torch.Generator().manual_seed(8)
     dtype, hq, hkv, d, page, batch = torch.float16, 16, 4, 128, 16, 5
     max_pages = 600
@@ -151,6 +166,7 @@ def test_cuda_graph_capture_replan_replay(use_tensor_cores):
     last = torch.tensor([n - (p - 1) * page for n, p in zip(first, pages)], dtype=torch.int32)
     seqs = [(k[:n], v[:n]) for (k, v), n in zip(seqs2, first)]
     w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype)
+    assert w._plan.cta == (0 if decode_shape == "auto" else 4)
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         w.run(q, cache, out=out)  # warm-up (compiles, allocates) outside the capture
@@ -161,13 +177,14 @@ def test_cuda_graph_capture_replan_replay(use_tensor_cores):
     graph.replay()
     _check(out, None, q, seqs, dtype)
     w.plan(indptr2, indices2, last2, hq, hkv, d, page, q_data_type=dtype)
+    assert w._plan.cta == (0 if decode_shape == "auto" else 4)  # the captured shape
     graph.replay()
     _check(out, None, q, seqs2, dtype)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("group", [4, 8])
-def test_split_kv_merged_in_the_kernel(group):
+def test_split_kv_merged_in_the_kernel(group, decode_shape):
     """Split KV merged by the last CTA of each request (no merge kernel): many chunks (a count
     that is not a multiple of the merge's unroll), one-chunk and empty requests, eight packed
     rows per tile (more (row, column) pairs than threads); run twice, since the counters must
@@ -181,9 +198,29 @@ def test_split_kv_merged_in_the_kernel(group):
     q = torch.randn(len(kv_lens), hq, d, generator=gen).to(dtype).cuda()
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD")
     w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype, fixed_split_size=256)
-    assert w._plan.split_kv and w._plan.cta == 0
+    assert w._plan.split_kv and w._plan.cta == (0 if decode_shape == "auto" else 4)
     for _ in range(2):
         o, lse = w.run(q, cache, return_lse=True)
         _check(o, lse, q, seqs, dtype)
         assert torch.all(o[2] == 0) and torch.all(lse[2] == float("-inf"))
         assert int(w._ws.counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_batch_of_one_wave_takes_two_key_streams(dtype):
+    """A batch of three CTAs per SM (no split) takes the two-key-stream shape by itself."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gen = torch.Generator().manual_seed(sms)
+    hq, hkv, d, page = 32, 8, 128, 16
+    batch = -(-3 * sms // hkv)
+    kv_lens = torch.randint(0, 700, (batch,), generator=gen).tolist()
+    kv_lens[0], kv_lens[-1] = 0, 4097
+    cache, indptr, indices, last, seqs = make_paged(kv_lens, page, hkv, d, dtype, "cuda", "NHD",
+                                                    False, gen)
+    q = torch.randn(batch, hq, d, generator=gen).to(dtype).cuda()
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD")
+    w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype, disable_split_kv=True)
+    assert w._plan.cta == 4 and not w._plan.split_kv
+    o, lse = w.run(q, cache, return_lse=True)
+    _check(o, lse, q, seqs, dtype)

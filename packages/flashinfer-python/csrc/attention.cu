@@ -6,7 +6,7 @@
 //   FI_MASK_MODE            0 none, 1 causal, 2 custom (attn::MaskMode)
 //   FI_POS_ENCODING         0 none, 1 RoPE (llama), 2 ALiBi (attn::PosEncoding)
 //   FI_PAGED                0 ragged KV, 1 paged KV
-// The module holds three CTA shapes of the FA2 kernel and, where the variant allows it, the
+// The module holds four CTA shapes of the FA2 kernel and, where the variant allows it, the
 // Hopper kernel (the plan picks one per batch), and the split-KV merge. Exported: `run`
 // (attention, then the merge kernel when the plan splits KV and the kernel does not merge its
 // own partial states: the FA2 shapes do, given merge_counters) and `cta_tile_q`.
@@ -41,6 +41,8 @@ using Traits =
 //   0: 16 rows,  1 x 4 warps (decode, short queries), 16-key steps
 //   1: 64 rows,  4 x 1 warps, one 16-row MMA tile per warp
 //   2: 128 rows, 4 x 1 warps, two MMA tiles per warp (head_dim <= 128: register budget)
+//   3: the Hopper kernel (below)
+//   4: 16 rows,  1 x 2 warps: shape 0 with two key streams (decode batches of 2-4 CTAs per SM)
 // KV step: 64 keys for head_dim <= 128, 32 for 256 (shared memory: two stages of K and V).
 constexpr int kStepKV = kHeadDim <= 128 ? 4 : 2;
 // Shape knobs (FLASHINFER_ATTENTION_CTA{0,1,2}_*) for benchmarks/tune_attention.py, which
@@ -60,6 +62,10 @@ constexpr int kStepKV = kHeadDim <= 128 ? 4 : 2;
 #endif
 using Cta0 = Traits<1, FLASHINFER_ATTENTION_CTA0_WARPS_KV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
                     FLASHINFER_ATTENTION_CTA0_STAGES>;
+// Half the warps, so four CTAs per SM fit the registers: a decode batch of 2-4 CTAs per SM runs
+// in one wave instead of two (H100, 64 x 4096 at 8 KV heads: 348.9 vs 351.2 us; it loses on
+// larger and split batches, whose shape stays 0: benchmarks/NOTES.md).
+using Cta4 = Traits<1, 2, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV, FLASHINFER_ATTENTION_CTA0_STAGES>;
 #ifndef FLASHINFER_ATTENTION_CTA1_MMA_KV
 #define FLASHINFER_ATTENTION_CTA1_MMA_KV kStepKV
 #endif
@@ -86,7 +92,7 @@ constexpr bool kHasSm90 =
 // Where the module has no Hopper kernel, Cta3 names a valid stand-in that is never launched.
 using Cta3 = Sm90Traits<DTypeQ, DTypeO, kHasSm90 ? kHeadDim : 128, kMask,
                         kHasSm90 ? kPos : PosEncoding::kNone, kPaged>;
-constexpr int kNumCta = 4;
+constexpr int kNumCta = 5;
 
 int tile_q(int64_t cta) {
   switch (cta) {
@@ -94,6 +100,7 @@ int tile_q(int64_t cta) {
     case 1: return Cta1::kTileQ;
     case 2: return Cta2::kTileQ;
     case 3: return kHasSm90 ? Cta3::kTileQ : 0;
+    case 4: return Cta4::kTileQ;
   }
   return 0;
 }
@@ -126,7 +133,7 @@ void check_sm90_device(int device_id) {
 
 /// The packed-row tile of CTA shape `cta` (0 where the module lacks that shape).
 int64_t cta_tile_q(int64_t cta) {
-  TVM_FFI_CHECK(cta >= 0 && cta < kNumCta, ValueError) << "cta must be 0 to 3, got " << cta;
+  TVM_FFI_CHECK(cta >= 0 && cta < kNumCta, ValueError) << "cta must be 0 to 4, got " << cta;
   return tile_q(cta);
 }
 
@@ -140,7 +147,7 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
          double logits_soft_cap, double o_scale, double rope_scale, double rope_theta,
          int64_t window_left, bool enable_pdl) {
   // 1. Validate.
-  TVM_FFI_CHECK(cta >= 0 && cta < kNumCta, ValueError) << "cta must be 0 to 3, got " << cta;
+  TVM_FFI_CHECK(cta >= 0 && cta < kNumCta, ValueError) << "cta must be 0 to 4, got " << cta;
   if (cta == 3) check_sm90_device(q.device().device_id);
   AttentionParams p = {};
   const KVView kv = check_attention_inputs(q, k, v, o, lse, kv_layout, kPaged, kHeadDim,
@@ -178,6 +185,7 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
     case 1: status = LaunchAttention<Cta1>(p, int(grid_x), enable_pdl, stream); break;
     case 2: status = LaunchAttention<Cta2>(p, int(grid_x), enable_pdl, stream); break;
     case 3: status = launch_sm90(p, int(grid_x), enable_pdl, stream); break;
+    case 4: status = LaunchAttention<Cta4>(p, int(grid_x), enable_pdl, stream); break;
   }
   check_launch(status, "attention");
   if (split_kv && p.merge_counters == nullptr) {

@@ -39,7 +39,7 @@ class AttentionPlan:
     ----------
     cta : int
         CTA shape (0: 16 rows x 4 key streams, 1: 64 rows, 2: 128 rows, 3: the Hopper kernel's
-        128 rows; csrc/attention.cu).
+        128 rows, 4: 16 rows x 2 key streams; csrc/attention.cu).
     tile_q : int
         Packed query rows per item.
     num_items : int
@@ -75,18 +75,36 @@ class AttentionPlan:
         return HEADER + 4 * self.item_capacity + (self.num_rows + 1 if self.split_kv else 0)
 
 
-def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False) -> int:
+# CTAs per SM the split heuristic aims for, per shape: what the registers allow for the
+# FA2 shapes (~220 per thread for the 16-row ones: two 128-thread or four 64-thread CTAs),
+# one for the persistent Hopper kernel.
+CTAS_PER_SM = {0: 2, 1: 2, 2: 2, 3: 1, 4: 4}
+
+
+def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, unsplit_ctas: int = 0,
+               num_sms: int = 0) -> int:
     """The CTA shape for a batch whose longest request has ``max_packed_rows`` packed rows.
 
     16 rows when every request fits one MMA tile (decode, short queries): four independent key
-    streams keep the memory system busy. Longer queries take the Hopper kernel (3) where
-    ``sm90`` says the GPU and the variant allow it; otherwise 64 rows, except for long queries
-    at head_dim 64, which take 128 rows. At head_dim 128 the FA2 128-row shape shares each K/V
-    tile among twice the rows but needs 32-key steps to fit its registers, and measured 3-7%
-    slower on the H100 (benchmarks/results/*-tune-attention*.json).
+    streams keep the memory system busy, or two (shape 4, four CTAs per SM) when the batch's
+    ``unsplit_ctas`` (16-row tiles x KV heads) fill more than two and at most four CTAs per SM:
+    one wave of the narrow shape instead of two of the wide one (H100, 64 x 4096 at 8 KV heads:
+    348.9 vs 351.2 us; outside that range it measured slower). Longer queries take the Hopper
+    kernel (3) where ``sm90`` says the GPU and the variant allow it; otherwise 64 rows, except
+    for long queries at head_dim 64, which take 128 rows. At head_dim 128 the FA2 128-row shape
+    shares each K/V tile among twice the rows but needs 32-key steps to fit its registers, and
+    measured 3-7% slower on the H100 (benchmarks/results/*-tune-attention*.json).
+
+    Examples
+    --------
+    >>> choose_cta(8, 128, unsplit_ctas=512, num_sms=132)
+    4
+    >>> choose_cta(8, 128, unsplit_ctas=1024, num_sms=132)
+    0
     """
     if max_packed_rows <= 16:
-        return 0
+        two_streams = CTAS_PER_SM[0] * num_sms < unsplit_ctas <= CTAS_PER_SM[4] * num_sms
+        return 4 if two_streams else 0
     if sm90 and max_packed_rows > 64:
         return 3
     if max_packed_rows <= 64 or head_dim >= 128:
@@ -95,7 +113,7 @@ def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False) -> int:
 
 
 def tile_rows(cta: int, head_dim: int) -> int:
-    return {0: 16, 1: 64, 2: 128 if head_dim <= 128 else 64, 3: 128}[cta]
+    return {0: 16, 1: 64, 2: 128 if head_dim <= 128 else 64, 3: 128, 4: 16}[cta]
 
 
 def _num_chunks(kv_len: int, chunk: int) -> int:
@@ -170,11 +188,10 @@ def schedule(
     sm90 : bool
         The Hopper kernel may be chosen (compute capability 9.0 and a variant that has it).
     ctas_per_sm : int, optional
-        CTAs per SM the split heuristic aims for (default: 2 for the FA2 shapes, 1 for the
-        persistent Hopper kernel). Decode (cta 0) fits two per SM (its registers); with its
-        two-stage pipeline two per SM measured 56.4 vs 56.8 us (one per SM) on 1 x 32768
-        (H100, benchmarks/NOTES.md), and CUDA-graph plans need it: their captured grid has
-        about two CTAs per SM.
+        CTAs per SM the split heuristic aims for (default: ``CTAS_PER_SM[cta]``). Decode
+        (cta 0) fits two per SM (its registers); with its two-stage pipeline two per SM measured
+        56.4 vs 56.8 us (one per SM) on 1 x 32768 (H100, benchmarks/NOTES.md), and CUDA-graph
+        plans need it: their captured grid has about that many CTAs per SM.
     """
     if len(qo_lens) != len(kv_lens):
         raise ValueError(f"qo_lens and kv_lens must have one entry per request, got "
@@ -183,9 +200,10 @@ def schedule(
         raise ValueError("sequence lengths must be >= 0")
     max_rows = max((q * group_size for q in qo_lens), default=0)
     if cta is None:
-        cta = choose_cta(max_rows, head_dim, sm90)
+        unsplit = num_kv_heads * sum(math.ceil(q * group_size / 16) for q in qo_lens)
+        cta = choose_cta(max_rows, head_dim, sm90, unsplit, num_sms)
     if ctas_per_sm is None:
-        ctas_per_sm = 1 if cta == 3 else 2
+        ctas_per_sm = CTAS_PER_SM[cta]
     tile_q = tile_rows(cta, head_dim)
     qtiles = [math.ceil(q * group_size / tile_q) for q in qo_lens]
 

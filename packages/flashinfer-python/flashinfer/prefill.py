@@ -25,7 +25,7 @@ import torch
 from . import attention_runtime as rt
 from ._checks import check_cuda, resolve_pdl
 from .api_logging import flashinfer_api
-from .attention_plan import AttentionPlan, schedule
+from .attention_plan import CTAS_PER_SM, AttentionPlan, schedule
 from .jit.attention import HEAD_DIMS, AttentionVariant
 
 _UNSUPPORTED_RUN = ("sinks", "kv_cache_sf", "skip_softmax_threshold_scale_factor",
@@ -314,11 +314,11 @@ class _BatchAttentionBase:
                 self._fixed = {
                     "cta": first.cta,
                     "item_capacity": max(2 * first.num_items, len(qo_lens),
-                                         -(-2 * sms // num_kv_heads)),
+                                         -(-CTAS_PER_SM[first.cta] * sms // num_kv_heads)),
                     "row_capacity": sum(qo_lens),
                 }
-            # The captured grid has item_capacity CTAs per KV head, about two per SM: the
-            # split heuristic's default for the FA2 shapes fills them.
+            # The captured grid has item_capacity CTAs per KV head, at least the CTAs per SM
+            # that the split heuristic aims for with this shape: later plans fill them.
             kwargs.update(cta=self._fixed["cta"], item_capacity=self._fixed["item_capacity"],
                           force_split=True)
             if sum(qo_lens) > self._fixed["row_capacity"]:

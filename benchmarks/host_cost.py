@@ -1,0 +1,111 @@
+"""Host time per call of the attention run paths (what an eager, non-graph caller pays per layer).
+
+    python benchmarks/host_cost.py OUT.json
+
+Each row calls one function back to back ``N`` times after a warm-up and a synchronize, and
+divides the host wall time by ``N``; the GPU work per call is kept far shorter than the host
+work (decode of one request of 1024 keys), so the queue never fills and the figure is the
+host's. The GPU time of the same call (CUDA events) is beside it. A cProfile of the wrapper's
+``run`` lists where its host time goes.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+
+import torch
+
+import flashinfer
+from flashinfer import attention_runtime as rt
+
+HQ, HKV, D, PAGE, DT = 32, 8, 128, 16, torch.bfloat16
+N = 3000
+
+
+def _host_us(fn) -> float:
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(N):
+        fn()
+    host = (time.perf_counter() - t0) / N * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def _gpu_us(fn) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(200):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 200 * 1e3
+
+
+def _decode_wrapper(batch: int, kv_len: int):
+    pages = -(-kv_len // PAGE)
+    cache = torch.randn(batch * pages, 2, PAGE, HKV, D, dtype=DT, device="cuda")
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
+    indices = torch.arange(batch * pages, dtype=torch.int32)
+    last = torch.full((batch,), kv_len - (pages - 1) * PAGE, dtype=torch.int32)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD")
+    w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=DT)
+    q = torch.randn(batch, HQ, D, dtype=DT, device="cuda")
+    return w, q, cache
+
+
+def main() -> int:
+    out_path = sys.argv[1]
+    rows = {}
+    w, q, cache = _decode_wrapper(1, 1024)
+    out = torch.empty_like(q)
+    small = torch.randn(128, device="cuda")
+    calls = {
+        "torch.add (one small kernel, reference)": lambda: torch.add(small, small),
+        "decode wrapper.run(q, cache, out=out)": lambda: w.run(q, cache, out=out),
+        "decode wrapper.run(q, cache)": lambda: w.run(q, cache),
+        "decode wrapper.run(q, cache, return_lse=True)": lambda: w.run(q, cache, return_lse=True),
+    }
+    # The module call alone, with every argument resolved once (the binding and the launch).
+    k, v = cache[:, 0], cache[:, 1]
+    module = rt.get_attention_module(w._variant)
+    plan = w._plan
+    o_part, lse_part = w._ws.partial_views(HQ, D)
+    counters = w._ws.counters[: plan.item_capacity * HKV] if plan.split_kv else None
+    args = (plan.cta, plan.grid_x, q, k, v, out, None, 0, w._qo_indptr, w._kv_indptr,
+            w._kv_indices, w._kv_last_page_len, w._plan_dev, plan.item_capacity, plan.split_kv,
+            o_part if plan.split_kv else None, lse_part if plan.split_kv else None,
+            plan.num_rows, counters, None, None, None, D ** -0.5, 0.0, 1.0, 1.0, 1e4, -1, False)
+    calls["module.run (binding and launch only)"] = lambda: module.run(*args)
+    for name, fn in calls.items():
+        rows[name] = {"host_us": round(_host_us(fn), 2), "gpu_us": round(_gpu_us(fn), 2)}
+        print(f"{name:50s} host {rows[name]['host_us']:7.2f} us  gpu {rows[name]['gpu_us']:7.2f} us")
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(N):
+        w.run(q, cache, out=out)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    print(text.getvalue()[:6000])
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "plan": {"cta": plan.cta, "split_kv": plan.split_kv, "items": plan.num_items},
+              "calls": N, "rows": rows, "profile_tottime": text.getvalue()}
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
