@@ -1,0 +1,72 @@
+"""Why the CUDA-graph decode wrapper is slower than the plain one on a one-wave batch: its plan
+differs in two ways (room for twice the first plan's items, so twice the CTAs, half of which
+exit at once; and every plan marked split, so the kernel writes through the split-KV path even
+for one-chunk requests). Each row changes one of them. GPU only.
+
+    python benchmarks/graph_decode.py OUT.json [COMMIT]
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_attention as ba  # noqa: E402
+import harness  # noqa: E402
+
+import flashinfer.prefill as prefill  # noqa: E402
+
+
+def _patched(name: str, **overrides):
+    """A graph-wrapper case whose schedule calls take ``overrides`` (item_capacity as a factor
+    of the batch when ``capacity_factor`` is given)."""
+    original = prefill.schedule
+    factor = overrides.pop("capacity_factor", None)
+
+    def schedule(qo_lens, kv_lens, **kw):
+        if factor is not None and kw.get("item_capacity") is not None:
+            kw["item_capacity"] = factor * len(qo_lens)
+        kw.update(overrides)
+        return original(qo_lens, kv_lens, **kw)
+
+    prefill.schedule = schedule
+    try:
+        case = ba._decode(BATCH, KV, True, 362.8, "<= 350 us", note=f", CUDA-graph wrapper, {name}",
+                          graph_wrapper=True)
+    finally:
+        prefill.schedule = original
+    case.extra["variant"] = name
+    return case
+
+
+BATCH, KV = 64, 4096
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    ceilings = harness.measure_ceilings()
+    cases = []
+    for _ in range(2):
+        cases += [
+            ba._decode(BATCH, KV, True, 362.8, "<= 350 us"),
+            _patched("default"),
+            _patched("capacity = batch", capacity_factor=1),
+            _patched("not forced split", force_split=False),
+            _patched("capacity = batch, not forced split", capacity_factor=1, force_split=False),
+            ba._with_cta(0, functools.partial(ba._decode, graph_wrapper=True), BATCH, KV, True,
+                         362.8, "<= 350 us"),
+        ]
+    results = harness.run_cases(cases, ceilings)
+    for r in results:
+        print(f"{r['name'][:80]:80s} {r['median_us']:8.1f} us  cta {r['cta']}  items {r['items']}")
+    harness.write(out, {"device": harness.device_info(), "commit": sys.argv[2] if len(sys.argv) > 2 else "",
+                        "ceilings": ceilings,
+                        "results": {"graph_decode": results}})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
