@@ -15,9 +15,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_attention as ba  # noqa: E402
-import harness  # noqa: E402
 
 import flashinfer.prefill as prefill  # noqa: E402
+import harness  # noqa: E402
 
 
 def _patched(name: str, **overrides):
