@@ -224,3 +224,29 @@ def test_decode_batch_of_one_wave_takes_two_key_streams(dtype):
     assert w._plan.cta == 4 and not w._plan.split_kv
     o, lse = w.run(q, cache, return_lse=True)
     _check(o, lse, q, seqs, dtype)
+
+
+@pytest.mark.parametrize("batch, cta, capacity", [
+    (64, 4, 66),   # one wave of the two-stream shape: 4 x 132 / 8 CTAs per KV head
+    (128, 0, 128),  # every request one item, no headroom (idle CTAs cost time)
+    (1, 0, 33),    # split KV fills two CTAs per SM: 2 x 132 / 8
+])
+def test_decode_graph_capacity_on_cpu(monkeypatch, batch, cta, capacity):
+    """The captured grid of a CUDA-graph decode wrapper: the first plan's items (each request is
+    one query tile) or what the split heuristic fills, whichever is more."""
+    import flashinfer.prefill as prefill
+
+    monkeypatch.setattr(prefill, "_num_sms", lambda device: 132)
+    pages = 256
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(1 << 20, dtype=torch.uint8), "NHD", use_cuda_graph=True,
+        paged_kv_indptr_buffer=torch.empty(batch + 1, dtype=torch.int32),
+        paged_kv_indices_buffer=torch.empty(batch * pages, dtype=torch.int32),
+        paged_kv_last_page_len_buffer=torch.empty(batch, dtype=torch.int32))
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
+    indices = torch.arange(batch * pages, dtype=torch.int32)
+    last = torch.full((batch,), 16, dtype=torch.int32)
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+    assert w._plan.cta == cta
+    assert w._plan.item_capacity == w._plan.grid_x == capacity
+    assert w._plan.split_kv  # graph plans always take the split path (one-chunk rows direct)

@@ -262,6 +262,9 @@ class _BatchAttentionBase:
     """plan/run machinery shared by the batch prefill and decode wrappers."""
 
     _paged = True
+    # Graph mode: the captured grid has room for this many times the first plan's items (later
+    # plans may tile their query rows differently; split KV has its own term).
+    _graph_item_headroom = 2
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
                  use_cuda_graph: bool = False, backend: str = "auto") -> None:
@@ -313,7 +316,8 @@ class _BatchAttentionBase:
                 sms = _num_sms(device)
                 self._fixed = {
                     "cta": first.cta,
-                    "item_capacity": max(2 * first.num_items, len(qo_lens),
+                    "item_capacity": max(self._graph_item_headroom * first.num_items,
+                                         len(qo_lens),
                                          -(-CTAS_PER_SM[first.cta] * sms // num_kv_heads)),
                     "row_capacity": sum(qo_lens),
                 }
