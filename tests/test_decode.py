@@ -250,3 +250,63 @@ def test_decode_graph_capacity_on_cpu(monkeypatch, batch, cta, capacity):
     assert w._plan.cta == cta
     assert w._plan.item_capacity == w._plan.grid_x == capacity
     assert w._plan.split_kv  # graph plans always take the split path (one-chunk rows direct)
+
+
+class _FakeModule:
+    """Stands in for a compiled attention module on the CPU: records each run's arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+def _cpu_decode_wrapper(monkeypatch, batch=3, hkv=2):
+    import flashinfer.attention_runtime as rt
+    import flashinfer.prefill as prefill
+
+    fake = _FakeModule()
+    monkeypatch.setattr(prefill, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(rt, "get_attention_module", lambda variant: fake)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    pages = 4
+
+    def plan(kv_pages=pages):
+        w.plan(torch.arange(batch + 1, dtype=torch.int32) * kv_pages,
+               torch.arange(batch * kv_pages, dtype=torch.int32),
+               torch.full((batch,), 16, dtype=torch.int32), 4 * hkv, hkv, 64, 16,
+               q_data_type=torch.float16)
+
+    plan()
+    cache = torch.randn(batch * 64, 2, 16, hkv, 64).half()
+    q = torch.randn(batch, 4 * hkv, 64).half()
+    return w, fake, plan, cache, q
+
+
+def test_decode_run_resolves_its_launch_once_per_plan_on_cpu(monkeypatch):
+    """``run`` passes the module what ``plan`` decided, resolved at the plan's first run and
+    reused (an eager caller's host time per layer), and again after a re-plan."""
+    w, fake, plan, cache, q = _cpu_decode_wrapper(monkeypatch)
+    out = torch.empty_like(q)
+    w.run(q, cache, out=out, enable_pdl=False)
+    launch = w._launcher
+    w.run(q, cache, out=out, enable_pdl=False, v_scale=2.0)
+    assert w._launcher is launch and len(fake.calls) == 2
+    first, second = fake.calls
+    assert first[:2] == (w._plan.cta, w._plan.grid_x)
+    assert first[2] is q and first[5] is out and first[6] is None  # q, o, lse
+    assert first[7:22] == second[7:22] == launch.meta  # layout ... alibi_slopes
+    assert first[22] == pytest.approx(64 ** -0.5) and first[24] == 1.0  # sm_scale, o_scale
+    assert second[24] == 2.0 and first[-1] is False  # v_scale -> o_scale; enable_pdl
+    plan(kv_pages=1)
+    assert w._launcher is None
+    w.run(q, cache, out=out, enable_pdl=False)
+    assert w._launcher is not launch and fake.calls[-1][7:22] == w._launcher.meta
+
+
+def test_decode_run_rejects_a_cache_with_other_kv_heads_on_cpu(monkeypatch):
+    w, fake, _, cache, q = _cpu_decode_wrapper(monkeypatch)
+    with pytest.raises(ValueError, match=r"planned num_kv_heads \(2\), got 4"):
+        w.run(q, torch.cat([cache, cache], dim=3), enable_pdl=False)
+    assert not fake.calls

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
@@ -201,19 +202,35 @@ class Workspace:
         return dev
 
 
-def run_attention(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *,
-                  q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                  lse: Optional[torch.Tensor], kv_layout: int, qo_indptr: torch.Tensor,
-                  kv_indptr: torch.Tensor, kv_indices: Optional[torch.Tensor] = None,
-                  kv_last_page_len: Optional[torch.Tensor] = None,
-                  partials: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-                  counters: Optional[torch.Tensor] = None,
-                  custom_mask: Optional[torch.Tensor] = None,
-                  mask_indptr: Optional[torch.Tensor] = None,
-                  alibi_slopes: Optional[torch.Tensor] = None, sm_scale: float, softcap: float,
-                  o_scale: float, rope_scale: float, rope_theta: float, window_left: int,
-                  enable_pdl: bool) -> None:
-    """One launch of a compiled attention module (and its split-KV merge) for a plan.
+@dataclass(frozen=True)
+class Launch:
+    """What every launch of one plan passes the compiled module, resolved once (``prepare``):
+    ``run`` of a batch wrapper then only checks its tensors and calls the module (its host time
+    per call is what an eager caller pays per layer: benchmarks/host_cost.py)."""
+
+    module: Any
+    cta: int
+    grid_x: int
+    # The module's arguments between lse and sm_scale (csrc/attention.cu's run).
+    meta: tuple
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                 lse: Optional[torch.Tensor], sm_scale: float, softcap: float, o_scale: float,
+                 rope_scale: float, rope_theta: float, window_left: int,
+                 enable_pdl: bool) -> None:
+        self.module.run(self.cta, self.grid_x, q, k, v, o, lse, *self.meta, sm_scale, softcap,
+                        o_scale, rope_scale, rope_theta, window_left, enable_pdl)
+
+
+def prepare(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *, num_qo_heads: int,
+            num_kv_heads: int, kv_layout: int, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+            kv_indices: Optional[torch.Tensor] = None,
+            kv_last_page_len: Optional[torch.Tensor] = None,
+            partials: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+            counters: Optional[torch.Tensor] = None, custom_mask: Optional[torch.Tensor] = None,
+            mask_indptr: Optional[torch.Tensor] = None,
+            alibi_slopes: Optional[torch.Tensor] = None) -> Launch:
+    """The launches of a compiled attention module (and its split-KV merge) for a plan.
 
     ``counters`` (int32, all 0) lets the kernel merge its own split-KV partial states; with too
     few of them (fewer than ``item_capacity * num_kv_heads``) a merge kernel does it."""
@@ -222,19 +239,31 @@ def run_attention(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *,
         if partials is None:
             raise ValueError("a split-KV plan needs partial-state buffers")
         o_part, lse_part = partials
-        room = lse_part.numel() // q.shape[1]
+        room = lse_part.numel() // num_qo_heads
         if plan.num_partials > room:
             raise ValueError(f"the float workspace holds {room} partial states, the plan needs "
                              f"{plan.num_partials}; pass a larger float_workspace_buffer")
-        # KV heads: k is [..., Hkv, D] (NHD) or [..., Hkv, tokens, D] (HND), ragged or paged
-        needed = plan.item_capacity * (k.shape[-2] if kv_layout == 0 else k.shape[-3])
+        needed = plan.item_capacity * num_kv_heads
         if counters is not None and counters.numel() >= needed:
             merge_counters = counters[:needed]
-    module.run(plan.cta, plan.grid_x, q, k, v, o, lse, kv_layout, qo_indptr, kv_indptr,
-               kv_indices, kv_last_page_len, plan_dev, plan.item_capacity, plan.split_kv,
-               o_part, lse_part, plan.num_rows, merge_counters, custom_mask, mask_indptr,
-               alibi_slopes, sm_scale, softcap, o_scale, rope_scale, rope_theta, window_left,
-               enable_pdl)
+    meta = (kv_layout, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, plan_dev,
+            plan.item_capacity, plan.split_kv, o_part, lse_part, plan.num_rows, merge_counters,
+            custom_mask, mask_indptr, alibi_slopes)
+    return Launch(module, plan.cta, plan.grid_x, meta)
+
+
+def run_attention(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *,
+                  q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                  lse: Optional[torch.Tensor], kv_layout: int, sm_scale: float, softcap: float,
+                  o_scale: float, rope_scale: float, rope_theta: float, window_left: int,
+                  enable_pdl: bool, **inputs: Any) -> None:
+    """One launch of ``prepare``'s (``inputs``: its keyword arguments) for a plan used once."""
+    # KV heads: k is [..., Hkv, D] (NHD) or [..., Hkv, tokens, D] (HND), ragged or paged
+    num_kv_heads = k.shape[-2] if kv_layout == 0 else k.shape[-3]
+    launch = prepare(module, plan, plan_dev, num_qo_heads=q.shape[1], num_kv_heads=num_kv_heads,
+                     kv_layout=kv_layout, **inputs)
+    launch(q, k, v, o, lse, sm_scale, softcap, o_scale, rope_scale, rope_theta, window_left,
+           enable_pdl)
 
 
 @functools.cache

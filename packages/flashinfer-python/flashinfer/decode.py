@@ -18,6 +18,7 @@ import torch
 from . import attention_runtime as rt
 from ._checks import check_cuda
 from .api_logging import flashinfer_api
+from .page import _unpack_paged_kv_cache
 from .prefill import (
     _BatchAttentionBase,
     _check_head_dim,
@@ -187,8 +188,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
                                  pos_encoding_mode, paged=True)
         plan, buf = self._schedule([1] * batch, kv_lens, num_qo_heads, num_kv_heads, head_dim,
                                    False, fixed_split_size, disable_split_kv)
-        self._plan_dev = self._ws.upload(buf, 0, non_blocking)
-        self._plan = plan
+        self._set_plan(plan, buf, non_blocking)
 
     begin_forward = plan
 
@@ -205,8 +205,6 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
             raise ValueError(f"q must have one row per request ({self._batch}), got {q.shape[0]}")
         if q_len_per_req not in (None, 1):
             raise ValueError(f"q_len_per_req must be 1, got {q_len_per_req}")
-        from .page import _unpack_paged_kv_cache
-
         k, v = _unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
         self._check_kv_dtype(k)
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,

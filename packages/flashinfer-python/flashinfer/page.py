@@ -114,7 +114,7 @@ def _unpack_paged_kv_cache(
                 "head_dim] (NHD; HND swaps page_size and num_heads) or 4-D [num_pages, 2, "
                 f"num_heads, head_dim] (page_size 1), got shape {tuple(x.shape)}"
             )
-        k, v = x[:, 0], x[:, 1]
+        k, v = x.unbind(1)
         if x.dim() == 4:
             k, v = _add_page_dim(k, kv_layout), _add_page_dim(v, kv_layout)
         return k, v

@@ -27,6 +27,7 @@ from ._checks import check_cuda, resolve_pdl
 from .api_logging import flashinfer_api
 from .attention_plan import CTAS_PER_SM, AttentionPlan, schedule
 from .jit.attention import HEAD_DIMS, AttentionVariant
+from .page import _unpack_paged_kv_cache
 
 _UNSUPPORTED_RUN = ("sinks", "kv_cache_sf", "skip_softmax_threshold_scale_factor",
                     "uses_spcompress")
@@ -274,6 +275,7 @@ class _BatchAttentionBase:
         self._ws = rt.Workspace(float_workspace_buffer)
         self._use_cuda_graph = use_cuda_graph
         self._plan: Optional[AttentionPlan] = None
+        self._launcher: Optional[rt.Launch] = None  # the plan's launch, resolved at its first run
         self._fixed: Optional[dict] = None  # graph mode: launch shape frozen at the first plan
 
     @property
@@ -284,6 +286,7 @@ class _BatchAttentionBase:
                                int_workspace_buffer: Optional[torch.Tensor] = None) -> None:
         self._ws.reset(float_workspace_buffer, int_workspace_buffer)
         self._plan = None
+        self._launcher = None
 
     def end_forward(self) -> None:
         """Kept for compatibility; does nothing."""
@@ -348,6 +351,12 @@ class _BatchAttentionBase:
                 plan = AttentionPlan(**{**plan.__dict__, "num_rows": rows})
         return plan, buf
 
+    def _set_plan(self, plan: AttentionPlan, buf: torch.Tensor, non_blocking: bool) -> None:
+        self._plan_dev = self._ws.upload(buf, 0, non_blocking)
+        self._plan = plan
+        self._launcher = None
+        self._scales = rt.resolve_scales(self._head_dim, self._sm_scale, None, None, None)
+
     def _check_run_common(self, q: torch.Tensor, out, lse, return_lse, window_left,
                           extra: dict) -> None:
         if self._plan is None:
@@ -374,25 +383,34 @@ class _BatchAttentionBase:
                              f"{tuple(lse.shape)} {rt.dtype_name(lse.dtype)}")
 
     def _launch(self, q, k, v, out, lse, return_lse, enable_pdl, q_scale, k_scale, v_scale):
+        kv_heads = k.shape[-2] if self._layout == 0 else k.shape[-3]
+        if kv_heads != self._num_kv_heads:
+            raise ValueError(f"the KV cache must have the planned num_kv_heads "
+                             f"({self._num_kv_heads}), got {kv_heads}")
         if out is None:
             out = torch.empty(q.shape, dtype=self._o_dtype, device=q.device)
         if lse is None and return_lse:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-        sm, o_scale = rt.resolve_scales(self._head_dim, self._sm_scale, q_scale, k_scale, v_scale)
+        launch = self._launcher
+        if launch is None:  # the first run of this plan
+            launch = self._launcher = self._prepare(q.device)
+        sm, o_scale = self._scales if q_scale is None and k_scale is None and v_scale is None \
+            else rt.resolve_scales(self._head_dim, self._sm_scale, q_scale, k_scale, v_scale)
+        launch(q, k, v, out, lse, sm, self._softcap, o_scale, self._rope_scale, self._rope_theta,
+               self._window_left, resolve_pdl(enable_pdl, q.device))
+        return (out, lse) if return_lse else out
+
+    def _prepare(self, device: torch.device) -> rt.Launch:
         partials = self._ws.partial_views(self._num_qo_heads, self._head_dim) \
             if self._plan.split_kv else None
-        module = rt.get_attention_module(self._variant)
-        rt.run_attention(
-            module, self._plan, self._plan_dev, q=q, k=k, v=v, o=out, lse=lse,
+        return rt.prepare(
+            rt.get_attention_module(self._variant), self._plan, self._plan_dev,
+            num_qo_heads=self._num_qo_heads, num_kv_heads=self._num_kv_heads,
             kv_layout=self._layout, qo_indptr=self._qo_indptr, kv_indptr=self._kv_indptr,
             kv_indices=self._kv_indices, kv_last_page_len=self._kv_last_page_len,
             partials=partials, counters=self._ws.counters, custom_mask=self._mask,
             mask_indptr=self._mask_indptr,
-            alibi_slopes=rt.alibi_slopes_for(self._pos_encoding_mode, self._num_qo_heads, q.device),
-            sm_scale=sm, softcap=self._softcap, o_scale=o_scale, rope_scale=self._rope_scale,
-            rope_theta=self._rope_theta, window_left=self._window_left,
-            enable_pdl=resolve_pdl(enable_pdl, q.device))
-        return (out, lse) if return_lse else out
+            alibi_slopes=rt.alibi_slopes_for(self._pos_encoding_mode, self._num_qo_heads, device))
 
     def _set_options(self, *, num_qo_heads, num_kv_heads, head_dim, pos_encoding_mode, sm_scale,
                      window_left, logits_soft_cap, rope_scale, rope_theta, q_data_type,
@@ -463,8 +481,7 @@ class _BatchAttentionBase:
                                  self._pos_encoding_mode, self._paged)
         plan, buf = self._schedule(qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim,
                                    mask_mode == "causal", fixed_split_size, disable_split_kv)
-        self._plan_dev = self._ws.upload(buf, 0, non_blocking)
-        self._plan = plan
+        self._set_plan(plan, buf, non_blocking)
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_BatchAttentionBase):
@@ -555,8 +572,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchAttentionBase):
         if self._plan.num_rows and q.shape[0] < self._plan.num_rows and not self._use_cuda_graph:
             raise ValueError(f"q must have qo_indptr[-1] = {self._plan.num_rows} rows, got "
                              f"{q.shape[0]}")
-        from .page import _unpack_paged_kv_cache
-
         k, v = _unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
         self._check_kv_dtype(k)
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
