@@ -22,7 +22,7 @@ def _ws():
 
 def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note="",
             layout="NHD", shuffle_pages=False, use_cuda_graph=None, l2_flush="read",
-            graph_wrapper=False):
+            graph_wrapper=False, enable_pdl=None):
     """Pages in order by default, as FlashInfer's own decode benchmark lays them out
     (benchmarks/bench_batch_decode.py: ``torch.arange(num_blocks)``), the setup of the published
     figures the targets compare with; ``shuffle_pages`` puts them in random order (a long-running
@@ -58,7 +58,7 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
     if shuffle_pages:
         note += ", pages shuffled"
     return Case(f"batch decode {batch} x kv {kv_len} ({tc}{note})",
-                lambda: w.run(q, cache, out=out), bytes_moved=kv_bytes + 2 * q.numel() * 2,
+                lambda: w.run(q, cache, out=out, enable_pdl=enable_pdl), bytes_moved=kv_bytes + 2 * q.numel() * 2,
                 baseline_us=baseline, target=target,
                 extra={"split": w._plan.kv_chunk_size, "items": w._plan.num_items,
                        "cta": w._plan.cta},

@@ -25,17 +25,23 @@ def _patched(name: str, **overrides):
     of the batch when ``capacity_factor`` is given)."""
     original = prefill.schedule
     factor = overrides.pop("capacity_factor", None)
+    extra = overrides.pop("capacity_extra", None)
+    graph = overrides.pop("graph_wrapper", True)
+    pdl = overrides.pop("enable_pdl", None)
 
     def schedule(qo_lens, kv_lens, **kw):
         if factor is not None and kw.get("item_capacity") is not None:
             kw["item_capacity"] = factor * len(qo_lens)
+        if extra is not None:  # any wrapper: the plan's grid has `extra` idle items per KV head
+            kw["item_capacity"] = len(qo_lens) + extra
         kw.update(overrides)
         return original(qo_lens, kv_lens, **kw)
 
     prefill.schedule = schedule
     try:
-        case = ba._decode(BATCH, KV, True, 362.8, "<= 350 us", note=f", CUDA-graph wrapper, {name}",
-                          graph_wrapper=True)
+        case = ba._decode(BATCH, KV, True, 362.8, "<= 350 us",
+                          note=f", {'CUDA-graph' if graph else 'plain'} wrapper, {name}",
+                          graph_wrapper=graph, enable_pdl=pdl)
     finally:
         prefill.schedule = original
     case.extra["variant"] = name
@@ -49,6 +55,18 @@ def main() -> int:
     out = Path(sys.argv[1])
     ceilings = harness.measure_ceilings()
     cases = []
+    for _ in range(2):
+        cases += [
+            ba._decode(BATCH, KV, True, 362.8, "<= 350 us", graph_wrapper=True),
+            _patched("+1 idle item", capacity_extra=1),
+            _patched("+2 idle items", capacity_extra=2),
+            _patched("+8 idle items", capacity_extra=8),
+            _patched("+2 idle items", capacity_extra=2, graph_wrapper=False),
+            _patched("+2 idle items, pdl off", capacity_extra=2, graph_wrapper=False,
+                     enable_pdl=False),
+            _patched("+0 idle items, pdl off", capacity_extra=0, graph_wrapper=False,
+                     enable_pdl=False),
+        ]
     for _ in range(2):
         cases += [
             ba._decode(BATCH, KV, True, 362.8, "<= 350 us"),
