@@ -227,13 +227,16 @@ def test_decode_batch_of_one_wave_takes_two_key_streams(dtype):
 
 
 @pytest.mark.parametrize("batch, cta, capacity", [
-    (64, 4, 66),   # one wave of the two-stream shape: 4 x 132 / 8 CTAs per KV head
-    (128, 0, 128),  # every request one item, no headroom (idle CTAs cost time)
-    (1, 0, 33),    # split KV fills two CTAs per SM: 2 x 132 / 8
+    (64, 4, 64),   # one wave of the two-stream shape, no idle CTAs (they cost time)
+    (128, 0, 128),  # every request one item, no headroom
+    (20, 0, 20),   # 160 CTAs: more than half of 2 x 132, a batch of equal lengths never splits
+    (16, 0, 33),   # 128 CTAs: room to split up to two per SM (2 x 132 / 8 items)
+    (1, 0, 33),    # the first plan splits
 ])
 def test_decode_graph_capacity_on_cpu(monkeypatch, batch, cta, capacity):
     """The captured grid of a CUDA-graph decode wrapper: the first plan's items (each request is
-    one query tile) or what the split heuristic fills, whichever is more."""
+    one query tile), or what the split heuristic fills where the first plan split or leaves
+    more than half of it empty."""
     import flashinfer.prefill as prefill
 
     monkeypatch.setattr(prefill, "_num_sms", lambda device: 132)

@@ -99,7 +99,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
     _paged = True
     # Every request is one query tile, so later plans of the fixed batch have the same tiles
     # (splits aside): no headroom. Idle CTAs are not free: at twice the items the captured
-    # 64 x 4096 decode measured 353.3 vs 349.1 us (H100, benchmarks/graph_decode.py).
+    # 64 x 4096 decode measured 353.3 vs 349.1 us (H100, benchmarks/graph_decode.py), and
+    # with 16 idle CTAs still 353.5.
     _graph_item_headroom = 1
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",

@@ -316,16 +316,21 @@ class _BatchAttentionBase:
                 first, _ = schedule(qo_lens, kv_lens, group_size=num_qo_heads // num_kv_heads,
                                     num_kv_heads=num_kv_heads, head_dim=head_dim,
                                     num_sms=_num_sms(device), causal=causal, **kwargs)
-                sms = _num_sms(device)
+                # Room for split KV (the CTAs per SM the split heuristic aims for with this
+                # shape) where the first plan split or leaves more than half of it empty (a
+                # batch of equal lengths splits only then): idle CTAs are not free (H100, a
+                # one-wave decode 64 x 4096 with 16 idle ones: 353.5 vs 348.5 us,
+                # benchmarks/graph_decode.py).
+                slots = CTAS_PER_SM[first.cta] * _num_sms(device)
+                split_room = first.split_kv or 2 * first.num_items * num_kv_heads <= slots
                 self._fixed = {
                     "cta": first.cta,
                     "item_capacity": max(self._graph_item_headroom * first.num_items,
                                          len(qo_lens),
-                                         -(-CTAS_PER_SM[first.cta] * sms // num_kv_heads)),
+                                         -(-slots // num_kv_heads) if split_room else 0),
                     "row_capacity": sum(qo_lens),
                 }
-            # The captured grid has item_capacity CTAs per KV head, at least the CTAs per SM
-            # that the split heuristic aims for with this shape: later plans fill them.
+            # The captured grid has item_capacity CTAs per KV head: later plans fill them.
             kwargs.update(cta=self._fixed["cta"], item_capacity=self._fixed["item_capacity"],
                           force_split=True)
             if sum(qo_lens) > self._fixed["row_capacity"]:
