@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 
 import pytest
 import torch
@@ -176,3 +178,41 @@ def test_two_key_streams_only_for_16_row_tiles():
     assert choose_cta(16, 128, unsplit_ctas=400, num_sms=SMS) == 4
     assert choose_cta(24, 128, unsplit_ctas=400, num_sms=SMS) == 1
     assert choose_cta(16, 128) == 0  # nothing known of the batch: the wide shape
+
+
+def _model_items(qo_lens, kv_lens, plan, group_size, causal):
+    """The plan's items spelled out one at a time: (request, qo tile, kv chunk, merge slot) in
+    request order with each one's visible keys, sorted longest first (stable)."""
+    chunk, items, slot = plan.kv_chunk_size, [], 0
+    for b, (qo, kv) in enumerate(zip(qo_lens, kv_lens)):
+        chunks = max(1, math.ceil(kv / chunk)) if chunk else 1
+        for qt in range(math.ceil(qo * group_size / plan.tile_q)):
+            last_row = min(qo, math.ceil((qt + 1) * plan.tile_q / group_size))
+            visible = min(kv, kv - qo + last_row) if causal else kv
+            for c in range(chunks):
+                hi = min(kv, (c + 1) * chunk) if chunk else kv
+                items.append((max(0, min(hi, visible) - c * chunk), (b, qt, c, slot)))
+            slot += 1
+    items.sort(key=lambda it: -it[0])
+    return [it[1] for it in items]
+
+
+def test_schedule_matches_an_item_by_item_model():
+    rnd = random.Random(0)
+    for _ in range(300):
+        batch = rnd.choice([1, 2, 5, 40, 300])
+        qo_lens = [rnd.choice([0, 1, 1, 3, 17, 130, 700]) for _ in range(batch)]
+        kv_lens = [q + rnd.choice([0, 5, 999, 4096]) for q in qo_lens]
+        group, causal = rnd.choice([1, 4, 8]), rnd.random() < 0.5
+        kwargs = rnd.choice([{}, {"kv_chunk_size": 256}, {"disable_split_kv": True}])
+        plan, buf = schedule(qo_lens, kv_lens, group_size=group, num_kv_heads=rnd.choice([1, 8]),
+                             head_dim=128, num_sms=SMS, causal=causal, **kwargs)
+        assert _items(plan, buf, columns=4) == _model_items(qo_lens, kv_lens, plan, group, causal)
+        chunks = [max(1, math.ceil(k / plan.kv_chunk_size)) if plan.kv_chunk_size else 1
+                  for k in kv_lens]
+        assert plan.split_kv == any(c > 1 for c, q in zip(chunks, qo_lens) if q)
+        if plan.split_kv:  # merge_indptr: each row's partial states
+            merge = buf[HEADER + 4 * plan.item_capacity:].tolist()
+            rows = [c for c, q in zip(chunks, qo_lens) for _ in range(q)]
+            assert merge == [0] + list(itertools.accumulate(rows))
+            assert plan.num_partials == sum(rows)

@@ -444,3 +444,37 @@ def test_fa2_split_kv_merged_in_the_kernel(causal):
             _close(o[qi[b]:qi[b + 1]], ro, dtype)
             _lse_close(lse[qi[b]:qi[b + 1]], rl)
         assert int(w._ws.counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cta", [0, 1, 2, 4])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("split", [None, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_every_fa2_cta_shape_on_any_batch(monkeypatch, cta, causal, split, head_dim):
+    """Each FA2 CTA shape forced on a batch the plan would not give it: requests of many row
+    tiles for the 16-row shapes (0, 4), one-row requests for the 128-row one, with and without
+    split KV (merged in the kernel) and the causal mask."""
+    import functools
+
+    import flashinfer.prefill as prefill
+
+    monkeypatch.setattr(prefill, "schedule", functools.partial(prefill.schedule, cta=cta))
+    gen = torch.Generator().manual_seed(cta * 10 + head_dim)
+    dtype, hq, hkv = torch.bfloat16, 8, 2
+    qo_lens, kv_lens = [1, 37, 0, 130, 5], [700, 37, 9, 1030, 5]
+    q, k, v, qi, ki = _ragged_batch(qo_lens, kv_lens, hq, hkv, head_dim, dtype, gen)
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"))
+    w.plan(qi.cuda(), ki.cuda(), hq, hkv, head_dim, causal=causal, q_data_type=dtype,
+           fixed_split_size=split)
+    assert w._plan.cta == cta and w._plan.split_kv == (split is not None)
+    o, lse = w.run(q, k, v, return_lse=True)
+    for b in range(len(qo_lens)):
+        if qo_lens[b] == 0:
+            continue
+        ro, rl = attention_ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]],
+                               causal=causal)
+        _close(o[qi[b]:qi[b + 1]], ro, dtype)
+        _lse_close(lse[qi[b]:qi[b + 1]], rl)
+    assert int(w._ws.counters.abs().sum()) == 0

@@ -152,6 +152,33 @@ def choose_chunk_size(kv_lens: Sequence[int], qtiles: Sequence[int], num_kv_head
     return 0 if lo >= max_kv else lo
 
 
+def _items(qo_lens, kv_lens, qtiles, chunks, tile_q, chunk, group_size, causal):
+    """Columns (request, qo tile, kv chunk, merge slot) and cost of every item, in request order."""
+    req: list[int] = []
+    qtile: list[int] = []
+    kchunk: list[int] = []
+    slot: list[int] = []
+    cost: list[int] = []
+    tile = 0
+    for b, (qo, kv, nq, nc) in enumerate(zip(qo_lens, kv_lens, qtiles, chunks)):
+        for qt in range(nq):
+            visible = kv
+            if causal:  # keys up to the tile's last row's position (bottom-right aligned)
+                visible = min(kv, kv - qo + min(qo, ((qt + 1) * tile_q + group_size - 1)
+                                                // group_size))
+            if nc == 1:
+                cost.append(max(0, visible))
+            else:
+                cost += [max(0, min(kv, lo + chunk, visible) - lo)
+                         for lo in range(0, nc * chunk, chunk)]
+            req += [b] * nc
+            qtile += [qt] * nc
+            kchunk += range(nc)
+            slot += [tile] * nc
+            tile += 1
+    return req, qtile, kchunk, slot, cost
+
+
 def schedule(
     qo_lens: Sequence[int],
     kv_lens: Sequence[int],
@@ -196,16 +223,16 @@ def schedule(
     if len(qo_lens) != len(kv_lens):
         raise ValueError(f"qo_lens and kv_lens must have one entry per request, got "
                          f"{len(qo_lens)} and {len(kv_lens)}")
-    if any(q < 0 for q in qo_lens) or any(k < 0 for k in kv_lens):
+    if min(qo_lens, default=0) < 0 or min(kv_lens, default=0) < 0:
         raise ValueError("sequence lengths must be >= 0")
-    max_rows = max((q * group_size for q in qo_lens), default=0)
+    max_rows = max(qo_lens, default=0) * group_size
     if cta is None:
-        unsplit = num_kv_heads * sum(math.ceil(q * group_size / 16) for q in qo_lens)
+        unsplit = num_kv_heads * sum(-(-q * group_size // 16) for q in qo_lens)
         cta = choose_cta(max_rows, head_dim, sm90, unsplit, num_sms)
     if ctas_per_sm is None:
         ctas_per_sm = CTAS_PER_SM[cta]
     tile_q = tile_rows(cta, head_dim)
-    qtiles = [math.ceil(q * group_size / tile_q) for q in qo_lens]
+    qtiles = [-(-q * group_size // tile_q) for q in qo_lens]
 
     if disable_split_kv or kv_chunk_size == 0:
         chunk = 0
@@ -219,47 +246,45 @@ def schedule(
             target = min(target, item_capacity * num_kv_heads)
         chunk = choose_chunk_size(kv_lens, qtiles, num_kv_heads, target)
 
-    items: list[tuple[int, int, int, int, int]] = []  # (cost, request, qtile, chunk, slot)
-    slot = 0  # one per (request, tile): fewer than the items
-    for b, (qo, kv, nq) in enumerate(zip(qo_lens, kv_lens, qtiles)):
-        nc = _num_chunks(kv, chunk)
-        for qt in range(nq):
-            last_row = min(qo, ((qt + 1) * tile_q + group_size - 1) // group_size)
-            visible = min(kv, kv - qo + last_row) if causal else kv
-            for c in range(nc):
-                lo = c * chunk
-                hi = min(kv, lo + chunk) if chunk else kv
-                items.append((max(0, min(hi, visible) - lo), b, qt, c, slot))
-            slot += 1
-    # Longest first: CTAs take items in index order, so the tail is made of short ones.
-    items.sort(key=lambda it: -it[0])
-    split = force_split or any(_num_chunks(k, chunk) > 1 for k, q in zip(kv_lens, qo_lens) if q)
-    capacity = item_capacity if item_capacity is not None else max(1, len(items))
-    if len(items) > capacity:
-        raise ValueError(f"the batch needs {len(items)} work items, more than the "
+    # The items as four columns and their costs (keys each sees); one slot per (request, tile).
+    chunks = [-(-k // chunk) or 1 for k in kv_lens] if chunk > 0 else [1] * len(kv_lens)
+    if max(qtiles, default=0) <= 1 and max(chunks, default=1) == 1:
+        # One item per non-empty request (decode): its keys are all visible, even causal.
+        req = [b for b, nq in enumerate(qtiles) if nq]
+        cost = [kv_lens[b] for b in req]
+        qtile = kchunk = [0] * len(req)
+        slot = list(range(len(req)))
+    else:
+        req, qtile, kchunk, slot, cost = _items(qo_lens, kv_lens, qtiles, chunks, tile_q,
+                                                chunk, group_size, causal)
+    # Longest first (a stable sort): CTAs take items in index order, so the tail is made of
+    # short ones.
+    order = sorted(range(len(cost)), key=cost.__getitem__, reverse=True)
+    num_items = len(order)
+    split = force_split or any(nc > 1 for nc, q in zip(chunks, qo_lens) if q)
+    capacity = item_capacity if item_capacity is not None else max(1, num_items)
+    if num_items > capacity:
+        raise ValueError(f"the batch needs {num_items} work items, more than the "
                          f"{capacity} this wrapper was sized for")
     num_rows = sum(qo_lens)
-    grid_x = capacity if item_capacity is not None else len(items)
+    grid_x = capacity if item_capacity is not None else num_items
     if cta == 3:  # persistent: at most one CTA per SM over all (item, KV head) pairs
         grid_x = max(1, min(grid_x * num_kv_heads, num_sms))
     plan_info = AttentionPlan(
-        cta=cta, tile_q=tile_q, num_items=len(items), item_capacity=capacity,
+        cta=cta, tile_q=tile_q, num_items=num_items, item_capacity=capacity,
         grid_x=grid_x, kv_chunk_size=chunk,
         split_kv=split, num_rows=num_rows,
-        num_partials=sum(q * _num_chunks(k, chunk) for q, k in zip(qo_lens, kv_lens)) if split else 0,
+        num_partials=sum(q * nc for q, nc in zip(qo_lens, chunks)) if split else 0,
     )
     buf = torch.zeros(plan_info.buffer_len, dtype=torch.int32)
-    buf[0] = len(items)
+    buf[0] = num_items
     buf[1] = chunk
-    if items:
-        cols = torch.tensor([it[1:] for it in items], dtype=torch.int32)
-        for i in range(4):  # request_idx, qo_tile_idx, kv_chunk_idx, merge_slot
-            buf[HEADER + i * capacity:HEADER + i * capacity + len(items)] = cols[:, i]
+    if num_items:  # request_idx, qo_tile_idx, kv_chunk_idx, merge_slot
+        cols = buf[HEADER:HEADER + 4 * capacity].view(4, capacity)
+        cols[:, :num_items] = torch.tensor([req, qtile, kchunk, slot], dtype=torch.int32)[:, order]
     if split:
-        per_row = torch.repeat_interleave(
-            torch.tensor([_num_chunks(k, chunk) for k in kv_lens], dtype=torch.int64),
-            torch.tensor(list(qo_lens), dtype=torch.int64),
-        )
+        per_row = torch.repeat_interleave(torch.tensor(chunks, dtype=torch.int64),
+                                          torch.tensor(qo_lens, dtype=torch.int64))
         merge = torch.zeros(num_rows + 1, dtype=torch.int64)
         merge[1:] = torch.cumsum(per_row, 0)
         buf[HEADER + 4 * capacity:] = merge.to(torch.int32)

@@ -71,7 +71,7 @@ def _lens_from_indptr(indptr: list[int], name: str) -> list[int]:
     if len(indptr) < 1 or indptr[0] != 0:
         raise ValueError(f"{name} must start with 0, got {indptr[:4]}")
     lens = [b - a for a, b in zip(indptr, indptr[1:])]
-    if any(n < 0 for n in lens):
+    if min(lens, default=0) < 0:
         raise ValueError(f"{name} must be non-decreasing")
     return lens
 
@@ -82,13 +82,11 @@ def paged_kv_lens(indptr: list[int], last_page_len: list[int], page_size: int) -
     if len(last_page_len) != len(pages):
         raise ValueError(f"paged_kv_last_page_len must have {len(pages)} entries (one per "
                          f"request), got {len(last_page_len)}")
-    out = []
-    for n, last in zip(pages, last_page_len):
-        if n and not 1 <= last <= page_size:
-            raise ValueError(f"paged_kv_last_page_len entries must be in [1, page_size={page_size}]"
-                             f" for non-empty requests, got {last}")
-        out.append((n - 1) * page_size + last if n else 0)
-    return out
+    bad = [last for n, last in zip(pages, last_page_len) if n and not 1 <= last <= page_size]
+    if bad:
+        raise ValueError(f"paged_kv_last_page_len entries must be in [1, page_size={page_size}]"
+                         f" for non-empty requests, got {bad[0]}")
+    return [(n - 1) * page_size + last if n else 0 for n, last in zip(pages, last_page_len)]
 
 
 def _pack_mask(custom_mask: Optional[torch.Tensor], packed_custom_mask: Optional[torch.Tensor],
