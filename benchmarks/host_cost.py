@@ -5,8 +5,8 @@
 Each row calls one function back to back ``N`` times after a warm-up and a synchronize, and
 divides the host wall time by ``N``; the GPU work per call is kept far shorter than the host
 work (decode of one request of 1024 keys), so the queue never fills and the figure is the
-host's. The GPU time of the same call (CUDA events) is beside it. A cProfile of the wrapper's
-``run`` lists where its host time goes.
+host's. The GPU time of the same call (CUDA events) is beside it. ``plan`` is timed too (once
+per batch). A cProfile of the wrapper's ``run`` lists where its host time goes.
 """
 
 from __future__ import annotations
@@ -89,6 +89,22 @@ def main() -> int:
     for name, fn in calls.items():
         rows[name] = {"host_us": round(_host_us(fn), 2), "gpu_us": round(_gpu_us(fn), 2)}
         print(f"{name:50s} host {rows[name]['host_us']:7.2f} us  gpu {rows[name]['gpu_us']:7.2f} us")
+
+    # plan() once per batch (per decode step): host metadata in, the plan scheduled and
+    # uploaded; host tensors, as serving frameworks pass them.
+    for batch, kv_len in ((1, 32768), (64, 4096), (512, 1000)):
+        pw, _, _ = _decode_wrapper(batch, kv_len)
+        pages = -(-kv_len // PAGE)
+        args = (torch.arange(batch + 1, dtype=torch.int32) * pages,
+                torch.arange(batch * pages, dtype=torch.int32),
+                torch.full((batch,), kv_len - (pages - 1) * PAGE, dtype=torch.int32),
+                HQ, HKV, D, PAGE)
+        name = f"decode plan, batch {batch} x kv {kv_len}"
+        t0 = time.perf_counter()
+        for _ in range(200):
+            pw.plan(*args, q_data_type=DT)
+        rows[name] = {"host_us": round((time.perf_counter() - t0) / 200 * 1e6, 2)}
+        print(f"{name:50s} host {rows[name]['host_us']:7.2f} us")
 
     prof = cProfile.Profile()
     prof.enable()
