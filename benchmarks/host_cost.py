@@ -104,7 +104,21 @@ def main() -> int:
         for _ in range(200):
             pw.plan(*args, q_data_type=DT)
         rows[name] = {"host_us": round((time.perf_counter() - t0) / 200 * 1e6, 2)}
-        print(f"{name:50s} host {rows[name]['host_us']:7.2f} us")
+        # The same plan while the GPU is busy (~20 ms of matmuls queued ahead): a plan that
+        # waits for the stream shows it in its host time.
+        a = torch.randn(4096, 4096, dtype=DT, device="cuda")
+        torch.cuda.synchronize()
+        for _ in range(100):
+            a @ a
+        t0 = time.perf_counter()
+        pw.plan(*args, q_data_type=DT)
+        busy = (time.perf_counter() - t0) * 1e6
+        t0 = time.perf_counter()
+        torch.cuda.synchronize()
+        rows[name].update(host_us_gpu_busy=round(busy, 2),
+                          gpu_left_after_plan_us=round((time.perf_counter() - t0) * 1e6, 1))
+        print(f"{name:50s} host {rows[name]['host_us']:7.2f} us, with the GPU busy "
+              f"{busy:9.1f} us (GPU still busy {rows[name]['gpu_left_after_plan_us']} us after)")
 
     prof = cProfile.Profile()
     prof.enable()

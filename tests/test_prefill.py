@@ -467,7 +467,7 @@ def test_every_fa2_cta_shape_on_any_batch(monkeypatch, cta, causal, split, head_
     w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
         torch.empty(128 << 20, dtype=torch.uint8, device="cuda"))
     w.plan(qi.cuda(), ki.cuda(), hq, hkv, head_dim, causal=causal, q_data_type=dtype,
-           fixed_split_size=split)
+           fixed_split_size=split, disable_split_kv=split is None)
     assert w._plan.cta == cta and w._plan.split_kv == (split is not None)
     o, lse = w.run(q, k, v, return_lse=True)
     for b in range(len(qo_lens)):

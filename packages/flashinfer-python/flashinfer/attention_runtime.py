@@ -154,7 +154,8 @@ class Workspace:
                                                device=self.device)
         self.int_ws = int_workspace_buffer
         self._pinned: Optional[torch.Tensor] = None
-        self._copy_done: Optional[torch.cuda.Event] = None
+        # Copies out of the pinned mirror not known to be done: (first int, end, event).
+        self._in_flight: list[tuple[int, int, Any]] = []
         self.counters = self.int_view(COUNTERS_OFFSET, MERGE_COUNTERS)
         self.counters.zero_()
 
@@ -181,7 +182,8 @@ class Workspace:
 
     def upload(self, host: torch.Tensor, offset: int = 0, non_blocking: bool = True) -> torch.Tensor:
         """Copy the int32 CPU tensor ``host`` into the int workspace at ``offset``; returns the
-        device view. Goes through a pinned mirror, reused once the previous copy has finished."""
+        device view. Goes through a pinned mirror, whose ints are reused once the earlier copy out
+        of them has finished."""
         if offset < COUNTERS_OFFSET < offset + host.numel():
             raise ValueError(f"the plan needs {host.numel()} ints, the int workspace has room "
                              f"for {COUNTERS_OFFSET - offset}; plan a smaller batch")
@@ -192,13 +194,21 @@ class Workspace:
         if self._pinned is None:
             self._pinned = torch.empty(self.int_ws.numel() * self.int_ws.element_size() // 4,
                                        dtype=torch.int32, pin_memory=True)
-        if self._copy_done is not None:
-            self._copy_done.synchronize()
-        stage = self._pinned[offset: offset + host.numel()]
+        # Wait only for earlier copies out of the same pinned ints (a plan and its auxiliary
+        # arrays are staged side by side, so one plan() does not wait for its own copies).
+        lo, hi = offset, offset + host.numel()
+        pending = []
+        for first, end, event in self._in_flight:
+            if first < hi and lo < end:
+                event.synchronize()
+            elif not event.query():
+                pending.append((first, end, event))
+        stage = self._pinned[lo:hi]
         stage.copy_(host)
         dev.copy_(stage, non_blocking=non_blocking)
-        self._copy_done = torch.cuda.Event()
-        self._copy_done.record()
+        done = torch.cuda.Event()
+        done.record()
+        self._in_flight = pending + [(lo, hi, done)]
         return dev
 
 
