@@ -129,9 +129,18 @@ def main() -> int:
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
     print(text.getvalue()[:6000])
+    prof = cProfile.Profile()  # plan of the last (batch 512) case
+    prof.enable()
+    for _ in range(100):
+        pw.plan(*args, q_data_type=DT)
+    prof.disable()
+    plan_text = io.StringIO()
+    pstats.Stats(prof, stream=plan_text).sort_stats("tottime").print_stats(25)
+    print(plan_text.getvalue()[:6000])
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "plan": {"cta": plan.cta, "split_kv": plan.split_kv, "items": plan.num_items},
-              "calls": N, "rows": rows, "profile_tottime": text.getvalue()}
+              "calls": N, "rows": rows, "profile_tottime": text.getvalue(),
+              "plan_profile_tottime": plan_text.getvalue()}
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
     return 0
