@@ -202,6 +202,18 @@ def _ragged_batch(qo_lens, kv_lens, hq, hkv, d, dtype, gen):
     return q, k, v, cum(qo_lens), cum(kv_lens)
 
 
+def _check_ragged(o, lse, q, k, v, qi, ki, dtype, **ref_kw):
+    """Each request of a ragged batch against the reference (its lse too, when given)."""
+    for b in range(len(qi) - 1):
+        if qi[b + 1] == qi[b]:
+            continue
+        ro, rl = attention_ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]],
+                               **ref_kw)
+        _close(o[qi[b]:qi[b + 1]], ro, dtype)
+        if lse is not None:
+            _lse_close(lse[qi[b]:qi[b + 1]], rl)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -217,12 +229,7 @@ def test_batch_ragged_prefill(dtype, head_dim, causal):
     out = torch.full_like(q, float("nan"))
     o = w.run(q, k, v, out=out)
     assert o is out
-    for b in range(len(qo_lens)):
-        if qo_lens[b] == 0:
-            continue
-        ro, _ = attention_ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]],
-                              causal=causal)
-        _close(o[qi[b]:qi[b + 1]], ro, dtype)
+    _check_ragged(o, None, q, k, v, qi, ki, dtype, causal=causal)
 
 
 @pytest.mark.gpu
@@ -313,26 +320,6 @@ needs_sm90 = pytest.mark.skipif(
     reason="needs a compute capability 9.0 GPU (the Hopper kernel)")
 
 
-def _ragged(qo_lens, kv_lens, hq, hkv, d, dtype, gen):
-    q = torch.randn(sum(qo_lens), hq, d, generator=gen).to(dtype).cuda()
-    k = torch.randn(sum(kv_lens), hkv, d, generator=gen).to(dtype).cuda()
-    v = torch.randn(sum(kv_lens), hkv, d, generator=gen).to(dtype).cuda()
-    cum = lambda xs: torch.tensor([0] + torch.tensor(xs).cumsum(0).tolist(),  # noqa: E731
-                                  dtype=torch.int32)
-    return q, k, v, cum(qo_lens), cum(kv_lens)
-
-
-def _check_ragged(o, lse, q, k, v, qi, ki, dtype, **ref_kw):
-    for b in range(len(qi) - 1):
-        if qi[b + 1] == qi[b]:
-            continue
-        ro, rl = attention_ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]],
-                               **ref_kw)
-        _close(o[qi[b]:qi[b + 1]], ro, dtype)
-        if lse is not None:
-            _lse_close(lse[qi[b]:qi[b + 1]], rl)
-
-
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -342,7 +329,7 @@ def test_hopper_kernel_persistent_grid_and_split_kv(head_dim, split):
     ahead into the next); with a fixed split the items write partial states that get merged."""
     gen = torch.Generator().manual_seed(head_dim + (split or 0))
     qo_lens, kv_lens = [700, 129, 1, 1500, 65], [2000, 129, 3000, 1500, 4000]
-    q, k, v, qi, ki = _ragged(qo_lens, kv_lens, 16, 2, head_dim, torch.bfloat16, gen)
+    q, k, v, qi, ki = _ragged_batch(qo_lens, kv_lens, 16, 2, head_dim, torch.bfloat16, gen)
     w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
         torch.empty(256 << 20, dtype=torch.uint8, device="cuda"), backend="fa3")
     w.plan(qi.cuda(), ki.cuda(), 16, 2, head_dim, causal=True, q_data_type=torch.bfloat16,
@@ -359,7 +346,7 @@ def test_hopper_kernel_matches_fa2_bitwise_free_of_nan_on_many_shapes():
     included, and neither writes NaN into rows past the requests (output poisoned first)."""
     gen = torch.Generator().manual_seed(11)
     qo_lens, kv_lens = [1, 17, 0, 64, 65, 130, 333], [1, 40, 5, 64, 65, 200, 1000]
-    q, k, v, qi, ki = _ragged(qo_lens, kv_lens, 8, 8, 128, torch.float16, gen)
+    q, k, v, qi, ki = _ragged_batch(qo_lens, kv_lens, 8, 8, 128, torch.float16, gen)
     outs = []
     for backend in ("fa3", "fa2"):
         w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
@@ -438,11 +425,7 @@ def test_fa2_split_kv_merged_in_the_kernel(causal):
     assert w._plan.split_kv and w._plan.cta == 1
     for _ in range(2):
         o, lse = w.run(q, k, v, return_lse=True)
-        for b in range(len(qo_lens)):
-            ro, rl = attention_ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]],
-                                   causal=causal)
-            _close(o[qi[b]:qi[b + 1]], ro, dtype)
-            _lse_close(lse[qi[b]:qi[b + 1]], rl)
+        _check_ragged(o, lse, q, k, v, qi, ki, dtype, causal=causal)
         assert int(w._ws.counters.abs().sum()) == 0
 
 
@@ -470,11 +453,5 @@ def test_every_fa2_cta_shape_on_any_batch(monkeypatch, cta, causal, split, head_
            fixed_split_size=split, disable_split_kv=split is None)
     assert w._plan.cta == cta and w._plan.split_kv == (split is not None)
     o, lse = w.run(q, k, v, return_lse=True)
-    for b in range(len(qo_lens)):
-        if qo_lens[b] == 0:
-            continue
-        ro, rl = attention_ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]],
-                               causal=causal)
-        _close(o[qi[b]:qi[b + 1]], ro, dtype)
-        _lse_close(lse[qi[b]:qi[b + 1]], rl)
+    _check_ragged(o, lse, q, k, v, qi, ki, dtype, causal=causal)
     assert int(w._ws.counters.abs().sum()) == 0
