@@ -142,6 +142,12 @@ def cases(decode_only: bool = False):
         ba._decode(1, 32768, True, 56.0, "<= 50 us", 512, ", chunk 512"),
         ba._decode(16, 4096, True, None, ""),
         ba._decode(16, 4096, True, None, "", 0, ", not split"),
+        # Longer and wider split batches, with the plan's chunks (two CTAs per SM) and with
+        # about one CTA per SM (for shapes that fit one).
+        ba._decode(1, 131072, True, None, ""),
+        ba._decode(1, 131072, True, None, "", 8192, ", chunk 8192"),
+        ba._decode(4, 16384, True, None, ""),
+        ba._decode(4, 16384, True, None, "", 4096, ", chunk 4096"),
     ]
     if decode_only:
         return out
