@@ -160,7 +160,9 @@ def cases() -> list[Case]:
                            graph_wrapper=True))
     out.append(_decode(64, 4096, True, 362.8, "<= 350 us", note=", write flush",
                        l2_flush="write"))
-    # The batch the two-key-stream shape (cta 4) is picked for, with the four-stream one beside.
+    # The batches the two- and eight-key-stream shapes (cta 4, 5) are picked for, with the
+    # four-stream one beside.
+    out.append(_with_cta(0, _decode, 1, 32768, True, 56.0, "<= 50 us"))
     out.append(_with_cta(0, _decode, 64, 4096, True, 362.8, "<= 350 us"))
     out.append(_with_cta(0, _decode, 64, 4096, True, 362.8, "<= 350 us", None, "",
                          "NHD", True))

@@ -129,21 +129,26 @@ def test_schedule_rejects_bad_input(qo_lens, kv_lens, kwargs, match):
                  **kwargs)
 
 
-def test_decode_splits_for_two_ctas_per_sm():
-    # cta 0 aims for two CTAs per SM: 1 x 32768 at 8 KV heads takes 32 chunks of 1024 (256
-    # CTAs), 16 x 4096 two chunks per request, and 32 x 4096 (256 CTAs already) is not split.
+def test_decode_splits_for_the_shapes_ctas_per_sm():
+    # A batch of at most one CTA per SM takes eight key streams (cta 5, one per SM) and splits
+    # to fill the SMs: 1 x 32768 at 8 KV heads in 16 chunks of 2048 (128 CTAs); 16 x 4096 (128
+    # CTAs already) is not split. At head_dim 256 (no cta 5) the four-stream shape aims for two
+    # per SM: 32 chunks of 1024.
     plan, _ = schedule([1], [32768], group_size=4, num_kv_heads=8, head_dim=128, num_sms=SMS)
-    assert plan.cta == 0 and plan.kv_chunk_size == 1024 and plan.num_items == 32
+    assert plan.cta == 5 and plan.kv_chunk_size == 2048 and plan.num_items == 16
     plan, _ = schedule([1] * 16, [4096] * 16, group_size=4, num_kv_heads=8, head_dim=128,
                        num_sms=SMS)
-    assert plan.split_kv and plan.kv_chunk_size == 2048 and plan.num_items == 32
-    plan, _ = schedule([1] * 32, [4096] * 32, group_size=4, num_kv_heads=8, head_dim=128,
+    assert plan.cta == 5 and not plan.split_kv and plan.num_items == 16
+    plan, _ = schedule([1], [32768], group_size=4, num_kv_heads=8, head_dim=256, num_sms=SMS)
+    assert plan.cta == 0 and plan.kv_chunk_size == 1024 and plan.num_items == 32
+    # 20 x 4096 (160 CTAs: more than one per SM, not split) keeps four streams.
+    plan, _ = schedule([1] * 20, [4096] * 20, group_size=4, num_kv_heads=8, head_dim=128,
                        num_sms=SMS)
-    assert not plan.split_kv and plan.num_items == 32
+    assert plan.cta == 0 and not plan.split_kv
     # An explicit ctas_per_sm still rules.
     plan, _ = schedule([1], [32768], group_size=4, num_kv_heads=8, head_dim=128, num_sms=SMS,
-                       ctas_per_sm=1)
-    assert plan.kv_chunk_size == 2048 and plan.num_items == 16
+                       ctas_per_sm=2)
+    assert plan.kv_chunk_size == 1024 and plan.num_items == 32
 
 
 @pytest.mark.parametrize("batch, cta", [
@@ -173,11 +178,14 @@ def test_two_key_stream_plans_split_for_four_ctas_per_sm():
     _check_slots(plan, buf)
 
 
-def test_two_key_streams_only_for_16_row_tiles():
+def test_two_and_eight_key_streams_only_for_16_row_tiles():
     # Two rows of a group of 8 are 16 packed rows (shape 4); three are 24 (shape 1, 64 rows).
     assert choose_cta(16, 128, unsplit_ctas=400, num_sms=SMS) == 4
     assert choose_cta(24, 128, unsplit_ctas=400, num_sms=SMS) == 1
-    assert choose_cta(16, 128) == 0  # nothing known of the batch: the wide shape
+    assert choose_cta(16, 128, unsplit_ctas=100, num_sms=SMS) == 5
+    assert choose_cta(24, 128, unsplit_ctas=100, num_sms=SMS) == 1
+    assert choose_cta(16, 256, unsplit_ctas=100, num_sms=SMS) == 0  # no shape 5 at 256
+    assert choose_cta(16, 128) == 0  # nothing known of the batch: four streams
 
 
 def _model_items(qo_lens, kv_lens, plan, group_size, causal):

@@ -18,16 +18,29 @@ def _ws(mb=128):
     return torch.empty(mb << 20, dtype=torch.uint8, device="cuda")
 
 
-@pytest.fixture(params=["auto", "two key streams"])
+FORCED = {"auto": None, "two key streams": 4, "eight key streams": 5}
+
+
+@pytest.fixture(params=list(FORCED))
 def decode_shape(request, monkeypatch):
-    """Runs a test with the CTA shape the plan picks, then with the two-key-stream decode shape
-    (cta 4) forced for every 16-row batch: the plan takes it by itself only for batches of two
-    to four CTAs per SM."""
-    if request.param != "auto":
+    """Runs a test with the CTA shape the plan picks, then with each other 16-row decode shape
+    forced for every 16-row batch (the plan picks them by the batch's CTA count). Returns the
+    shape the plan must have, given the one the plan picks by itself at that head_dim."""
+    forced = FORCED[request.param]
+
+    def shape(head_dim: int) -> int:  # no eight-stream shape at head_dim 256
+        return 4 if forced == 5 and head_dim > 128 else forced
+
+    if forced is not None:
         choose = attention_plan.choose_cta
-        monkeypatch.setattr(attention_plan, "choose_cta",
-                            lambda rows, *a, **kw: 4 if rows <= 16 else choose(rows, *a, **kw))
-    return request.param
+        monkeypatch.setattr(attention_plan, "choose_cta", lambda rows, head_dim, *a, **kw:
+                            shape(head_dim) if rows <= 16 else choose(rows, head_dim, *a, **kw))
+    return lambda auto, head_dim=128: auto if forced is None else shape(head_dim)
+
+
+def _small_batch_cta(head_dim: int) -> int:
+    """The plan's own shape for a decode batch of at most one CTA per SM."""
+    return 5 if head_dim <= 128 else 0
 
 
 def _check(o, lse, q, seqs, dtype, **kw):
@@ -79,7 +92,7 @@ def test_batch_decode(dtype, head_dim, group, use_tensor_cores, page_size, decod
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD",
                                                       use_tensor_cores=use_tensor_cores)
     w.plan(indptr, indices, last, hkv * group, hkv, head_dim, page_size, q_data_type=dtype)
-    assert w._plan.cta == (0 if decode_shape == "auto" else 4)
+    assert w._plan.cta == decode_shape(_small_batch_cta(head_dim), head_dim)
     o, lse = w.run(q, cache, return_lse=True)
     _check(o, lse, q, seqs, dtype)
     assert torch.all(o[1] == 0) and torch.all(lse[1] == float("-inf"))  # the empty request
@@ -99,7 +112,7 @@ def test_batch_decode_options(layout, opts, decode_shape):
     q = torch.randn(4, hq, d, generator=gen).to(dtype).cuda()
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), layout)
     w.plan(indptr, indices, last, hq, hkv, d, page, **opts)
-    assert w._plan.cta == (0 if decode_shape == "auto" else 4)
+    assert w._plan.cta == decode_shape(5)
     o = w.run(q, cache)
     _check(o, None, q, seqs, dtype, window_left=opts.get("window_left", -1),
            soft_cap=opts.get("logits_soft_cap"), pos_encoding=opts.get("pos_encoding_mode", "NONE"))
@@ -166,7 +179,7 @@ def test_cuda_graph_capture_replan_replay(use_tensor_cores, decode_shape):
     last = torch.tensor([n - (p - 1) * page for n, p in zip(first, pages)], dtype=torch.int32)
     seqs = [(k[:n], v[:n]) for (k, v), n in zip(seqs2, first)]
     w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype)
-    assert w._plan.cta == (0 if decode_shape == "auto" else 4)
+    assert w._plan.cta == decode_shape(5)
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         w.run(q, cache, out=out)  # warm-up (compiles, allocates) outside the capture
@@ -177,7 +190,7 @@ def test_cuda_graph_capture_replan_replay(use_tensor_cores, decode_shape):
     graph.replay()
     _check(out, None, q, seqs, dtype)
     w.plan(indptr2, indices2, last2, hq, hkv, d, page, q_data_type=dtype)
-    assert w._plan.cta == (0 if decode_shape == "auto" else 4)  # the captured shape
+    assert w._plan.cta == decode_shape(5)  # the captured shape
     graph.replay()
     _check(out, None, q, seqs2, dtype)
 
@@ -198,7 +211,7 @@ def test_split_kv_merged_in_the_kernel(group, decode_shape):
     q = torch.randn(len(kv_lens), hq, d, generator=gen).to(dtype).cuda()
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD")
     w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype, fixed_split_size=256)
-    assert w._plan.split_kv and w._plan.cta == (0 if decode_shape == "auto" else 4)
+    assert w._plan.split_kv and w._plan.cta == decode_shape(5)
     for _ in range(2):
         o, lse = w.run(q, cache, return_lse=True)
         _check(o, lse, q, seqs, dtype)
@@ -230,8 +243,9 @@ def test_decode_batch_of_one_wave_takes_two_key_streams(dtype):
     (64, 4, 64),   # one wave of the two-stream shape, no idle CTAs (they cost time)
     (128, 0, 128),  # every request one item, no headroom
     (20, 0, 20),   # 160 CTAs: more than half of 2 x 132, a batch of equal lengths never splits
-    (16, 0, 33),   # 128 CTAs: room to split up to two per SM (2 x 132 / 8 items)
-    (1, 0, 33),    # the first plan splits
+    (16, 5, 16),   # 128 CTAs: one per SM for eight key streams, no room to split
+    (8, 5, 17),    # 64 CTAs: room to split up to one per SM (132 / 8 items)
+    (1, 5, 17),    # the first plan splits
 ])
 def test_decode_graph_capacity_on_cpu(monkeypatch, batch, cta, capacity):
     """The captured grid of a CUDA-graph decode wrapper: the first plan's items (each request is

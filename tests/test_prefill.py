@@ -430,14 +430,15 @@ def test_fa2_split_kv_merged_in_the_kernel(causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cta", [0, 1, 2, 4])
+@pytest.mark.parametrize("cta", [0, 1, 2, 4, 5])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("split", [None, 256])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_every_fa2_cta_shape_on_any_batch(monkeypatch, cta, causal, split, head_dim):
     """Each FA2 CTA shape forced on a batch the plan would not give it: requests of many row
-    tiles for the 16-row shapes (0, 4), one-row requests for the 128-row one, with and without
-    split KV (merged in the kernel) and the causal mask."""
+    tiles for the 16-row shapes (0, 4, 5), one-row requests for the 128-row one, with and
+    without split KV (merged in the kernel) and the causal mask. A head_dim 256 module has no
+    shape 5 and says so."""
     import functools
 
     import flashinfer.prefill as prefill
@@ -452,6 +453,10 @@ def test_every_fa2_cta_shape_on_any_batch(monkeypatch, cta, causal, split, head_
     w.plan(qi.cuda(), ki.cuda(), hq, hkv, head_dim, causal=causal, q_data_type=dtype,
            fixed_split_size=split, disable_split_kv=split is None)
     assert w._plan.cta == cta and w._plan.split_kv == (split is not None)
+    if cta == 5 and head_dim > 128:
+        with pytest.raises(ValueError, match=r"cta 5 \(eight key streams\) takes head_dim <= 128"):
+            w.run(q, k, v)
+        return
     o, lse = w.run(q, k, v, return_lse=True)
     _check_ragged(o, lse, q, k, v, qi, ki, dtype, causal=causal)
     assert int(w._ws.counters.abs().sum()) == 0

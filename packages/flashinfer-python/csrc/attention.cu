@@ -6,7 +6,7 @@
 //   FI_MASK_MODE            0 none, 1 causal, 2 custom (attn::MaskMode)
 //   FI_POS_ENCODING         0 none, 1 RoPE (llama), 2 ALiBi (attn::PosEncoding)
 //   FI_PAGED                0 ragged KV, 1 paged KV
-// The module holds four CTA shapes of the FA2 kernel and, where the variant allows it, the
+// The module holds five CTA shapes of the FA2 kernel and, where the variant allows it, the
 // Hopper kernel (the plan picks one per batch), and the split-KV merge. Exported: `run`
 // (attention, then the merge kernel when the plan splits KV and the kernel does not merge its
 // own partial states: the FA2 shapes do, given merge_counters) and `cta_tile_q`.
@@ -43,6 +43,8 @@ using Traits =
 //   2: 128 rows, 4 x 1 warps, two MMA tiles per warp (head_dim <= 128: register budget)
 //   3: the Hopper kernel (below)
 //   4: 16 rows,  1 x 2 warps: shape 0 with two key streams (decode batches of 2-4 CTAs per SM)
+//   5: 16 rows,  1 x 8 warps: shape 0 with eight key streams, one CTA per SM (small and split
+//      decode batches; head_dim <= 128: shared memory)
 // KV step: 64 keys for head_dim <= 128, 32 for 256 (shared memory: two stages of K and V).
 constexpr int kStepKV = kHeadDim <= 128 ? 4 : 2;
 // Shape knobs (FLASHINFER_ATTENTION_CTA{0,1,2}_*) for benchmarks/tune_attention.py, which
@@ -66,6 +68,15 @@ using Cta0 = Traits<1, FLASHINFER_ATTENTION_CTA0_WARPS_KV, 1, FLASHINFER_ATTENTI
 // in one wave instead of two (H100, 64 x 4096 at 8 KV heads: 348.9 vs 351.2 us; it loses on
 // larger and split batches, whose shape stays 0: benchmarks/NOTES.md).
 using Cta4 = Traits<1, 2, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV, FLASHINFER_ATTENTION_CTA0_STAGES>;
+// Twice the warps, one CTA per SM (registers; 195 KB of shared memory at head_dim 128): twice
+// the bytes in flight per CTA for batches that fill at most one CTA per SM, split or not (H100,
+// against shape 0 at two per SM: 1 x 32768 55.0 vs 56.3 us, 1 x 131072 183.6 vs 186.2, 16 x
+// 4096 95.3 vs 97.7, 4 x 16384 equal; benchmarks/NOTES.md). head_dim 256 needs twice the
+// shared memory: there Cta5 names shape 4 as a stand-in that is never launched.
+// flashinfer/jit/attention.py (AttentionVariant.has_cta5) mirrors this rule.
+constexpr bool kHasCta5 = kHeadDim <= 128;
+using Cta5 = Traits<1, kHasCta5 ? 8 : 2, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
+                    FLASHINFER_ATTENTION_CTA0_STAGES>;
 #ifndef FLASHINFER_ATTENTION_CTA1_MMA_KV
 #define FLASHINFER_ATTENTION_CTA1_MMA_KV kStepKV
 #endif
@@ -92,7 +103,7 @@ constexpr bool kHasSm90 =
 // Where the module has no Hopper kernel, Cta3 names a valid stand-in that is never launched.
 using Cta3 = Sm90Traits<DTypeQ, DTypeO, kHasSm90 ? kHeadDim : 128, kMask,
                         kHasSm90 ? kPos : PosEncoding::kNone, kPaged>;
-constexpr int kNumCta = 5;
+constexpr int kNumCta = 6;
 
 int tile_q(int64_t cta) {
   switch (cta) {
@@ -101,6 +112,7 @@ int tile_q(int64_t cta) {
     case 2: return Cta2::kTileQ;
     case 3: return kHasSm90 ? Cta3::kTileQ : 0;
     case 4: return Cta4::kTileQ;
+    case 5: return kHasCta5 ? Cta5::kTileQ : 0;
   }
   return 0;
 }
@@ -133,7 +145,7 @@ void check_sm90_device(int device_id) {
 
 /// The packed-row tile of CTA shape `cta` (0 where the module lacks that shape).
 int64_t cta_tile_q(int64_t cta) {
-  TVM_FFI_CHECK(cta >= 0 && cta < kNumCta, ValueError) << "cta must be 0 to 4, got " << cta;
+  TVM_FFI_CHECK(cta >= 0 && cta < kNumCta, ValueError) << "cta must be 0 to 5, got " << cta;
   return tile_q(cta);
 }
 
@@ -147,8 +159,10 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
          double logits_soft_cap, double o_scale, double rope_scale, double rope_theta,
          int64_t window_left, bool enable_pdl) {
   // 1. Validate.
-  TVM_FFI_CHECK(cta >= 0 && cta < kNumCta, ValueError) << "cta must be 0 to 4, got " << cta;
+  TVM_FFI_CHECK(cta >= 0 && cta < kNumCta, ValueError) << "cta must be 0 to 5, got " << cta;
   if (cta == 3) check_sm90_device(q.device().device_id);
+  TVM_FFI_CHECK(cta != 5 || kHasCta5, ValueError)
+      << "cta 5 (eight key streams) takes head_dim <= 128; this module is head_dim " << kHeadDim;
   AttentionParams p = {};
   const KVView kv = check_attention_inputs(q, k, v, o, lse, kv_layout, kPaged, kHeadDim,
                                            dtype_code<DTypeQ>(), dtype_code<DTypeO>());
@@ -186,6 +200,7 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
     case 2: status = LaunchAttention<Cta2>(p, int(grid_x), enable_pdl, stream); break;
     case 3: status = launch_sm90(p, int(grid_x), enable_pdl, stream); break;
     case 4: status = LaunchAttention<Cta4>(p, int(grid_x), enable_pdl, stream); break;
+    case 5: status = LaunchAttention<Cta5>(p, int(grid_x), enable_pdl, stream); break;
   }
   check_launch(status, "attention");
   if (split_kv && p.merge_counters == nullptr) {

@@ -40,7 +40,7 @@ class AttentionPlan:
     ----------
     cta : int
         CTA shape (0: 16 rows x 4 key streams, 1: 64 rows, 2: 128 rows, 3: the Hopper kernel's
-        128 rows, 4: 16 rows x 2 key streams; csrc/attention.cu).
+        128 rows, 4: 16 rows x 2 key streams, 5: 16 rows x 8 key streams; csrc/attention.cu).
     tile_q : int
         Packed query rows per item.
     num_items : int
@@ -77,20 +77,22 @@ class AttentionPlan:
 
 
 # CTAs per SM the split heuristic aims for, per shape: what the registers allow for the
-# FA2 shapes (~220 per thread for the 16-row ones: two 128-thread or four 64-thread CTAs),
-# one for the persistent Hopper kernel.
-CTAS_PER_SM = {0: 2, 1: 2, 2: 2, 3: 1, 4: 4}
+# FA2 shapes (~220 per thread for the 16-row ones: one 256-thread, two 128-thread or four
+# 64-thread CTAs), one for the persistent Hopper kernel.
+CTAS_PER_SM = {0: 2, 1: 2, 2: 2, 3: 1, 4: 4, 5: 1}
 
 
 def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, unsplit_ctas: int = 0,
                num_sms: int = 0) -> int:
     """The CTA shape for a batch whose longest request has ``max_packed_rows`` packed rows.
 
-    16 rows when every request fits one MMA tile (decode, short queries): four independent key
-    streams keep the memory system busy, or two (shape 4, four CTAs per SM) when the batch's
-    ``unsplit_ctas`` (16-row tiles x KV heads) fill more than two and at most four CTAs per SM:
-    one wave of the narrow shape instead of two of the wide one (H100, 64 x 4096 at 8 KV heads:
-    348.9 vs 351.2 us; outside that range it measured slower). Longer queries take the Hopper
+    16 rows when every request fits one MMA tile (decode, short queries), with as many
+    independent key streams as keep the memory system busy for the batch's ``unsplit_ctas``
+    (16-row tiles x KV heads): eight (shape 5, one CTA per SM; head_dim <= 128) when they fit one
+    per SM, split or not (H100: 1 x 32768 55.0 vs 56.3 us, 16 x 4096 95.3 vs 97.7 us); four
+    (shape 0) up to two per SM and beyond four; two (shape 4, four CTAs per SM) in between: one
+    wave of the narrow shape instead of two of the wide one (64 x 4096 at 8 KV heads: 348.9 vs
+    351.2 us; outside that range it measured slower). Longer queries take the Hopper
     kernel (3) where ``sm90`` says the GPU and the variant allow it; otherwise 64 rows, except
     for long queries at head_dim 64, which take 128 rows. At head_dim 128 the FA2 128-row shape
     shares each K/V tile among twice the rows but needs 32-key steps to fit its registers, and
@@ -102,8 +104,12 @@ def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, unsplit_
     4
     >>> choose_cta(8, 128, unsplit_ctas=1024, num_sms=132)
     0
+    >>> choose_cta(8, 128, unsplit_ctas=8, num_sms=132)
+    5
     """
     if max_packed_rows <= 16:
+        if 0 < num_sms and unsplit_ctas <= CTAS_PER_SM[5] * num_sms and head_dim <= 128:
+            return 5
         two_streams = CTAS_PER_SM[0] * num_sms < unsplit_ctas <= CTAS_PER_SM[4] * num_sms
         return 4 if two_streams else 0
     if sm90 and max_packed_rows > 64:
@@ -114,7 +120,7 @@ def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, unsplit_
 
 
 def tile_rows(cta: int, head_dim: int) -> int:
-    return {0: 16, 1: 64, 2: 128 if head_dim <= 128 else 64, 3: 128, 4: 16}[cta]
+    return {0: 16, 1: 64, 2: 128 if head_dim <= 128 else 64, 3: 128, 4: 16, 5: 16}[cta]
 
 
 def _num_chunks(kv_len: int, chunk: int) -> int:

@@ -74,7 +74,8 @@ class AttentionVariant:
 
     def tile_q(self, cta: int) -> int:
         """Packed query rows per CTA of shape ``cta`` (mirrors the table in csrc/attention.cu)."""
-        return {0: 16, 1: 64, 2: 128 if self.head_dim <= 128 else 64, 3: 128, 4: 16}[cta]
+        return {0: 16, 1: 64, 2: 128 if self.head_dim <= 128 else 64, 3: 128, 4: 16,
+                5: 16 if self.head_dim <= 128 else 0}[cta]
 
     def spec(self) -> JitSpec:
         flags = (
