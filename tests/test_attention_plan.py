@@ -180,11 +180,11 @@ def test_two_key_stream_plans_split_for_four_ctas_per_sm():
 
 def test_two_and_eight_key_streams_only_for_16_row_tiles():
     # Two rows of a group of 8 are 16 packed rows (shape 4); three are 24 (shape 1, 64 rows).
-    assert choose_cta(16, 128, unsplit_ctas=400, num_sms=SMS) == 4
-    assert choose_cta(24, 128, unsplit_ctas=400, num_sms=SMS) == 1
-    assert choose_cta(16, 128, unsplit_ctas=100, num_sms=SMS) == 5
-    assert choose_cta(24, 128, unsplit_ctas=100, num_sms=SMS) == 1
-    assert choose_cta(16, 256, unsplit_ctas=100, num_sms=SMS) == 0  # no shape 5 at 256
+    assert choose_cta(16, 128, batch_ctas=400, num_sms=SMS) == 4
+    assert choose_cta(24, 128, batch_ctas=400, num_sms=SMS) == 1
+    assert choose_cta(16, 128, batch_ctas=100, num_sms=SMS) == 5
+    assert choose_cta(24, 128, batch_ctas=100, num_sms=SMS) == 1
+    assert choose_cta(16, 256, batch_ctas=100, num_sms=SMS) == 0  # no shape 5 at 256
     assert choose_cta(16, 128) == 0  # nothing known of the batch: four streams
 
 
@@ -224,3 +224,12 @@ def test_schedule_matches_an_item_by_item_model():
             rows = [c for c, q in zip(chunks, qo_lens) for _ in range(q)]
             assert merge == [0] + list(itertools.accumulate(rows))
             assert plan.num_partials == sum(rows)
+
+
+@pytest.mark.parametrize("chunk, cta", [(256, 0), (512, 4), (2048, 5), (0, 5)])
+def test_decode_shape_follows_the_callers_fixed_split(chunk, cta):
+    # 1 x 32768 at 8 KV heads in chunks of 256 is 1024 CTAs: more than four per SM, four key
+    # streams; 512 CTAs: two streams; 128 (or unsplit): eight.
+    plan, _ = schedule([1], [32768], group_size=4, num_kv_heads=8, head_dim=128, num_sms=SMS,
+                       kv_chunk_size=chunk)
+    assert plan.cta == cta and plan.kv_chunk_size == chunk

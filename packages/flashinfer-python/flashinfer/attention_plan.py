@@ -82,13 +82,13 @@ class AttentionPlan:
 CTAS_PER_SM = {0: 2, 1: 2, 2: 2, 3: 1, 4: 4, 5: 1}
 
 
-def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, unsplit_ctas: int = 0,
+def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, batch_ctas: int = 0,
                num_sms: int = 0) -> int:
     """The CTA shape for a batch whose longest request has ``max_packed_rows`` packed rows.
 
     16 rows when every request fits one MMA tile (decode, short queries), with as many
-    independent key streams as keep the memory system busy for the batch's ``unsplit_ctas``
-    (16-row tiles x KV heads): eight (shape 5, one CTA per SM; head_dim <= 128) when they fit one
+    independent key streams as keep the memory system busy for the batch's ``batch_ctas``
+    (16-row tiles x KV heads, times the chunks of the caller's fixed KV split if any): eight (shape 5, one CTA per SM; head_dim <= 128) when they fit one
     per SM, split or not (H100: 1 x 32768 55.0 vs 56.3 us, 16 x 4096 95.3 vs 97.7 us); four
     (shape 0) up to two per SM and beyond four; two (shape 4, four CTAs per SM) in between: one
     wave of the narrow shape instead of two of the wide one (64 x 4096 at 8 KV heads: 348.9 vs
@@ -100,17 +100,17 @@ def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, unsplit_
 
     Examples
     --------
-    >>> choose_cta(8, 128, unsplit_ctas=512, num_sms=132)
+    >>> choose_cta(8, 128, batch_ctas=512, num_sms=132)
     4
-    >>> choose_cta(8, 128, unsplit_ctas=1024, num_sms=132)
+    >>> choose_cta(8, 128, batch_ctas=1024, num_sms=132)
     0
-    >>> choose_cta(8, 128, unsplit_ctas=8, num_sms=132)
+    >>> choose_cta(8, 128, batch_ctas=8, num_sms=132)
     5
     """
     if max_packed_rows <= 16:
-        if 0 < num_sms and unsplit_ctas <= CTAS_PER_SM[5] * num_sms and head_dim <= 128:
+        if 0 < num_sms and batch_ctas <= CTAS_PER_SM[5] * num_sms and head_dim <= 128:
             return 5
-        two_streams = CTAS_PER_SM[0] * num_sms < unsplit_ctas <= CTAS_PER_SM[4] * num_sms
+        two_streams = CTAS_PER_SM[0] * num_sms < batch_ctas <= CTAS_PER_SM[4] * num_sms
         return 4 if two_streams else 0
     if sm90 and max_packed_rows > 64:
         return 3
@@ -242,8 +242,10 @@ def schedule(
         raise ValueError("sequence lengths must be >= 0")
     max_rows = max(qo_lens, default=0) * group_size
     if cta is None:
-        unsplit = num_kv_heads * sum(-(-q * group_size // 16) for q in qo_lens)
-        cta = choose_cta(max_rows, head_dim, sm90, unsplit, num_sms)
+        fixed = kv_chunk_size if kv_chunk_size and not disable_split_kv else 0
+        batch_ctas = num_kv_heads * sum(-(-q * group_size // 16) * _num_chunks(k, fixed)
+                                        for q, k in zip(qo_lens, kv_lens))
+        cta = choose_cta(max_rows, head_dim, sm90, batch_ctas, num_sms)
     if ctas_per_sm is None:
         ctas_per_sm = CTAS_PER_SM[cta]
     tile_q = tile_rows(cta, head_dim)
