@@ -327,3 +327,38 @@ def test_decode_run_rejects_a_cache_with_other_kv_heads_on_cpu(monkeypatch):
     with pytest.raises(ValueError, match=r"planned num_kv_heads \(2\), got 4"):
         w.run(q, torch.cat([cache, cache], dim=3), enable_pdl=False)
     assert not fake.calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_cuda_graph", [False, True])
+def test_metadata_on_the_host_or_the_device_give_the_same_output(use_cuda_graph):
+    """plan() stages host metadata through the workspace's pinned mirror in one copy (into the
+    caller's buffers in graph mode) and copies device metadata as it is: same output, twice
+    (the second plan overwrites the first one's staged metadata)."""
+    gen = torch.Generator().manual_seed(11)
+    dtype, hq, hkv, d, page = torch.bfloat16, 16, 4, 128, 16
+    batch = 4
+    q = torch.randn(batch, hq, d, generator=gen).to(dtype).cuda()
+    outs = {}
+    for where in ("cuda", "cpu"):
+        bufs = {}
+        if use_cuda_graph:
+            bufs = dict(use_cuda_graph=True,
+                        paged_kv_indptr_buffer=torch.empty(batch + 1, dtype=torch.int32,
+                                                           device="cuda"),
+                        paged_kv_indices_buffer=torch.empty(8000, dtype=torch.int32,
+                                                            device="cuda"),
+                        paged_kv_last_page_len_buffer=torch.empty(batch, dtype=torch.int32,
+                                                                  device="cuda"))
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD", **bufs)
+        for kv_lens in ([700, 0, 33, 4000], [1, 17, 5000, 64]):
+            g = torch.Generator().manual_seed(sum(kv_lens))
+            cache, indptr, indices, last, seqs = make_paged(kv_lens, page, hkv, d, dtype, "cuda",
+                                                            "NHD", False, g)
+            w.plan(indptr.to(where), indices.to(where), last.to(where), hq, hkv, d, page,
+                   q_data_type=dtype)
+            o = w.run(q, cache)
+            _check(o, None, q, seqs, dtype)
+            outs.setdefault(tuple(kv_lens), []).append(o)
+    for a, b in outs.values():
+        assert torch.equal(a, b)

@@ -460,3 +460,38 @@ def test_every_fa2_cta_shape_on_any_batch(monkeypatch, cta, causal, split, head_
     o, lse = w.run(q, k, v, return_lse=True)
     _check_ragged(o, lse, q, k, v, qi, ki, dtype, causal=causal)
     assert int(w._ws.counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_prefill_metadata_on_the_host_or_the_device(paged):
+    """Host metadata is staged in one copy, device metadata copied as it is: same output."""
+    gen = torch.Generator().manual_seed(12)
+    dtype, hq, hkv, d, page = torch.float16, 8, 2, 128, 16
+    qo_lens, kv_lens = [3, 0, 40, 17], [100, 9, 40, 300]
+    qi = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(sum(qo_lens), hq, d, generator=gen).to(dtype).cuda()
+    outs = []
+    for where in ("cuda", "cpu"):
+        w_ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+        if paged:
+            cache, indptr, indices, last, seqs = make_paged(kv_lens, page, hkv, d, dtype, "cuda",
+                                                            "NHD", False,
+                                                            torch.Generator().manual_seed(1))
+            w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(w_ws, "NHD")
+            w.plan(qi.to(where), indptr.to(where), indices.to(where), last.to(where), hq, hkv,
+                   d, page, causal=True, q_data_type=dtype)
+            outs.append(w.run(q, cache))
+        else:
+            _, k, v, _, ki = _ragged_batch(qo_lens, kv_lens, hq, hkv, d, dtype,
+                                           torch.Generator().manual_seed(1))
+            w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(w_ws)
+            w.plan(qi.to(where), ki.to(where), hq, hkv, d, causal=True, q_data_type=dtype)
+            outs.append(w.run(q, k, v))
+    assert torch.equal(outs[0], outs[1])
+    if paged:
+        for b, (kk, vv) in enumerate(seqs):
+            ro, _ = attention_ref(q[qi[b]:qi[b + 1]], kk, vv, causal=True)
+            _close(outs[1][qi[b]:qi[b + 1]], ro, dtype)
+    else:
+        _check_ragged(outs[1], None, q, k, v, qi, ki, dtype, causal=True)

@@ -180,6 +180,11 @@ class Workspace:
                              f"{offset + length}")
         return ints[offset: offset + length]
 
+    @property
+    def aux_room(self) -> int:
+        """Ints of the int workspace from ``AUX_OFFSET`` on (the batch metadata)."""
+        return self.int_ws.numel() * self.int_ws.element_size() // 4 - AUX_OFFSET
+
     def upload(self, host: torch.Tensor, offset: int = 0, non_blocking: bool = True) -> torch.Tensor:
         """Copy the int32 CPU tensor ``host`` into the int workspace at ``offset``; returns the
         device view. Goes through a pinned mirror, whose ints are reused once the earlier copy out

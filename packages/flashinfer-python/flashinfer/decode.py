@@ -171,20 +171,13 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
         if self._use_cuda_graph and batch != self._fixed_batch:
             raise ValueError(f"CUDA-graph mode: the batch size is fixed to {self._fixed_batch} "
                              f"(len(paged_kv_last_page_len_buffer)), got {batch}")
-        device = self._ws.device
-        self._kv_indptr = self._copy_into(self._bufs["kv_indptr"],
-                                          indptr.to(device, torch.int32, non_blocking=True),
-                                          "indptr", non_blocking)
-        self._kv_indices = self._copy_into(self._bufs["kv_indices"],
-                                           indices.to(device, torch.int32, non_blocking=True),
-                                           "indices", non_blocking)
-        self._kv_last_page_len = self._copy_into(
-            self._bufs["kv_last_page_len"], last_page_len.to(device, torch.int32,
-                                                             non_blocking=True),
-            "last_page_len", non_blocking)
+        self._kv_indptr, self._kv_indices, self._kv_last_page_len, self._qo_indptr = \
+            self._device_ints([(self._bufs["kv_indptr"], indptr, "indptr"),
+                               (self._bufs["kv_indices"], indices, "indices"),
+                               (self._bufs["kv_last_page_len"], last_page_len, "last_page_len"),
+                               (None, torch.arange(batch + 1, dtype=torch.int32), "qo_indptr")],
+                              non_blocking)
         self._batch = batch
-        self._qo_indptr = self._ws.upload(torch.arange(batch + 1, dtype=torch.int32),
-                                          rt.AUX_OFFSET, non_blocking)
         self._variant = _variant(self._q_dtype, self._o_dtype, head_dim, "none",
                                  pos_encoding_mode, paged=True)
         plan, buf = self._schedule([1] * batch, kv_lens, num_qo_heads, num_kv_heads, head_dim,
