@@ -333,8 +333,9 @@ def test_decode_run_rejects_a_cache_with_other_kv_heads_on_cpu(monkeypatch):
 @pytest.mark.parametrize("use_cuda_graph", [False, True])
 def test_metadata_on_the_host_or_the_device_give_the_same_output(use_cuda_graph):
     """plan() stages host metadata through the workspace's pinned mirror in one copy (into the
-    caller's buffers in graph mode) and copies device metadata as it is: same output, twice
-    (the second plan overwrites the first one's staged metadata)."""
+    caller's buffers in graph mode) and copies device metadata as it is: same output, for two
+    plans of different page counts (the second overwrites the first one's staged metadata; in
+    graph mode the run captured after the first plan is replayed after the second)."""
     gen = torch.Generator().manual_seed(11)
     dtype, hq, hkv, d, page = torch.bfloat16, 16, 4, 128, 16
     batch = 4
@@ -351,14 +352,26 @@ def test_metadata_on_the_host_or_the_device_give_the_same_output(use_cuda_graph)
                         paged_kv_last_page_len_buffer=torch.empty(batch, dtype=torch.int32,
                                                                   device="cuda"))
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD", **bufs)
-        for kv_lens in ([700, 0, 33, 4000], [1, 17, 5000, 64]):
-            g = torch.Generator().manual_seed(sum(kv_lens))
-            cache, indptr, indices, last, seqs = make_paged(kv_lens, page, hkv, d, dtype, "cuda",
-                                                            "NHD", False, g)
-            w.plan(indptr.to(where), indices.to(where), last.to(where), hq, hkv, d, page,
-                   q_data_type=dtype)
-            o = w.run(q, cache)
-            _check(o, None, q, seqs, dtype)
-            outs.setdefault(tuple(kv_lens), []).append(o)
+        # One cache holds both batches' pages (a captured run keeps its pointer).
+        first, second = [700, 0, 33, 4000], [1, 17, 5000, 64]
+        cache, indptr, indices, last, seqs = make_paged(first + second, page, hkv, d, dtype,
+                                                        "cuda", "NHD", False,
+                                                        torch.Generator().manual_seed(5))
+        out, graph = torch.empty_like(q), None
+        for part in (slice(0, batch), slice(batch, 2 * batch)):
+            pages = indptr[part.start:part.stop + 1]
+            w.plan(pages.sub(pages[0]).to(where), indices[pages[0]:pages[-1]].to(where),
+                   last[part].to(where), hq, hkv, d, page, q_data_type=dtype)
+            if graph is None and use_cuda_graph:
+                w.run(q, cache, out=out)  # warm-up outside the capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    w.run(q, cache, out=out)
+            if graph is not None:
+                graph.replay()
+            else:
+                w.run(q, cache, out=out)
+            _check(out, None, q, seqs[part], dtype)
+            outs.setdefault(part.start, []).append(out.clone())
     for a, b in outs.values():
         assert torch.equal(a, b)

@@ -171,11 +171,12 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
         if self._use_cuda_graph and batch != self._fixed_batch:
             raise ValueError(f"CUDA-graph mode: the batch size is fixed to {self._fixed_batch} "
                              f"(len(paged_kv_last_page_len_buffer)), got {batch}")
-        self._kv_indptr, self._kv_indices, self._kv_last_page_len, self._qo_indptr = \
-            self._device_ints([(self._bufs["kv_indptr"], indptr, "indptr"),
+        # qo_indptr first: at a fixed address, which a captured run keeps reading.
+        self._qo_indptr, self._kv_indptr, self._kv_indices, self._kv_last_page_len = \
+            self._device_ints([(None, torch.arange(batch + 1, dtype=torch.int32), "qo_indptr"),
+                               (self._bufs["kv_indptr"], indptr, "indptr"),
                                (self._bufs["kv_indices"], indices, "indices"),
-                               (self._bufs["kv_last_page_len"], last_page_len, "last_page_len"),
-                               (None, torch.arange(batch + 1, dtype=torch.int32), "qo_indptr")],
+                               (self._bufs["kv_last_page_len"], last_page_len, "last_page_len")],
                               non_blocking)
         self._batch = batch
         self._variant = _variant(self._q_dtype, self._o_dtype, head_dim, "none",
