@@ -20,7 +20,7 @@ import flashinfer.prefill as prefill  # noqa: E402
 import harness  # noqa: E402
 
 
-def _patched(name: str, **overrides):
+def _patched(name: str, batch: int = 0, kv_len: int = 0, **overrides):
     """A graph-wrapper case whose schedule calls take ``overrides`` (item_capacity as a factor
     of the batch when ``capacity_factor`` is given)."""
     original = prefill.schedule
@@ -39,7 +39,7 @@ def _patched(name: str, **overrides):
 
     prefill.schedule = schedule
     try:
-        case = ba._decode(BATCH, KV, True, 362.8, "<= 350 us",
+        case = ba._decode(batch or BATCH, kv_len or KV, True, None, "",
                           note=f", {'CUDA-graph' if graph else 'plain'} wrapper, {name}",
                           graph_wrapper=graph, enable_pdl=pdl)
     finally:

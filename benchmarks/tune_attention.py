@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import bench_attention as ba  # noqa: E402
+import graph_decode as gd  # noqa: E402
 import torch  # noqa: E402
 from attention_ref import attention_ref  # noqa: E402
 
@@ -57,6 +58,9 @@ VARIANTS = {
     # Fewer key streams: more CTAs per SM (registers: two streams four per SM, so batch 64 x 8
     # KV heads runs in one wave; three streams three per SM); eight: one per SM (registers),
     # twice the bytes in flight.
+    # A one-dimensional grid (the same item-major order): do idle CTAs at the end of a
+    # two-dimensional grid's launch order cost time (benchmarks/graph_decode.py)?
+    "grid 1d": ("GRID_1D=1",),
     "cta0 2 streams": ("CTA0_WARPS_KV=2",),
     "cta0 3 streams": ("CTA0_WARPS_KV=3",),
     "cta0 8 streams": ("CTA0_WARPS_KV=8",),
@@ -148,6 +152,13 @@ def cases(decode_only: bool = False):
         ba._decode(1, 131072, True, None, "", 8192, ", chunk 8192"),
         ba._decode(4, 16384, True, None, ""),
         ba._decode(4, 16384, True, None, "", 4096, ", chunk 4096"),
+        # Idle CTAs (items beyond the plan's, as a CUDA-graph plan's capacity leaves them).
+        gd._patched("+2 idle items", capacity_extra=2, graph_wrapper=False),
+        gd._patched("+0 idle items", capacity_extra=0, graph_wrapper=False),
+        gd._patched("+9 idle items", 8, 1024, capacity_extra=9, graph_wrapper=False,
+                    kv_chunk_size=0),
+        gd._patched("+0 idle items", 8, 1024, capacity_extra=0, graph_wrapper=False,
+                    kv_chunk_size=0),
     ]
     if decode_only:
         return out
