@@ -58,9 +58,8 @@ VARIANTS = {
     # Fewer key streams: more CTAs per SM (registers: two streams four per SM, so batch 64 x 8
     # KV heads runs in one wave; three streams three per SM); eight: one per SM (registers),
     # twice the bytes in flight.
-    # A one-dimensional grid (the same item-major order): do idle CTAs at the end of a
-    # two-dimensional grid's launch order cost time (benchmarks/graph_decode.py)?
-    "grid 1d": ("GRID_1D=1",),
+    # (A one-dimensional grid, GRID_1D at cca4158, did not change the cost of idle CTAs at the
+    # end of the launch order: benchmarks/NOTES.md. Removed.)
     "cta0 2 streams": ("CTA0_WARPS_KV=2",),
     "cta0 3 streams": ("CTA0_WARPS_KV=3",),
     "cta0 8 streams": ("CTA0_WARPS_KV=8",),

@@ -47,11 +47,6 @@
 #ifndef FLASHINFER_ATTENTION_ITEM_MAJOR_GRID
 #define FLASHINFER_ATTENTION_ITEM_MAJOR_GRID 1
 #endif
-// Item-major over a one-dimensional grid of grid_x * num_kv_heads CTAs (0: a (grid_x,
-// num_kv_heads) grid): a switch for benchmarks/tune_attention.py.
-#ifndef FLASHINFER_ATTENTION_GRID_1D
-#define FLASHINFER_ATTENTION_GRID_1D 0
-#endif
 
 namespace flashinfer {
 namespace attn {
@@ -452,26 +447,20 @@ __global__ void __launch_bounds__(KT::kThreads,
   // + gridDim.x of that head): the KV heads of one item run side by side and read neighbouring
   // rows of the same pages (decode 128 x 8192 1421 vs 1437 us with (blockIdx.x, blockIdx.y)
   // on the H100; benchmarks/NOTES.md).
-#if FLASHINFER_ATTENTION_GRID_1D
-  const uint32_t items_per_pass = gridDim.x / uint32_t(p.num_kv_heads);
-  const int first = int(blockIdx.x / uint32_t(p.num_kv_heads));
-  const uint32_t kv_head = blockIdx.x % uint32_t(p.num_kv_heads);
-#elif FLASHINFER_ATTENTION_ITEM_MAJOR_GRID
-  const uint32_t items_per_pass = gridDim.x;
+#if FLASHINFER_ATTENTION_ITEM_MAJOR_GRID
   const uint32_t linear = blockIdx.y * gridDim.x + blockIdx.x;
   const int first = int(linear / uint32_t(p.num_kv_heads));
   const uint32_t kv_head = linear % uint32_t(p.num_kv_heads);
 #else
-  const uint32_t items_per_pass = gridDim.x;
   const int first = blockIdx.x;
   const uint32_t kv_head = blockIdx.y;
 #endif
   // The first item's plan entries are loaded together with num_items, not after it: each is a
-  // dependent load ahead of the first K/V bytes (first < items_per_pass <= the item capacity).
+  // dependent load ahead of the first K/V bytes (first < gridDim.x <= the item capacity).
   ItemIds ids = load_item_ids(p, first);
-  for (int item = first; item < num_items; item += items_per_pass) {
+  for (int item = first; item < num_items; item += gridDim.x) {
     attention_item<KT>(p, ids, kv_head, smem);
-    if (item + int(items_per_pass) < num_items) ids = load_item_ids(p, item + items_per_pass);
+    if (item + int(gridDim.x) < num_items) ids = load_item_ids(p, item + gridDim.x);
     __syncthreads();  // shared memory is reused by the next item
   }
   pdl_launch_dependents();
@@ -492,12 +481,7 @@ cudaError_t LaunchAttention(const AttentionParams& p, int grid_x, bool enable_pd
     if (err != cudaSuccess) return err;
   }
   if (grid_x <= 0) return cudaSuccess;
-#if FLASHINFER_ATTENTION_GRID_1D
-  const dim3 grid(grid_x * p.num_kv_heads);
-#else
-  const dim3 grid(grid_x, p.num_kv_heads);
-#endif
-  return launch_kernel(kernel, grid, dim3(KT::kThreads), smem, stream,
+  return launch_kernel(kernel, dim3(grid_x, p.num_kv_heads), dim3(KT::kThreads), smem, stream,
                        enable_pdl, p);
 }
 
