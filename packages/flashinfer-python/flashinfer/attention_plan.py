@@ -264,6 +264,7 @@ def schedule(
         chunk = choose_chunk_size(kv_lens, qtiles, num_kv_heads, target)
 
     # The items as four columns and their costs (keys each sees); one slot per (request, tile).
+    # Chunks per request (_num_chunks, inlined: this runs once per request per plan).
     chunks = [-(-k // chunk) or 1 for k in kv_lens] if chunk > 0 else [1] * len(kv_lens)
     one_per_request = max(qtiles, default=0) <= 1 and max(chunks, default=1) == 1
     if one_per_request:
