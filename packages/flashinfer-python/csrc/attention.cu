@@ -37,7 +37,7 @@ template <int WQ, int WKV, int MQ, int MKV, int STAGES = FLASHINFER_ATTENTION_ST
 using Traits =
     KernelTraits<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, WKV, MQ, MKV, STAGES>;
 
-// CTA shapes (the `cta` argument of run; flashinfer/jit/attention.py mirrors this table):
+// CTA shapes (the `cta` argument of run; flashinfer/attention_plan.py mirrors this table):
 //   0: 16 rows,  1 x 4 warps (decode, short queries), 16-key steps
 //   1: 64 rows,  4 x 1 warps, one 16-row MMA tile per warp
 //   2: 128 rows, 4 x 1 warps, two MMA tiles per warp (head_dim <= 128: register budget)
@@ -73,7 +73,7 @@ using Cta4 = Traits<1, 2, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV, FLASHINFER_ATTENT
 // against shape 0 at two per SM: 1 x 32768 55.0 vs 56.3 us, 1 x 131072 183.6 vs 186.2, 16 x
 // 4096 95.3 vs 97.7, 4 x 16384 equal; benchmarks/NOTES.md). head_dim 256 needs twice the
 // shared memory: there Cta5 names shape 4 as a stand-in that is never launched.
-// flashinfer/jit/attention.py (AttentionVariant.has_cta5) mirrors this rule.
+// flashinfer/attention_plan.py (choose_cta) mirrors this rule.
 constexpr bool kHasCta5 = kHeadDim <= 128;
 using Cta5 = Traits<1, kHasCta5 ? 8 : 2, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
                     FLASHINFER_ATTENTION_CTA0_STAGES>;

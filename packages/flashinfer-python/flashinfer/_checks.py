@@ -11,6 +11,8 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
+from .utils import device_support_pdl
+
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -84,22 +86,11 @@ def check_out(
         raise ValueError(f"{name} must be on {device}, got {out.device}")
 
 
-# device -> PDL support, for devices with an index (a tensor's device always has one).
-_PDL_SUPPORT: dict = {}
-
-
 def resolve_pdl(enable_pdl: Optional[bool], device: torch.device) -> bool:
     """``None`` means on iff the device supports Programmatic Dependent Launch (SM90+)."""
-    if enable_pdl is not None:
-        return bool(enable_pdl)
-    supported = _PDL_SUPPORT.get(device)
-    if supported is None:
-        from .utils import device_support_pdl
-
-        supported = device_support_pdl(device)
-        if getattr(device, "index", None) is not None:
-            _PDL_SUPPORT[device] = supported
-    return supported
+    if enable_pdl is None:
+        return device_support_pdl(device)
+    return bool(enable_pdl)
 
 
 def check_backend(backend: str) -> None:

@@ -88,8 +88,8 @@ def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, batch_ct
 
     16 rows when every request fits one MMA tile (decode, short queries), with as many
     independent key streams as keep the memory system busy for the batch's ``batch_ctas``
-    (16-row tiles x KV heads, times the chunks of the caller's fixed KV split if any): eight (shape 5, one CTA per SM; head_dim <= 128) when they fit one
-    per SM, split or not (H100: 1 x 32768 55.0 vs 56.3 us, 16 x 4096 95.3 vs 97.7 us); four
+    (16-row tiles x KV heads, times the chunks of the caller's fixed KV split if any): eight
+    (shape 5, one CTA per SM; head_dim <= 128) when they fit one per SM, split or not (H100: 1 x 32768 55.0 vs 56.3 us, 16 x 4096 95.3 vs 97.7 us); four
     (shape 0) up to two per SM and beyond four; two (shape 4, four CTAs per SM) in between: one
     wave of the narrow shape instead of two of the wide one (64 x 4096 at 8 KV heads: 348.9 vs
     351.2 us; outside that range it measured slower). Longer queries take the Hopper
@@ -120,6 +120,7 @@ def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, batch_ct
 
 
 def tile_rows(cta: int, head_dim: int) -> int:
+    """Packed query rows per CTA of shape ``cta`` (mirrors the table in csrc/attention.cu)."""
     return {0: 16, 1: 64, 2: 128 if head_dim <= 128 else 64, 3: 128, 4: 16, 5: 16}[cta]
 
 

@@ -153,6 +153,7 @@ class Workspace:
             int_workspace_buffer = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8,
                                                device=self.device)
         self.int_ws = int_workspace_buffer
+        self._ints = int_workspace_buffer.view(torch.uint8).view(-1).view(torch.int32)
         self._pinned: Optional[torch.Tensor] = None
         # Copies out of the pinned mirror not known to be done: (first int, end, event).
         self._in_flight: list[tuple[int, int, Any]] = []
@@ -174,16 +175,15 @@ class Workspace:
         return flat[: n * num_qo_heads * head_dim], flat[n * num_qo_heads * head_dim:]
 
     def int_view(self, offset: int, length: int) -> torch.Tensor:
-        ints = self.int_ws.view(torch.uint8).view(-1).view(torch.int32)
-        if offset + length > ints.numel():
-            raise ValueError(f"the int workspace holds {ints.numel()} ints, the plan needs "
+        if offset + length > self._ints.numel():
+            raise ValueError(f"the int workspace holds {self._ints.numel()} ints, the plan needs "
                              f"{offset + length}")
-        return ints[offset: offset + length]
+        return self._ints[offset: offset + length]
 
     @property
     def aux_room(self) -> int:
         """Ints of the int workspace from ``AUX_OFFSET`` on (the batch metadata)."""
-        return self.int_ws.numel() * self.int_ws.element_size() // 4 - AUX_OFFSET
+        return self._ints.numel() - AUX_OFFSET
 
     def upload(self, host: torch.Tensor, offset: int = 0, non_blocking: bool = True) -> torch.Tensor:
         """Copy the int32 CPU tensor ``host`` into the int workspace at ``offset``; returns the
@@ -197,8 +197,7 @@ class Workspace:
             dev.copy_(host)
             return dev
         if self._pinned is None:
-            self._pinned = torch.empty(self.int_ws.numel() * self.int_ws.element_size() // 4,
-                                       dtype=torch.int32, pin_memory=True)
+            self._pinned = torch.empty(self._ints.numel(), dtype=torch.int32, pin_memory=True)
         # Wait only for earlier copies out of the same pinned ints (a plan and its auxiliary
         # arrays are staged side by side, so one plan() does not wait for its own copies).
         lo, hi = offset, offset + host.numel()

@@ -36,6 +36,8 @@ def _device_index(device: Union[torch.device, str, int, None]) -> int:
         return torch.cuda.current_device()
     if isinstance(device, int):
         return device
+    if isinstance(device, torch.device) and device.type == "cuda" and device.index is not None:
+        return device.index  # a tensor's device (every op's call): no new torch.device
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {device}")

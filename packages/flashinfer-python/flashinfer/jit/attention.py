@@ -72,11 +72,6 @@ class AttentionVariant:
         in-kernel RoPE (mirrors ``kHasSm90`` in csrc/attention.cu)."""
         return self.head_dim in (64, 128) and self.pos_encoding != "ROPE_LLAMA"
 
-    def tile_q(self, cta: int) -> int:
-        """Packed query rows per CTA of shape ``cta`` (mirrors the table in csrc/attention.cu)."""
-        return {0: 16, 1: 64, 2: 128 if self.head_dim <= 128 else 64, 3: 128, 4: 16,
-                5: 16 if self.head_dim <= 128 else 0}[cta]
-
     def spec(self) -> JitSpec:
         flags = (
             f"-DFI_DTYPE_Q={DTYPE_CODES[self.dtype_q]}",
