@@ -61,6 +61,17 @@ def test_chunk_size_splits_long_sequences_only_when_the_chip_is_not_full():
     assert ctas <= 264
 
 
+def test_chunk_size_of_one_request_is_the_searched_one():
+    """One request takes a closed form (plan runs per decode step); a second, empty request
+    (no query tiles, no CTAs) sends the same question through the search."""
+    rnd = random.Random(3)
+    for _ in range(2000):
+        kv, tiles = rnd.randint(0, 300000), rnd.choice([0, 1, 2, 7, 64])
+        heads, target = rnd.choice([1, 2, 8]), rnd.choice([8, 132, 264, 528, 1000])
+        assert choose_chunk_size([kv], [tiles], heads, target) == \
+            choose_chunk_size([kv, 0], [tiles, 0], heads, target), (kv, tiles, heads, target)
+
+
 @pytest.mark.parametrize("qo_lens, kv_lens, group_size", [
     ([1] * 7, [1, 17, 4096, 0, 33, 999, 131072], 4),  # decode with an empty request
     ([1], [32768], 8),

@@ -142,13 +142,26 @@ def choose_chunk_size(kv_lens: Sequence[int], qtiles: Sequence[int], num_kv_head
     """
     max_kv = max(kv_lens, default=0)
     base = sum(qtiles) * num_kv_heads
-    if max_kv <= min_chunk or base >= target_ctas:
+    if max_kv <= min_chunk or not base or base >= target_ctas:
         return 0
+
+    lo = max(min_chunk, align)
+    if len(kv_lens) == 1:  # closed form: the smallest aligned chunk giving at most `most` chunks
+        most = target_ctas // base
+        fewest = -(-max_kv // most)  # the smallest chunk, unaligned
+        chunk = max(lo, -(-fewest // align) * align)
+        return 0 if chunk >= max_kv else chunk
 
     def ctas(chunk: int) -> int:
         return num_kv_heads * sum(q * _num_chunks(k, chunk) for k, q in zip(kv_lens, qtiles))
 
-    lo, hi = max(min_chunk, align), math.ceil(max_kv / align) * align
+    hi = math.ceil(max_kv / align) * align
+    # The largest chunk that still splits gives a second chunk to every request longer than
+    # it; if even that is too many, nothing smaller fits either (a batch of equal lengths).
+    below = (max_kv - 1) // align * align
+    if below < lo or base + num_kv_heads * sum(q for k, q in zip(kv_lens, qtiles)
+                                               if k > below) > target_ctas:
+        return 0
     while lo < hi:  # ctas() falls as the chunk grows: find the smallest chunk that fits
         mid = (lo + hi) // 2 // align * align
         if mid < lo:
@@ -160,12 +173,21 @@ def choose_chunk_size(kv_lens: Sequence[int], qtiles: Sequence[int], num_kv_head
     return 0 if lo >= max_kv else lo
 
 
-def _tensor(values: Sequence[int], code: str = "i") -> torch.Tensor:
-    """Ints as an int32 (``"i"``) or int64 (``"q"``) tensor, converted in C (``torch.tensor``
-    of a list costs ~50 ns per element)."""
-    dtype = torch.int32 if code == "i" else torch.int64
-    return torch.frombuffer(array(code, values), dtype=dtype) if len(values) else \
-        torch.empty(0, dtype=dtype)
+def _merge_indptr(buf: array, start: int, qo_lens: Sequence[int], chunks: Sequence[int]) -> None:
+    """``buf[start:]`` (``num_rows + 1`` ints) := the partial states before each query row,
+    ``[0] + cumsum(chunks of each row's request)``."""
+    if len(buf) - start > 4097:  # long prefill: torch's ~20 us of calls beat a loop per row
+        per_row = torch.repeat_interleave(torch.tensor(chunks), torch.tensor(qo_lens))
+        torch.frombuffer(buf, dtype=torch.int32)[start + 1:] = torch.cumsum(per_row, 0)
+        return
+    # Row r (from 0) of a request whose states start after p ends at p + (r + 1) * chunks.
+    out = array("i", [0])
+    end = 0
+    for q, nc in zip(qo_lens, chunks):
+        if q:
+            out.extend(range(end + nc, end + nc * q + 1, nc))
+            end += nc * q
+    buf[start:] = out
 
 
 def _items(qo_lens, kv_lens, qtiles, chunks, tile_q, chunk, group_size, causal):
@@ -244,13 +266,19 @@ def schedule(
     max_rows = max(qo_lens, default=0) * group_size
     if cta is None:
         fixed = kv_chunk_size if kv_chunk_size and not disable_split_kv else 0
-        batch_ctas = num_kv_heads * sum(-(-q * group_size // 16) * _num_chunks(k, fixed)
-                                        for q, k in zip(qo_lens, kv_lens))
+        tiles = [1] * len(qo_lens) if max_rows <= 16 and min(qo_lens, default=0) > 0 else \
+            [-(-q * group_size // 16) for q in qo_lens]
+        if fixed:
+            tiles = [t * (-(-k // fixed) or 1) for t, k in zip(tiles, kv_lens)]
+        batch_ctas = num_kv_heads * sum(tiles)
         cta = choose_cta(max_rows, head_dim, sm90, batch_ctas, num_sms)
     if ctas_per_sm is None:
         ctas_per_sm = CTAS_PER_SM[cta]
     tile_q = tile_rows(cta, head_dim)
-    qtiles = [-(-q * group_size // tile_q) for q in qo_lens]
+    if max_rows <= tile_q and min(qo_lens, default=0) > 0:  # one tile each (decode)
+        qtiles = [1] * len(qo_lens)
+    else:
+        qtiles = [-(-q * group_size // tile_q) for q in qo_lens]
 
     if disable_split_kv or kv_chunk_size == 0:
         chunk = 0
@@ -271,8 +299,11 @@ def schedule(
     if one_per_request:
         # One item per non-empty request (decode): its keys are all visible, even causal; its
         # tile and chunk are 0 and its slot is its index.
-        req = [b for b, nq in enumerate(qtiles) if nq]
-        cost = [kv_lens[b] for b in req]
+        if min(qtiles, default=1):
+            req, cost = list(range(len(qtiles))), list(kv_lens)
+        else:
+            req = [b for b, nq in enumerate(qtiles) if nq]
+            cost = [kv_lens[b] for b in req]
     else:
         req, qtile, kchunk, slot, cost = _items(qo_lens, kv_lens, qtiles, chunks, tile_q,
                                                 chunk, group_size, causal)
@@ -280,7 +311,8 @@ def schedule(
     # short ones.
     order = sorted(range(len(cost)), key=cost.__getitem__, reverse=True)
     num_items = len(order)
-    split = force_split or any(nc > 1 for nc, q in zip(chunks, qo_lens) if q)
+    split = force_split or (not one_per_request
+                            and any(nc > 1 for nc, q in zip(chunks, qo_lens) if q))
     capacity = item_capacity if item_capacity is not None else max(1, num_items)
     if num_items > capacity:
         raise ValueError(f"the batch needs {num_items} work items, more than the "
@@ -295,20 +327,19 @@ def schedule(
         split_kv=split, num_rows=num_rows,
         num_partials=sum(q * nc for q, nc in zip(qo_lens, chunks)) if split else 0,
     )
-    buf = torch.zeros(plan_info.buffer_len, dtype=torch.int32)
+    # The buffer is built as an array and handed over as a tensor of the same memory: a plan
+    # is called per decode step, and every torch call costs microseconds (host_cost.py).
+    buf = array("i", bytes(4 * plan_info.buffer_len))
     buf[0] = num_items
     buf[1] = chunk
-    if num_items:  # request_idx, qo_tile_idx, kv_chunk_idx, merge_slot
-        cols = buf[HEADER:HEADER + 4 * capacity].view(4, capacity)
-        order_t = _tensor(order, "q")
-        if one_per_request:
-            cols[0, :num_items] = _tensor(req)[order_t]
-            cols[3, :num_items] = order_t
-        else:
-            cols[:, :num_items] = _tensor(req + qtile + kchunk + slot).view(4, -1)[:, order_t]
+    if num_items:  # request_idx, qo_tile_idx, kv_chunk_idx, merge_slot, each in `order`
+        cols = (req, None, None, None) if one_per_request else (req, qtile, kchunk, slot)
+        for c, col in enumerate(cols):
+            at = HEADER + c * capacity
+            if col is not None:
+                buf[at:at + num_items] = array("i", map(col.__getitem__, order))
+        if one_per_request:  # each request's slot is its item's index in request order
+            buf[HEADER + 3 * capacity:HEADER + 3 * capacity + num_items] = array("i", order)
     if split:
-        per_row = torch.repeat_interleave(_tensor(chunks, "q"), _tensor(qo_lens, "q"))
-        merge = torch.zeros(num_rows + 1, dtype=torch.int64)
-        merge[1:] = torch.cumsum(per_row, 0)
-        buf[HEADER + 4 * capacity:] = merge.to(torch.int32)
-    return plan_info, buf
+        _merge_indptr(buf, HEADER + 4 * capacity, qo_lens, chunks)
+    return plan_info, torch.frombuffer(buf, dtype=torch.int32)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
@@ -17,14 +17,10 @@ from .jit.attention import AttentionVariant
 KV_LAYOUTS = {"NHD": 0, "HND": 1}
 POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
 INT_WORKSPACE_BYTES = 8 << 20
-# The int workspace holds the plan first and auxiliary index arrays (decode's qo_indptr, the
-# single-request indptrs) from this int offset on.
-AUX_OFFSET = 1 << 20
-# Just below them, the split-KV merge counters (item_capacity x num_kv_heads of them are used;
-# csrc/attention.cu): zeroed with the workspace, left at 0 by every launch.
+# The int workspace holds a plan and the batch's metadata from int 0 on (Workspace.stage) and,
+# in its last MERGE_COUNTERS ints, the split-KV merge counters (item_capacity x num_kv_heads of
+# them are used; csrc/attention.cu): zeroed with the workspace, left at 0 by every launch.
 MERGE_COUNTERS = 1 << 17
-COUNTERS_OFFSET = AUX_OFFSET - MERGE_COUNTERS
-
 _DTYPE_NAMES = {
     "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -148,16 +144,19 @@ class Workspace:
         if float_workspace_buffer.data_ptr() % 16:
             raise ValueError("float_workspace_buffer must be 16-byte aligned")
         self.float_ws = float_workspace_buffer
+        self._partials: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.device = float_workspace_buffer.device
         if int_workspace_buffer is None:
             int_workspace_buffer = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8,
                                                device=self.device)
         self.int_ws = int_workspace_buffer
         self._ints = int_workspace_buffer.view(torch.uint8).view(-1).view(torch.int32)
+        if self._ints.numel() <= MERGE_COUNTERS:
+            raise ValueError(f"int_workspace_buffer must hold more than {MERGE_COUNTERS * 4} "
+                             f"bytes, got {self._ints.numel() * 4}")
         self._pinned: Optional[torch.Tensor] = None
-        # Copies out of the pinned mirror not known to be done: (first int, end, event).
-        self._in_flight: list[tuple[int, int, Any]] = []
-        self.counters = self.int_view(COUNTERS_OFFSET, MERGE_COUNTERS)
+        self._last_copy: Any = None  # the event after the latest copy out of the pinned mirror
+        self.counters = self._ints[-MERGE_COUNTERS:]
         self.counters.zero_()
 
     @property
@@ -168,52 +167,79 @@ class Workspace:
         return self.float_bytes // (num_qo_heads * (head_dim + 1) * 4)
 
     def partial_views(self, num_qo_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(o_part, lse_part): float32 views of the float workspace, as many states as fit."""
-        n = self.max_partials(num_qo_heads, head_dim)
-        flat = self.float_ws.view(torch.uint8).view(-1)[: n * num_qo_heads * (head_dim + 1) * 4]
-        flat = flat.view(torch.float32)
-        return flat[: n * num_qo_heads * head_dim], flat[n * num_qo_heads * head_dim:]
-
-    def int_view(self, offset: int, length: int) -> torch.Tensor:
-        if offset + length > self._ints.numel():
-            raise ValueError(f"the int workspace holds {self._ints.numel()} ints, the plan needs "
-                             f"{offset + length}")
-        return self._ints[offset: offset + length]
+        """(o_part, lse_part): float32 views of the float workspace, as many states as fit (made
+        once per shape: a plan's first run asks for them every decode step)."""
+        key = (num_qo_heads, head_dim)
+        if key not in self._partials:
+            n = self.max_partials(num_qo_heads, head_dim)
+            flat = self.float_ws.view(torch.uint8).view(-1)[: n * num_qo_heads * (head_dim + 1) * 4]
+            flat = flat.view(torch.float32)
+            self._partials[key] = (flat[: n * num_qo_heads * head_dim],
+                                   flat[n * num_qo_heads * head_dim:])
+        return self._partials[key]
 
     @property
-    def aux_room(self) -> int:
-        """Ints of the int workspace from ``AUX_OFFSET`` on (the batch metadata)."""
-        return self._ints.numel() - AUX_OFFSET
+    def room(self) -> int:
+        """Ints of the int workspace for a plan and its metadata (all but the counters)."""
+        return self._ints.numel() - MERGE_COUNTERS
 
-    def upload(self, host: torch.Tensor, offset: int = 0, non_blocking: bool = True) -> torch.Tensor:
-        """Copy the int32 CPU tensor ``host`` into the int workspace at ``offset``; returns the
-        device view. Goes through a pinned mirror, whose ints are reused once the earlier copy out
-        of them has finished."""
-        if offset < COUNTERS_OFFSET < offset + host.numel():
-            raise ValueError(f"the plan needs {host.numel()} ints, the int workspace has room "
-                             f"for {COUNTERS_OFFSET - offset}; plan a smaller batch")
-        dev = self.int_view(offset, host.numel())
-        if self.device.type != "cuda":
-            dev.copy_(host)
-            return dev
-        if self._pinned is None:
-            self._pinned = torch.empty(self._ints.numel(), dtype=torch.int32, pin_memory=True)
-        # Wait only for earlier copies out of the same pinned ints (a plan and its auxiliary
-        # arrays are staged side by side, so one plan() does not wait for its own copies).
-        lo, hi = offset, offset + host.numel()
-        pending = []
-        for first, end, event in self._in_flight:
-            if first < hi and lo < end:
-                event.synchronize()
-            elif not event.query():
-                pending.append((first, end, event))
-        stage = self._pinned[lo:hi]
-        stage.copy_(host)
-        dev.copy_(stage, non_blocking=non_blocking)
-        done = torch.cuda.Event()
-        done.record()
-        self._in_flight = pending + [(lo, hi, done)]
-        return dev
+    def stage(self, items: Sequence[tuple[Optional[torch.Tensor], torch.Tensor, str]],
+              non_blocking: bool = True) -> list[torch.Tensor]:
+        """Put a plan and its batch's metadata on the device: ``items`` are ``(graph buffer or
+        None, int tensor, name)``, the plan first; returns each as an int32 device tensor.
+
+        Host tensors without a graph buffer are laid out one after another from int 0 of the
+        int workspace and copied in one go through the pinned mirror, those with one are copied
+        into it from the mirror; a copy per tensor, pageable or not, costs each plan tens of
+        microseconds. Device tensors are used as they are (copied into their graph buffer).
+        What does not fit the workspace is copied on its own. In graph mode the plan's length
+        is fixed, so the arrays after it keep their addresses (a captured run reads them)."""
+        on_device = self.device.type == "cuda"
+        # Host tensors are laid out in the mirror one after another: the workspace's first
+        # (the plan at 0, then the rest of its one copy), then those bound for graph buffers.
+        ranks = sorted(range(len(items)), key=lambda i: items[i][0] is not None)
+        at: dict[int, int] = {}
+        parts = []
+        end = block = 0
+        for i in ranks:
+            t = items[i][1]
+            n = t.numel()
+            if not t.is_cuda and end + n <= self.room:
+                at[i] = end
+                parts.append(t if t.dim() == 1 else t.reshape(-1))
+                end += n
+                if items[i][0] is None:
+                    block = end
+        if 0 not in at:
+            raise ValueError(f"the plan needs {items[0][1].numel()} ints, the int workspace has "
+                             f"room for {self.room}; plan a smaller batch")
+        if on_device:
+            if self._pinned is None:
+                self._pinned = torch.empty(self._ints.numel(), dtype=torch.int32,
+                                           pin_memory=True)
+            if self._last_copy is not None:
+                self._last_copy.synchronize()  # the mirror's ints may still be copied out
+        mirror = self._pinned if on_device else self._ints
+        torch.cat(parts, out=mirror[:end])  # and to int32
+        if on_device:
+            self._ints[:block].copy_(mirror[:block], non_blocking=non_blocking)
+        out = []
+        for i, (buf, t, name) in enumerate(items):
+            n = t.numel()
+            if buf is None:
+                out.append(self._ints[at[i]:at[i] + n] if i in at
+                           else t.to(self.device, torch.int32, non_blocking=True))
+                continue
+            if n > buf.numel():
+                raise ValueError(f"{name} has {n} entries, its CUDA-graph buffer only "
+                                 f"{buf.numel()}")
+            buf[:n].copy_(mirror[at[i]:at[i] + n] if i in at else t.reshape(-1),
+                          non_blocking=non_blocking)
+            out.append(buf)
+        if on_device:
+            self._last_copy = torch.cuda.Event()
+            self._last_copy.record()
+        return out
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ compatibility; see :mod:`flashinfer.prefill` for the semantics.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Optional, Union
 
@@ -78,6 +79,12 @@ def single_decode_with_kv_cache(
     if return_lse:
         return result[0].squeeze(0), result[1].squeeze(0)
     return result.squeeze(0)
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(n: int) -> torch.Tensor:
+    """0..n-1 as int32 on the host (decode's qo_indptr: one query per request); not written."""
+    return torch.arange(n, dtype=torch.int32)
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
@@ -171,19 +178,19 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
         if self._use_cuda_graph and batch != self._fixed_batch:
             raise ValueError(f"CUDA-graph mode: the batch size is fixed to {self._fixed_batch} "
                              f"(len(paged_kv_last_page_len_buffer)), got {batch}")
-        # qo_indptr first: at a fixed address, which a captured run keeps reading.
-        self._qo_indptr, self._kv_indptr, self._kv_indices, self._kv_last_page_len = \
-            self._device_ints([(None, torch.arange(batch + 1, dtype=torch.int32), "qo_indptr"),
-                               (self._bufs["kv_indptr"], indptr, "indptr"),
-                               (self._bufs["kv_indices"], indices, "indices"),
-                               (self._bufs["kv_last_page_len"], last_page_len, "last_page_len")],
-                              non_blocking)
         self._batch = batch
         self._variant = _variant(self._q_dtype, self._o_dtype, head_dim, "none",
                                  pos_encoding_mode, paged=True)
         plan, buf = self._schedule([1] * batch, kv_lens, num_qo_heads, num_kv_heads, head_dim,
                                    False, fixed_split_size, disable_split_kv)
-        self._set_plan(plan, buf, non_blocking)
+        # qo_indptr right after the plan, whose length graph mode fixes: at a fixed address,
+        # which a captured run keeps reading.
+        self._qo_indptr, self._kv_indptr, self._kv_indices, self._kv_last_page_len = \
+            self._set_plan(plan, buf, [
+                (None, _arange(batch + 1), "qo_indptr"),
+                (self._bufs["kv_indptr"], indptr, "indptr"),
+                (self._bufs["kv_indices"], indices, "indices"),
+                (self._bufs["kv_last_page_len"], last_page_len, "last_page_len")], non_blocking)
 
     begin_forward = plan
 

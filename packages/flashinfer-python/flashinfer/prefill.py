@@ -17,7 +17,9 @@ CUDA graph.
 from __future__ import annotations
 
 import functools
+import operator
 import warnings
+from itertools import repeat
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -70,8 +72,8 @@ def _check_single_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 def _lens_from_indptr(indptr: list[int], name: str) -> list[int]:
     if len(indptr) < 1 or indptr[0] != 0:
         raise ValueError(f"{name} must start with 0, got {indptr[:4]}")
-    lens = [b - a for a, b in zip(indptr, indptr[1:])]
-    if min(lens, default=0) < 0:
+    lens = list(map(operator.sub, indptr[1:], indptr))  # per-request loops run in C: plan
+    if min(lens, default=0) < 0:                         # runs once per decode step
         raise ValueError(f"{name} must be non-decreasing")
     return lens
 
@@ -82,6 +84,10 @@ def paged_kv_lens(indptr: list[int], last_page_len: list[int], page_size: int) -
     if len(last_page_len) != len(pages):
         raise ValueError(f"paged_kv_last_page_len must have {len(pages)} entries (one per "
                          f"request), got {len(last_page_len)}")
+    if min(pages, default=1) > 0 and 1 <= min(last_page_len, default=1) and \
+            max(last_page_len, default=1) <= page_size:  # no empty request, all in range
+        return list(map(operator.add, map(operator.mul, pages, repeat(page_size)),
+                        map(operator.sub, last_page_len, repeat(page_size))))
     bad = [last for n, last in zip(pages, last_page_len) if n and not 1 <= last <= page_size]
     if bad:
         raise ValueError(f"paged_kv_last_page_len entries must be in [1, page_size={page_size}]"
@@ -92,7 +98,7 @@ def paged_kv_lens(indptr: list[int], last_page_len: list[int], page_size: int) -
 def _pack_mask(custom_mask: Optional[torch.Tensor], packed_custom_mask: Optional[torch.Tensor],
                qo_lens: Sequence[int], kv_lens: Sequence[int],
                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(packed bits uint8, byte offset of each request int32): row-major [qo_len, kv_len] bits per
+    """(packed bits uint8 on ``device``, byte offset of each request int32 on the host): row-major [qo_len, kv_len] bits per
     request, little-endian, each request byte-aligned (the ``segment_packbits`` layout)."""
     sizes = [q * k for q, k in zip(qo_lens, kv_lens)]
     offsets = [0]
@@ -113,7 +119,7 @@ def _pack_mask(custom_mask: Optional[torch.Tensor], packed_custom_mask: Optional
         packed = packed_custom_mask.reshape(-1).to(device=device, dtype=torch.uint8)
         if packed.numel() < offsets[-1]:
             raise ValueError(f"packed_custom_mask must hold {offsets[-1]} bytes, got {packed.numel()}")
-    return packed, torch.tensor(offsets[:-1] + [offsets[-1]], dtype=torch.int32, device=device)
+    return packed, torch.tensor(offsets, dtype=torch.int32)
 
 
 @functools.cache
@@ -237,6 +243,7 @@ def _single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encodi
     mask = mask_indptr = None
     if use_mask:
         mask, mask_indptr = _pack_mask(custom_mask, packed_custom_mask, [qo_len], [kv_len], device)
+        mask_indptr = mask_indptr.to(device)
     sm, o_scale = rt.resolve_scales(head_dim, sm_scale, None, k_scale, v_scale)
     rs, rth = rt.rope_defaults(rope_scale, rope_theta)
     o = torch.empty(qo_len, num_qo_heads, head_dim, dtype=o_dtype, device=device)
@@ -293,36 +300,6 @@ class _BatchAttentionBase:
         """``run(..., return_lse=True)``."""
         return self.run(*args, return_lse=True, **kwargs)
 
-    @staticmethod
-    def _copy_into(buf: Optional[torch.Tensor], src: torch.Tensor, name: str,
-                   non_blocking: bool) -> torch.Tensor:
-        """Graph mode: metadata lives in the caller's buffers, which the captured run reads."""
-        if buf is None:
-            return src
-        if src.numel() > buf.numel():
-            raise ValueError(f"{name} has {src.numel()} entries, its CUDA-graph buffer only "
-                             f"{buf.numel()}")
-        buf[: src.numel()].copy_(src, non_blocking=non_blocking)
-        return buf
-
-    def _device_ints(self, items: Sequence[tuple[Optional[torch.Tensor], torch.Tensor, str]],
-                     non_blocking: bool) -> list[torch.Tensor]:
-        """``(graph buffer or None, int tensor, name)`` -> the tensors as int32 on the device (in
-        the caller's buffer in graph mode). CPU tensors go through the workspace's pinned mirror
-        in one copy (a copy per tensor costs each plan tens of microseconds); tensors already on
-        the GPU, or more ints than the metadata region holds, are copied one by one."""
-        tensors = [t for _, t, _ in items]
-        device = self._ws.device
-        if device.type == "cuda" and all(t.device.type == "cpu" for t in tensors) and \
-                sum(t.numel() for t in tensors) <= self._ws.aux_room:
-            flat = torch.cat([t.reshape(-1).to(torch.int32) for t in tensors])
-            views = self._ws.upload(flat, rt.AUX_OFFSET, non_blocking).split(
-                [t.numel() for t in tensors])
-        else:
-            views = [t.to(device, torch.int32, non_blocking=True) for t in tensors]
-        return [self._copy_into(buf, view, name, non_blocking)
-                for (buf, _, name), view in zip(items, views)]
-
     def _schedule(self, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, causal,
                   fixed_split_size, disable_split_kv):
         device = self._ws.device
@@ -372,11 +349,17 @@ class _BatchAttentionBase:
                 plan = AttentionPlan(**{**plan.__dict__, "num_rows": rows})
         return plan, buf
 
-    def _set_plan(self, plan: AttentionPlan, buf: torch.Tensor, non_blocking: bool) -> None:
-        self._plan_dev = self._ws.upload(buf, 0, non_blocking)
+    def _set_plan(self, plan: AttentionPlan, buf: torch.Tensor,
+                  metadata: Sequence[tuple[Optional[torch.Tensor], torch.Tensor, str]],
+                  non_blocking: bool) -> list[torch.Tensor]:
+        """Adopt ``plan``: its buffer and the batch's ``metadata`` ``(graph buffer or None, int
+        tensor, name)`` go to the device in one staged copy (``Workspace.stage``); returns the
+        metadata's device tensors."""
+        self._plan_dev, *views = self._ws.stage([(None, buf, "plan"), *metadata], non_blocking)
         self._plan = plan
         self._launcher = None
         self._scales = rt.resolve_scales(self._head_dim, self._sm_scale, None, None, None)
+        return views
 
     def _check_run_common(self, q: torch.Tensor, out, lse, return_lse, window_left,
                           extra: dict) -> None:
@@ -476,29 +459,36 @@ class _BatchAttentionBase:
                 kwargs[name] = value
         return kwargs
 
-    def _plan_prefill(self, qo_lens, qo_indptr_dev, kv_lens, kv_indptr_dev, custom_mask,
-                      packed_custom_mask, causal, num_qo_heads, num_kv_heads, head_dim,
-                      non_blocking, fixed_split_size, disable_split_kv, bufs) -> None:
-        """Shared by both prefill wrappers once the metadata is on the device."""
+    def _plan_prefill(self, qo_lens, kv_lens, metadata, custom_mask, packed_custom_mask, causal,
+                      num_qo_heads, num_kv_heads, head_dim, non_blocking, fixed_split_size,
+                      disable_split_kv, bufs) -> list[torch.Tensor]:
+        """Shared by both prefill wrappers: ``metadata`` (``_set_plan``'s, qo_indptr and
+        kv_indptr first) goes to the device with the plan; returns it there."""
         if len(qo_lens) != len(kv_lens):
             raise ValueError(f"qo_indptr describes {len(qo_lens)} requests, the KV metadata "
                              f"{len(kv_lens)}")
-        device = self._ws.device
         use_mask = custom_mask is not None or packed_custom_mask is not None
         mask_mode = "custom" if use_mask else ("causal" if causal else "none")
-        self._mask = self._mask_indptr = None
+        self._mask = None
         if use_mask:
-            mask, mask_indptr = _pack_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, device)
-            self._mask = self._copy_into(bufs.get("custom_mask"), mask, "custom_mask", non_blocking)
-            self._mask_indptr = self._copy_into(bufs.get("mask_indptr"), mask_indptr,
-                                                "mask_indptr", non_blocking)
-        self._qo_indptr = qo_indptr_dev
-        self._kv_indptr = kv_indptr_dev
+            mask, mask_indptr = _pack_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens,
+                                           self._ws.device)
+            self._mask = mask
+            if bufs.get("custom_mask") is not None:  # graph mode: where the captured run reads
+                if mask.numel() > bufs["custom_mask"].numel():
+                    raise ValueError(f"custom_mask has {mask.numel()} bytes, its CUDA-graph "
+                                     f"buffer only {bufs['custom_mask'].numel()}")
+                self._mask = bufs["custom_mask"]
+                self._mask[:mask.numel()].copy_(mask, non_blocking=non_blocking)
+            metadata = [*metadata, (bufs.get("mask_indptr"), mask_indptr, "mask_indptr")]
         self._variant = _variant(self._q_dtype, self._o_dtype, head_dim, mask_mode,
                                  self._pos_encoding_mode, self._paged)
         plan, buf = self._schedule(qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim,
                                    mask_mode == "causal", fixed_split_size, disable_split_kv)
-        self._set_plan(plan, buf, non_blocking)
+        views = self._set_plan(plan, buf, metadata, non_blocking)
+        self._mask_indptr = views.pop() if use_mask else None
+        self._qo_indptr, self._kv_indptr = views[:2]
+        return views
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_BatchAttentionBase):
@@ -560,15 +550,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchAttentionBase):
                                 page_size)
         self._page_size = page_size
         qo_lens = _lens_from_indptr(_host_ints(qo_indptr, "qo_indptr"), "qo_indptr")
-        qo_dev, kv_indptr, self._kv_indices, self._kv_last_page_len = self._device_ints([
-            (self._bufs.get("qo_indptr"), qo_indptr, "qo_indptr"),
-            (self._bufs["kv_indptr"], paged_kv_indptr, "paged_kv_indptr"),
-            (self._bufs["kv_indices"], paged_kv_indices, "paged_kv_indices"),
-            (self._bufs["kv_last_page_len"], paged_kv_last_page_len, "paged_kv_last_page_len"),
-        ], non_blocking)
-        self._plan_prefill(qo_lens, qo_dev, kv_lens, kv_indptr, custom_mask, packed_custom_mask,
-                           causal, num_qo_heads, num_kv_heads, head_dim_qk, non_blocking,
-                           fixed_split_size, disable_split_kv, self._bufs)
+        _, _, self._kv_indices, self._kv_last_page_len = self._plan_prefill(
+            qo_lens, kv_lens, [
+                (self._bufs.get("qo_indptr"), qo_indptr, "qo_indptr"),
+                (self._bufs["kv_indptr"], paged_kv_indptr, "paged_kv_indptr"),
+                (self._bufs["kv_indices"], paged_kv_indices, "paged_kv_indices"),
+                (self._bufs["kv_last_page_len"], paged_kv_last_page_len,
+                 "paged_kv_last_page_len")],
+            custom_mask, packed_custom_mask, causal, num_qo_heads, num_kv_heads, head_dim_qk,
+            non_blocking, fixed_split_size, disable_split_kv, self._bufs)
 
     begin_forward = plan
 
@@ -646,13 +636,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchAttentionBase):
         kv_lens = _lens_from_indptr(_host_ints(kv_indptr, "kv_indptr"), "kv_indptr")
         self._kv_nnz = sum(kv_lens)
         qo_lens = _lens_from_indptr(_host_ints(qo_indptr, "qo_indptr"), "qo_indptr")
-        qo_dev, kv_dev = self._device_ints([
+        self._plan_prefill(qo_lens, kv_lens, [
             (self._bufs.get("qo_indptr"), qo_indptr, "qo_indptr"),
-            (self._bufs["kv_indptr"], kv_indptr, "kv_indptr"),
-        ], non_blocking)
-        self._plan_prefill(qo_lens, qo_dev, kv_lens, kv_dev, custom_mask, packed_custom_mask,
-                           causal, num_qo_heads, num_kv_heads, head_dim_qk, non_blocking,
-                           fixed_split_size, disable_split_kv, self._bufs)
+            (self._bufs["kv_indptr"], kv_indptr, "kv_indptr")],
+            custom_mask, packed_custom_mask, causal, num_qo_heads, num_kv_heads, head_dim_qk,
+            non_blocking, fixed_split_size, disable_split_kv, self._bufs)
 
     begin_forward = plan
 
