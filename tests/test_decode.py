@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import pytest
@@ -267,6 +268,33 @@ def test_decode_graph_capacity_on_cpu(monkeypatch, batch, cta, capacity):
     assert w._plan.cta == cta
     assert w._plan.item_capacity == w._plan.grid_x == capacity
     assert w._plan.split_kv  # graph plans always take the split path (one-chunk rows direct)
+
+
+def test_decode_graph_metadata_keeps_its_addresses_across_plans_on_cpu(monkeypatch):
+    """A captured run reads the plan, decode's qo_indptr (staged right after the plan) and the
+    caller's buffers: re-plans with other page counts, split or not, keep all their addresses
+    and leave the staged values right."""
+    import flashinfer.prefill as prefill
+
+    monkeypatch.setattr(prefill, "_num_sms", lambda device: 132)
+    batch = 3
+    bufs = dict(paged_kv_indptr_buffer=torch.empty(batch + 1, dtype=torch.int32),
+                paged_kv_indices_buffer=torch.empty(4096, dtype=torch.int32),
+                paged_kv_last_page_len_buffer=torch.empty(batch, dtype=torch.int32))
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(1 << 20, dtype=torch.uint8), "NHD", use_cuda_graph=True, **bufs)
+    seen = set()
+    for pages in ([1, 2, 3], [1000, 1, 7], [0, 5, 2]):
+        indptr = torch.tensor([0] + list(itertools.accumulate(pages)), dtype=torch.int32)
+        indices = torch.arange(sum(pages), dtype=torch.int32).flip(0)
+        last = torch.tensor([16, 3, 9], dtype=torch.int32)
+        w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+        seen.add((w._plan_dev.data_ptr(), w._qo_indptr.data_ptr(), w._kv_indptr.data_ptr(),
+                  w._kv_indices.data_ptr(), w._kv_last_page_len.data_ptr()))
+        assert w._qo_indptr.tolist() == list(range(batch + 1))
+        assert torch.equal(w._kv_indptr, indptr) and torch.equal(w._kv_last_page_len, last)
+        assert torch.equal(w._kv_indices[:sum(pages)], indices)
+    assert len(seen) == 1 and w._kv_indptr.data_ptr() == bufs["paged_kv_indptr_buffer"].data_ptr()
 
 
 class _FakeModule:
