@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from flashinfer.attention_plan import HEADER, choose_chunk_size, choose_cta, schedule
+from flashinfer.attention_plan import COLUMNS, HEADER, choose_chunk_size, choose_cta, schedule
 
 SMS = 132
 
@@ -94,7 +94,7 @@ def test_split_merge_indptr_counts_chunks_per_query_row():
     plan, buf = schedule(qo_lens, kv_lens, group_size=4, num_kv_heads=8, head_dim=128,
                          num_sms=SMS, kv_chunk_size=1024)
     assert plan.split_kv and plan.kv_chunk_size == 1024
-    merge = buf[HEADER + 4 * plan.item_capacity:].tolist()
+    merge = buf[HEADER + COLUMNS * plan.item_capacity:].tolist()
     assert merge == [0, 5, 6, 7, 8]  # 5 chunks for row 0, 1 each for the rest
     assert plan.num_partials == 8
     _check_slots(plan, buf)
@@ -121,7 +121,7 @@ def test_cuda_graph_capacity_keeps_the_launch_shape():
                          num_sms=SMS, item_capacity=64, force_split=True, cta=0)
     assert plan.grid_x == plan.item_capacity == 64 and plan.num_items == 3
     assert plan.split_kv  # forced: the captured graph always runs the merge
-    assert buf.numel() == HEADER + 4 * 64 + 3 + 1
+    assert buf.numel() == HEADER + COLUMNS * 64 + 3 + 1
     _check_slots(plan, buf)
     with pytest.raises(ValueError, match="more than the 2 this wrapper was sized for"):
         schedule([1] * 3, [10, 20, 30], group_size=4, num_kv_heads=8, head_dim=128,
@@ -224,14 +224,26 @@ def test_schedule_matches_an_item_by_item_model():
         kv_lens = [q + rnd.choice([0, 5, 999, 4096]) for q in qo_lens]
         group, causal = rnd.choice([1, 4, 8]), rnd.random() < 0.5
         kwargs = rnd.choice([{}, {"kv_chunk_size": 256}, {"disable_split_kv": True}])
+        # Paged: each request's first page-id entry, not a running sum of its keys.
+        kv_begins = rnd.choice([None, list(itertools.accumulate(
+            (rnd.randint(0, 9) for _ in qo_lens), initial=0))])
         plan, buf = schedule(qo_lens, kv_lens, group_size=group, num_kv_heads=rnd.choice([1, 8]),
-                             head_dim=128, num_sms=SMS, causal=causal, **kwargs)
+                             head_dim=128, num_sms=SMS, causal=causal, kv_begins=kv_begins,
+                             **kwargs)
         assert _items(plan, buf, columns=4) == _model_items(qo_lens, kv_lens, plan, group, causal)
+        # Columns 4-7: the item's request's first q row, q rows, first key entry, keys.
+        cap, n = plan.item_capacity, plan.num_items
+        reqs = buf[HEADER:HEADER + n].tolist()
+        for c, per_request in enumerate((list(itertools.accumulate(qo_lens, initial=0)), qo_lens,
+                                         kv_begins or list(itertools.accumulate(kv_lens, initial=0)),
+                                         kv_lens), start=4):
+            assert buf[HEADER + c * cap:HEADER + c * cap + n].tolist() == \
+                [per_request[b] for b in reqs]
         chunks = [max(1, math.ceil(k / plan.kv_chunk_size)) if plan.kv_chunk_size else 1
                   for k in kv_lens]
         assert plan.split_kv == any(c > 1 for c, q in zip(chunks, qo_lens) if q)
         if plan.split_kv:  # merge_indptr: each row's partial states
-            merge = buf[HEADER + 4 * plan.item_capacity:].tolist()
+            merge = buf[HEADER + COLUMNS * plan.item_capacity:].tolist()
             rows = [c for c, q in zip(chunks, qo_lens) for _ in range(q)]
             assert merge == [0] + list(itertools.accumulate(rows))
             assert plan.num_partials == sum(rows)

@@ -169,8 +169,8 @@ inline void fill_plan_params(AttentionParams& p, const TensorView& q, const Tens
                              const Optional<TensorView>& lse_part, int64_t num_rows,
                              int64_t head_dim) {
   check_int32_vector(plan, "plan", q);
-  TVM_FFI_CHECK(item_capacity > 0 && plan.size(0) >= 4 + 4 * item_capacity, ValueError)
-      << "plan must hold 4 + 4 * item_capacity (" << item_capacity << ") ints, got "
+  TVM_FFI_CHECK(item_capacity > 0 && plan.size(0) >= 4 + 8 * item_capacity, ValueError)
+      << "plan must hold 4 + 8 * item_capacity (" << item_capacity << ") ints, got "
       << plan.size(0);
   const int32_t* base = data_ptr<int32_t>(plan);
   p.num_items = base;
@@ -179,9 +179,13 @@ inline void fill_plan_params(AttentionParams& p, const TensorView& q, const Tens
   p.qo_tile_idx = base + 4 + item_capacity;
   p.kv_chunk_idx = base + 4 + 2 * item_capacity;
   p.merge_slot = base + 4 + 3 * item_capacity;
+  p.item_qo_begin = base + 4 + 4 * item_capacity;
+  p.item_qo_len = base + 4 + 5 * item_capacity;
+  p.item_kv_begin = base + 4 + 6 * item_capacity;
+  p.item_kv_len = base + 4 + 7 * item_capacity;
   p.split_kv = split_kv;
   if (split_kv) {
-    TVM_FFI_CHECK(plan.size(0) >= 4 + 4 * item_capacity + num_rows + 1, ValueError)
+    TVM_FFI_CHECK(plan.size(0) >= 4 + 8 * item_capacity + num_rows + 1, ValueError)
         << "a split-KV plan must hold merge_indptr of " << num_rows + 1 << " ints";
     TVM_FFI_CHECK(o_part.has_value() && lse_part.has_value(), ValueError)
         << "a split-KV plan needs o_part and lse_part";
@@ -193,7 +197,7 @@ inline void fill_plan_params(AttentionParams& p, const TensorView& q, const Tens
     }
     TVM_FFI_CHECK(o_part.value().numel() >= lse_part.value().numel() * head_dim, ValueError)
         << "o_part must hold head_dim floats per lse_part entry";
-    p.merge_indptr = base + 4 + 4 * item_capacity;
+    p.merge_indptr = base + 4 + 8 * item_capacity;
     p.o_part = data_ptr<float>(*o_part);
     p.lse_part = data_ptr<float>(*lse_part);
   }

@@ -15,7 +15,12 @@ The kernel reads the plan from one int32 buffer on the device::
     [num_items, kv_chunk_size, 0, 0,
      request_idx[cap], qo_tile_idx[cap], kv_chunk_idx[cap],     # cap = item_capacity
      merge_slot[cap],                                           # < cap, one per (request, tile)
+     qo_begin[cap], qo_len[cap], kv_begin[cap], kv_len[cap],    # the item's request
      merge_indptr[num_rows + 1]]                                # split KV only
+
+The request's rows and keys are in the plan, not looked up through the indptr arrays: the
+kernel's first K/V bytes then wait for two dependent loads (the plan, the page ids), not three.
+``kv_begin`` is the request's first entry of ``kv_indices`` (paged) or its first token (ragged).
 
 Nothing here touches the GPU; the functions are pure and tested on the CPU.
 """
@@ -25,11 +30,13 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Optional, Sequence
 
 import torch
 
 HEADER = 4
+COLUMNS = 8  # ints per item (the layout above)
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,7 @@ class AttentionPlan:
     @property
     def buffer_len(self) -> int:
         """Ints of the plan buffer."""
-        return HEADER + 4 * self.item_capacity + (self.num_rows + 1 if self.split_kv else 0)
+        return HEADER + COLUMNS * self.item_capacity + (self.num_rows + 1 if self.split_kv else 0)
 
 
 # CTAs per SM the split heuristic aims for, per shape: what the registers allow for the
@@ -233,6 +240,8 @@ def schedule(
     cta: Optional[int] = None,
     sm90: bool = False,
     ctas_per_sm: Optional[int] = None,
+    qo_begins: Optional[Sequence[int]] = None,
+    kv_begins: Optional[Sequence[int]] = None,
 ) -> tuple[AttentionPlan, torch.Tensor]:
     """Plan one batch. Returns the plan and its int32 buffer (CPU; the caller uploads it).
 
@@ -252,6 +261,9 @@ def schedule(
         Hopper kernel's are merged by the merge kernel).
     sm90 : bool
         The Hopper kernel may be chosen (compute capability 9.0 and a variant that has it).
+    qo_begins, kv_begins : sequence of int, optional
+        Each request's first q row and its first ``kv_indices`` entry (paged) or token (ragged):
+        ``qo_indptr[:-1]`` and ``kv_indptr[:-1]``. Default: the running sums of the lengths.
     ctas_per_sm : int, optional
         CTAs per SM the split heuristic aims for (default: ``CTAS_PER_SM[cta]``). Decode
         (cta 0) fits two per SM (its registers); with its two-stage pipeline two per SM measured
@@ -332,14 +344,20 @@ def schedule(
     buf = array("i", bytes(4 * plan_info.buffer_len))
     buf[0] = num_items
     buf[1] = chunk
-    if num_items:  # request_idx, qo_tile_idx, kv_chunk_idx, merge_slot, each in `order`
-        cols = (req, None, None, None) if one_per_request else (req, qtile, kchunk, slot)
+    if num_items:  # the columns, each in `order`
+        reqs = array("i", map(req.__getitem__, order))
+        if qo_begins is None:
+            qo_begins = list(accumulate(qo_lens, initial=0))
+        if kv_begins is None:
+            kv_begins = list(accumulate(kv_lens, initial=0))
+        cols = [reqs, None, None, array("i", order)] if one_per_request else \
+            [reqs] + [array("i", map(c.__getitem__, order)) for c in (qtile, kchunk, slot)]
+        # (one item per request: tile and chunk 0, the slot its index in request order)
+        cols += [array("i", map(c.__getitem__, reqs))
+                 for c in (qo_begins, qo_lens, kv_begins, kv_lens)]
         for c, col in enumerate(cols):
-            at = HEADER + c * capacity
             if col is not None:
-                buf[at:at + num_items] = array("i", map(col.__getitem__, order))
-        if one_per_request:  # each request's slot is its item's index in request order
-            buf[HEADER + 3 * capacity:HEADER + 3 * capacity + num_items] = array("i", order)
+                buf[HEADER + c * capacity:HEADER + c * capacity + num_items] = col
     if split:
-        _merge_indptr(buf, HEADER + 4 * capacity, qo_lens, chunks)
+        _merge_indptr(buf, HEADER + COLUMNS * capacity, qo_lens, chunks)
     return plan_info, torch.frombuffer(buf, dtype=torch.int32)

@@ -172,8 +172,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
                           rope_theta=rope_theta, q_data_type=q_data_type,
                           kv_data_type=kv_data_type, o_data_type=o_data_type,
                           data_type=data_type)
-        kv_lens = paged_kv_lens(_host_ints(indptr, "indptr"),
-                                _host_ints(last_page_len, "last_page_len"), page_size)
+        page_indptr = _host_ints(indptr, "indptr")
+        kv_lens = paged_kv_lens(page_indptr, _host_ints(last_page_len, "last_page_len"),
+                                page_size)
         batch = len(kv_lens)
         if self._use_cuda_graph and batch != self._fixed_batch:
             raise ValueError(f"CUDA-graph mode: the batch size is fixed to {self._fixed_batch} "
@@ -182,7 +183,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
         self._variant = _variant(self._q_dtype, self._o_dtype, head_dim, "none",
                                  pos_encoding_mode, paged=True)
         plan, buf = self._schedule([1] * batch, kv_lens, num_qo_heads, num_kv_heads, head_dim,
-                                   False, fixed_split_size, disable_split_kv)
+                                   False, fixed_split_size, disable_split_kv, page_indptr)
         # qo_indptr right after the plan, whose length graph mode fixes: at a fixed address,
         # which a captured run keeps reading.
         self._qo_indptr, self._kv_indptr, self._kv_indices, self._kv_last_page_len = \

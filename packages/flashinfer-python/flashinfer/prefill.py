@@ -301,9 +301,11 @@ class _BatchAttentionBase:
         return self.run(*args, return_lse=True, **kwargs)
 
     def _schedule(self, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, causal,
-                  fixed_split_size, disable_split_kv):
+                  fixed_split_size, disable_split_kv, kv_begins=None):
+        """``kv_begins``: paged, each request's first entry of the page ids (``schedule``)."""
         device = self._ws.device
-        kwargs: dict[str, Any] = {"sm90": rt.use_sm90(device, self._variant, self._backend)}
+        kwargs: dict[str, Any] = {"sm90": rt.use_sm90(device, self._variant, self._backend),
+                                  "kv_begins": kv_begins}
         if self._use_cuda_graph:
             if self._fixed is None:
                 first, _ = schedule(qo_lens, kv_lens, group_size=num_qo_heads // num_kv_heads,
@@ -339,7 +341,7 @@ class _BatchAttentionBase:
             plan, buf = schedule(qo_lens, kv_lens, group_size=num_qo_heads // num_kv_heads,
                                  num_kv_heads=num_kv_heads, head_dim=head_dim,
                                  num_sms=_num_sms(device), causal=causal, disable_split_kv=True,
-                                 sm90=kwargs["sm90"])
+                                 sm90=kwargs["sm90"], kv_begins=kv_begins)
         if self._use_cuda_graph:
             # The merge runs over a fixed number of rows: pad merge_indptr with empty ranges.
             rows = self._fixed["row_capacity"]
@@ -461,7 +463,7 @@ class _BatchAttentionBase:
 
     def _plan_prefill(self, qo_lens, kv_lens, metadata, custom_mask, packed_custom_mask, causal,
                       num_qo_heads, num_kv_heads, head_dim, non_blocking, fixed_split_size,
-                      disable_split_kv, bufs) -> list[torch.Tensor]:
+                      disable_split_kv, bufs, kv_begins=None) -> list[torch.Tensor]:
         """Shared by both prefill wrappers: ``metadata`` (``_set_plan``'s, qo_indptr and
         kv_indptr first) goes to the device with the plan; returns it there."""
         if len(qo_lens) != len(kv_lens):
@@ -484,7 +486,8 @@ class _BatchAttentionBase:
         self._variant = _variant(self._q_dtype, self._o_dtype, head_dim, mask_mode,
                                  self._pos_encoding_mode, self._paged)
         plan, buf = self._schedule(qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim,
-                                   mask_mode == "causal", fixed_split_size, disable_split_kv)
+                                   mask_mode == "causal", fixed_split_size, disable_split_kv,
+                                   kv_begins)
         views = self._set_plan(plan, buf, metadata, non_blocking)
         self._mask_indptr = views.pop() if use_mask else None
         self._qo_indptr, self._kv_indptr = views[:2]
@@ -545,7 +548,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchAttentionBase):
                           logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
                           rope_theta=rope_theta, q_data_type=q_data_type,
                           kv_data_type=kv_data_type, o_data_type=o_data_type)
-        kv_lens = paged_kv_lens(_host_ints(paged_kv_indptr, "paged_kv_indptr"),
+        page_indptr = _host_ints(paged_kv_indptr, "paged_kv_indptr")
+        kv_lens = paged_kv_lens(page_indptr,
                                 _host_ints(paged_kv_last_page_len, "paged_kv_last_page_len"),
                                 page_size)
         self._page_size = page_size
@@ -558,7 +562,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchAttentionBase):
                 (self._bufs["kv_last_page_len"], paged_kv_last_page_len,
                  "paged_kv_last_page_len")],
             custom_mask, packed_custom_mask, causal, num_qo_heads, num_kv_heads, head_dim_qk,
-            non_blocking, fixed_split_size, disable_split_kv, self._bufs)
+            non_blocking, fixed_split_size, disable_split_kv, self._bufs, kv_begins=page_indptr)
 
     begin_forward = plan
 

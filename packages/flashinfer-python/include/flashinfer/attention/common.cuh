@@ -19,15 +19,19 @@ namespace attn {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 
-/// What the plan says of one work item: request, packed-row tile, KV chunk and merge slot.
+/// What the plan says of one work item: request, packed-row tile, KV chunk and merge slot, and
+/// the request's q rows and keys (AttentionParams::item_qo_begin).
 struct ItemIds {
   int b, qtile, chunk, slot;
+  int qo_begin, qo_len, kv_begin, kv_len;
 };
 
 /// The plan's entries for item `item` (< the plan's item capacity: the loads need no bound).
 __device__ __forceinline__ ItemIds load_item_ids(const AttentionParams& p, int item) {
-  return {p.request_idx[item], p.qo_tile_idx[item], p.kv_chunk_idx[item],
-          p.merge_counters != nullptr ? p.merge_slot[item] : 0};
+  return {p.request_idx[item],   p.qo_tile_idx[item],
+          p.kv_chunk_idx[item],  p.merge_counters != nullptr ? p.merge_slot[item] : 0,
+          p.item_qo_begin[item], p.item_qo_len[item],
+          p.item_kv_begin[item], p.item_kv_len[item]};
 }
 
 /// The rows and keys of one work item (request, packed-row tile, KV chunk) for one KV head.
@@ -55,18 +59,11 @@ __device__ __forceinline__ ItemRange item_range(const AttentionParams& p, const 
   const int qtile = ids.qtile;
   r.chunk = ids.chunk;
   r.slot = ids.slot;
-  r.qo_begin = p.qo_indptr[r.b];
-  r.qo_len = p.qo_indptr[r.b + 1] - r.qo_begin;
-  r.kv_token_begin = 0;
-  r.page_begin = 0;
-  if constexpr (kPaged) {
-    r.page_begin = p.kv_indptr[r.b];
-    const int pages = p.kv_indptr[r.b + 1] - r.page_begin;
-    r.kv_len = pages > 0 ? (pages - 1) * int(p.page_size.d) + p.kv_last_page_len[r.b] : 0;
-  } else {
-    r.kv_token_begin = p.kv_indptr[r.b];
-    r.kv_len = p.kv_indptr[r.b + 1] - int(r.kv_token_begin);
-  }
+  r.qo_begin = ids.qo_begin;
+  r.qo_len = ids.qo_len;
+  r.kv_len = ids.kv_len;
+  r.kv_token_begin = kPaged ? 0 : ids.kv_begin;
+  r.page_begin = kPaged ? ids.kv_begin : 0;
   const int chunk_size = *p.kv_chunk_size;
   const int chunk_begin = chunk_size > 0 ? r.chunk * chunk_size : 0;
   const int chunk_end = chunk_size > 0 ? min(r.kv_len, chunk_begin + chunk_size) : r.kv_len;

@@ -41,6 +41,7 @@ struct AttentionParams {
   // Batch layout. qo_indptr [B+1]: request b owns q rows [qo_indptr[b], qo_indptr[b+1]).
   // Ragged: kv_indptr [B+1] over tokens. Paged: kv_indptr [B+1] over kv_indices (page ids),
   // kv_last_page_len [B]; kv_len = (pages - 1) * page_size + last_page_len (0 pages -> 0).
+  // The kernels read each item's copy of its request's values in the plan (item_qo_begin ...).
   const int32_t* qo_indptr;
   const int32_t* kv_indptr;
   const int32_t* kv_indices;
@@ -54,6 +55,13 @@ struct AttentionParams {
   const int32_t* request_idx;
   const int32_t* qo_tile_idx;
   const int32_t* kv_chunk_idx;
+  // The item's request, copied by the plan from the indptr arrays (one dependent load less
+  // before the first K/V bytes): first q row and q rows, first kv_indices entry (paged) or
+  // token (ragged), and keys.
+  const int32_t* item_qo_begin;
+  const int32_t* item_qo_len;
+  const int32_t* item_kv_begin;
+  const int32_t* item_kv_len;
   const int32_t* num_items;
   const int32_t* kv_chunk_size;
 

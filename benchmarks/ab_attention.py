@@ -1,0 +1,34 @@
+"""A few attention cases, for comparing two source trees in alternating processes on one GPU
+(GPU timings agree between processes; host timings do not):
+
+    for tree in old new old new; do PYTHONPATH=$tree python benchmarks/ab_attention.py OUT.json; done
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_attention as ba  # noqa: E402
+
+import harness  # noqa: E402
+
+
+def main() -> int:
+    ceilings = harness.measure_ceilings()
+    cases = [ba._decode(1, 32768, True, 56.0, "<= 50 us"),
+             ba._decode(1, 131072, True, None, ""),
+             ba._decode(16, 4096, True, None, ""),
+             ba._decode(64, 4096, True, 362.8, "<= 350 us"),
+             ba._ragged_prefill(16, 1024, 452.0, "<= 450 us"),
+             ba._paged_prefill(8, 2048, 906.0, "<= 900 us")]
+    rows = harness.run_cases(cases, ceilings)
+    harness.write(Path(sys.argv[1]), {"device": harness.device_info(), "ceilings": ceilings,
+                                      "package": ba.flashinfer.__file__, "cases": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
