@@ -22,6 +22,8 @@ def main() -> int:
              ba._decode(1, 131072, True, None, ""),
              ba._decode(16, 4096, True, None, ""),
              ba._decode(64, 4096, True, 362.8, "<= 350 us"),
+             ba._with_cta(0, ba._decode, 64, 4096, True, 362.8, "<= 350 us"),
+             ba._decode(128, 8192, True, 1420.0, "<= 1390 us"),
              ba._ragged_prefill(16, 1024, 452.0, "<= 450 us"),
              ba._paged_prefill(8, 2048, 906.0, "<= 900 us")]
     rows = harness.run_cases(cases, ceilings)
