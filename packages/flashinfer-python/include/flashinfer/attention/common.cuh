@@ -228,11 +228,6 @@ __device__ __forceinline__ void quad_sum(float (&d)[MQ][2]) {
     }
 }
 
-/// Fetch the line holding `ptr` into L2 (no register waits for it).
-__device__ __forceinline__ void prefetch_l2(const void* ptr) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
-}
-
 /// Chunks of the item's request: 1 unless split KV (every q row of a request has as many, and
 /// items exist only for qo_len > 0). Loaded where the epilogue needs it: a value held across
 /// the main loop costs the decode kernel ~50 registers and 5% of its speed.

@@ -297,13 +297,6 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     const int ahead = j + kStages - 1;  // the tile whose loads this iteration issues
     const int base = kv_lo + tile * kTileKV;
     if (ahead < my_tiles) lookup(wkv + ahead * KT::kWarpsKV);  // lands while S is computed
-    // The epilogue of a split item first reads the request's merge_indptr entries: a cold load
-    // (the plan came from the host, and the K/V stream has since passed through L2) on the
-    // way out of the kernel. Fetched one tile ahead, it is an L2 hit there. Only the 16-row
-    // (decode) shapes: the wider ones spill more with it.
-    if constexpr (KT::kWarpsQ == 1) {
-      if (p.split_kv && j == my_tiles - 1 && lane == 0) prefetch_l2(p.merge_indptr + qo_begin);
-    }
     cp_async_wait<2 * kStages - 3>();  // K[j] (V[j] and the later tiles may be in flight)
     group_sync<KT>(wkv);
     T* ks = k_tile(stage);
