@@ -3,9 +3,10 @@ csrc/attention.cu and include/flashinfer/attention/prefill.cuh), check each agai
 reference, and time each on issue 3's headline shapes (the three decode cases and the three
 prefill ones), with the copy, read-only and matmul ceilings measured in the same run. GPU only.
 
-    python benchmarks/tune_attention.py OUT.json [--decode] [VARIANT ...]
+    python benchmarks/tune_attention.py OUT.json [--decode] [--only=SUBSTR] [VARIANT ...]
 
-Variants are keys of VARIANTS (``--decode``: the decode cases only); "default" twice in the
+Variants are keys of VARIANTS (``--decode``: the decode cases only; ``--only``: the cases whose
+name contains SUBSTR, given one or more times); "default" twice in the
 list gives a repeat of the baseline (the run-to-run spread). The GPU tests run with a variant's
 macros through the JIT's extra flags, e.g. FLASHINFER_EXTRA_CUDAFLAGS="-DFLASHINFER_ATTENTION_STAGES=2" (part of the cache key).
 """
@@ -71,6 +72,11 @@ VARIANTS = {
     # FA2 grid: item-major over the linear CTA index (default since this variant) or
     # (blockIdx.x = item, blockIdx.y = KV head).
     "head-major grid": ("ITEM_MAJOR_GRID=0",),
+    # Timing probes (include/flashinfer/attention/common.cuh): wrong outputs, so their check
+    # fails and their cases run anyway. What the math and the split-KV merge cost a decode.
+    "probe: no compute": ("PROBE_NO_COMPUTE=1",),
+    "probe: no merge": ("PROBE_NO_MERGE=1",),
+    "probe: no compute, no merge": ("PROBE_NO_COMPUTE=1", "PROBE_NO_MERGE=1"),
 }
 MODULES = [
     AttentionVariant("bfloat16", "bfloat16", 128, "none", "NONE", True),     # decode
@@ -171,7 +177,8 @@ def cases(decode_only: bool = False):
 def main() -> int:
     out_path = Path(sys.argv[1])
     decode_only = "--decode" in sys.argv[2:]
-    names = [a for a in sys.argv[2:] if a != "--decode"] or list(VARIANTS)
+    only = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--only=")]
+    names = [a for a in sys.argv[2:] if not a.startswith("--")] or list(VARIANTS)
     unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
@@ -188,9 +195,11 @@ def main() -> int:
         mods = {v: get_module(s) for v, s in built[name].items()}
         rt.get_attention_module = lambda v, mods=mods: mods[v]
         entry = {"flags": VARIANTS[name], "check": check(label)}
-        if entry["check"]["ok"]:
+        if entry["check"]["ok"] or name.startswith("probe:"):
             print(f"== {label}", flush=True)
-            entry["cases"] = harness.run_cases(cases(decode_only), result["ceilings"])
+            chosen = [c for c in cases(decode_only)
+                      if not only or any(o in c.name for o in only)]
+            entry["cases"] = harness.run_cases(chosen, result["ceilings"])
         result["variants"][label] = entry
         out_path.write_text(json.dumps(result, indent=1))
     summary(result)

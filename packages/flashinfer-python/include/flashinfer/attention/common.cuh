@@ -14,6 +14,16 @@
 #include "mma.cuh"
 #include "params.cuh"
 
+// Timing probes for benchmarks/tune_attention.py (wrong outputs; never set in a build that is
+// used): PROBE_NO_COMPUTE keeps the FA2 main loop's K/V loads and waits but not its math;
+// PROBE_NO_MERGE skips the in-kernel split-KV merge (partial states are written, not merged).
+#ifndef FLASHINFER_ATTENTION_PROBE_NO_COMPUTE
+#define FLASHINFER_ATTENTION_PROBE_NO_COMPUTE 0
+#endif
+#ifndef FLASHINFER_ATTENTION_PROBE_NO_MERGE
+#define FLASHINFER_ATTENTION_PROBE_NO_MERGE 0
+#endif
+
 namespace flashinfer {
 namespace attn {
 
@@ -314,7 +324,7 @@ struct OutputWriter {
 template <typename TO, int D, int kThreads>
 __device__ __forceinline__ void merge_if_last(const AttentionParams& p, const ItemRange& r,
                                               uint32_t kv_head, int tile_q, int* flag) {
-  if (!p.split_kv || p.merge_counters == nullptr) return;
+  if (!p.split_kv || p.merge_counters == nullptr || FLASHINFER_ATTENTION_PROBE_NO_MERGE) return;
   const int n = item_chunks(p, r);
   if (n <= 1) return;  // CTA-uniform, like the tests above
   __threadfence();

@@ -314,7 +314,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mq][n][e] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < (FLASHINFER_ATTENTION_PROBE_NO_COMPUTE ? 0 : D / 16); ++kk) {
       uint32_t a_tmp[kMmaQ][4];
       if constexpr (!KT::kQInRegs) {
 #pragma unroll
@@ -338,12 +338,13 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     if (ahead < my_tiles) load(ahead % kStages, false);
     cp_async_commit();
 
-    logits_and_mask<KT::kMask, KT::kPos>(s, p, rng, rows, base, kTileKV, t);
+    if constexpr (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE)
+      logits_and_mask<KT::kMask, KT::kPos>(s, p, rng, rows, base, kTileKV, t);
 
     // Online softmax (base 2). The O rescale is skipped when no row of the warp raised its
     // maximum (the usual case once a row has seen its largest logits).
     float row_scale[kMmaQ][2];
-    if (softmax_step(s, m, d, row_scale)) {
+    if (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE && softmax_step(s, m, d, row_scale)) {
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
@@ -357,7 +358,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     T* vs = v_tile(stage);
     // O += P V
 #pragma unroll
-    for (int kk = 0; kk < kMmaKV; ++kk) {
+    for (int kk = 0; kk < (FLASHINFER_ATTENTION_PROBE_NO_COMPUTE ? 0 : kMmaKV); ++kk) {
       uint32_t pa[kMmaQ][4];
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq) pack_p<T>(pa[mq], s, mq, kk);
