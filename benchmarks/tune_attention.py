@@ -69,6 +69,9 @@ VARIANTS = {
     # (Loading the first item's plan entries after num_items, the PREFETCH_ITEM=0 switch until
     # 1349704, measured 1.5 us slower on decode: benchmarks/NOTES.md.)
     "merge kernel": ("FUSED_MERGE=0",),
+    # The in-kernel merge's count: a fence by every thread around a relaxed atomic (until this
+    # variant) instead of one acq_rel atomic by thread 0.
+    "merge sc fences": ("MERGE_ACQ_REL=0",),
     # FA2 grid: item-major over the linear CTA index (default since this variant) or
     # (blockIdx.x = item, blockIdx.y = KV head).
     "head-major grid": ("ITEM_MAJOR_GRID=0",),

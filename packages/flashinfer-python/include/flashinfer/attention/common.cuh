@@ -23,6 +23,12 @@
 #ifndef FLASHINFER_ATTENTION_PROBE_NO_MERGE
 #define FLASHINFER_ATTENTION_PROBE_NO_MERGE 0
 #endif
+// The in-kernel split-KV merge's count: 1 = one acq_rel atomic by thread 0 after the CTA's
+// barrier (the release is cumulative over the CTA's partial-state stores, the acquire covers
+// the last CTA's reads of the others'); 0 = a __threadfence by every thread on both sides.
+#ifndef FLASHINFER_ATTENTION_MERGE_ACQ_REL
+#define FLASHINFER_ATTENTION_MERGE_ACQ_REL 1
+#endif
 
 namespace flashinfer {
 namespace attn {
@@ -315,7 +321,7 @@ struct OutputWriter {
  *   kernel of its own pays again at launch).
  *
  * The partial states of the other CTAs are read through L2 (ld.global.cg): they were written
- * by other SMs, and the writers' __threadfence before the count orders them before it.
+ * by other SMs, and the count's release and acquire (or the fences around it) order them.
  *
  * `flag`: 4 bytes of the kernel's dynamic shared memory that nothing reads any more. Not a
  * static __shared__ variable: static shared memory goes first and would move the dynamic
@@ -327,13 +333,27 @@ __device__ __forceinline__ void merge_if_last(const AttentionParams& p, const It
   if (!p.split_kv || p.merge_counters == nullptr || FLASHINFER_ATTENTION_PROBE_NO_MERGE) return;
   const int n = item_chunks(p, r);
   if (n <= 1) return;  // CTA-uniform, like the tests above
+  int* counter = p.merge_counters + int64_t(r.slot) * p.num_kv_heads + kv_head;
+#if FLASHINFER_ATTENTION_MERGE_ACQ_REL
+  __syncthreads();  // every thread's partial-state stores come before thread 0's release
+  if (threadIdx.x == 0) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;"
+                 : "=r"(old)
+                 : "l"(counter)
+                 : "memory");
+    *flag = old == n - 1;
+  }
+  __syncthreads();  // and the others' reads below come after its acquire
+  if (!*flag) return;
+#else
   __threadfence();
   __syncthreads();
-  int* counter = p.merge_counters + int64_t(r.slot) * p.num_kv_heads + kv_head;
   if (threadIdx.x == 0) *flag = atomicAdd(counter, 1) == n - 1;
   __syncthreads();
   if (!*flag) return;
   __threadfence();
+#endif
 
   constexpr int kVecs = D / 4;  // float4 columns of a head row
   constexpr int kUnroll = 16;   // chunks whose loads are in flight together (2 rounds for 32)
