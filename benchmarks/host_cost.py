@@ -83,6 +83,7 @@ def main() -> int:
     counters = w._ws.counters[: plan.item_capacity * HKV] if plan.split_kv else None
     args = (plan.cta, plan.grid_x, q, k, v, out, None, 0, w._qo_indptr, w._kv_indptr,
             w._kv_indices, w._kv_last_page_len, w._plan_dev, plan.item_capacity, plan.split_kv,
+            plan.cluster_merge,
             o_part if plan.split_kv else None, lse_part if plan.split_kv else None,
             plan.num_rows, counters, None, None, None, D ** -0.5, 0.0, 1.0, 1.0, 1e4, -1, False)
     calls["module.run (binding and launch only)"] = lambda: module.run(*args)

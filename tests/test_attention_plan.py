@@ -249,6 +249,20 @@ def test_schedule_matches_an_item_by_item_model():
             assert plan.num_partials == sum(rows)
 
 
+def test_cluster_merge_only_for_the_chunks_of_one_query_tile():
+    kw = dict(group_size=4, num_kv_heads=8, head_dim=128, num_sms=SMS)
+    plan, _ = schedule([1], [32768], **kw)
+    assert plan.cta == 5 and plan.split_kv and plan.num_items == 16 and plan.cluster_merge
+    plan, _ = schedule([0, 1, 0], [9, 32768, 5], **kw)  # empty requests have no items
+    assert plan.num_items == 16 and plan.cluster_merge
+    assert not schedule([1], [200], **kw)[0].cluster_merge  # not split
+    assert not schedule([1, 1], [32768, 32768], **kw)[0].cluster_merge  # two query tiles
+    assert not schedule([1], [32768], kv_chunk_size=256, **kw)[0].cluster_merge  # 128 chunks
+    assert not schedule([1], [32768], item_capacity=17, force_split=True, **kw)[0].cluster_merge
+    assert not schedule([1], [32768], cta=0, **kw)[0].cluster_merge  # eight streams only
+    assert not schedule([1], [32768], **{**kw, "head_dim": 256})[0].cluster_merge
+
+
 @pytest.mark.parametrize("chunk, cta", [(256, 0), (512, 4), (2048, 5), (0, 5)])
 def test_decode_shape_follows_the_callers_fixed_split(chunk, cta):
     # 1 x 32768 at 8 KV heads in chunks of 256 is 1024 CTAs: more than four per SM, four key

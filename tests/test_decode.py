@@ -221,6 +221,35 @@ def test_split_kv_merged_in_the_kernel(group, decode_shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv_len, group, head_dim, page", [
+    (257, 4, 128, 16),     # two chunks, the second of one key
+    (5000, 1, 64, 1),      # a packed tile of 1 row of 16, page size 1
+    (32771, 8, 128, 16),   # 16 chunks, a ragged last page
+    (131072, 4, 128, 64),
+])
+def test_batch_one_split_merged_within_a_cluster(kv_len, group, head_dim, page):
+    """Batch-1 split decode: the chunks' CTAs of each KV head merge in a thread-block cluster
+    (on an H100: the float workspace, filled with NaN, keeps it, since no partial state goes
+    there), lse and v_scale included, twice (nothing to reset between launches)."""
+    gen = torch.Generator().manual_seed(kv_len)
+    dtype, hkv = torch.bfloat16, 8  # 132 SMs / 8 heads: at most 16 chunks (a cluster's most)
+    cache, indptr, indices, last, seqs = make_paged([kv_len], page, hkv, head_dim, dtype,
+                                                    "cuda", "NHD", True, gen)
+    q = torch.randn(1, hkv * group, head_dim, generator=gen).to(dtype).cuda()
+    ws = _ws()
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(indptr, indices, last, hkv * group, hkv, head_dim, page, q_data_type=dtype)
+    assert w._plan.cta == 5 and w._plan.split_kv and w._plan.cluster_merge
+    ws.view(torch.float32).fill_(float("nan"))
+    for _ in range(2):
+        o, lse = w.run(q, cache, return_lse=True, v_scale=0.5)
+        _check(o * 2, lse, q, seqs, dtype)
+    if torch.cuda.get_device_capability() >= (9, 0):
+        assert torch.isnan(ws.view(torch.float32)).all()
+    assert int(w._ws.counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_batch_of_one_wave_takes_two_key_streams(dtype):
     """A batch of three CTAs per SM (no split) takes the two-key-stream shape by itself."""
@@ -341,13 +370,13 @@ def test_decode_run_resolves_its_launch_once_per_plan_on_cpu(monkeypatch):
     first, second = fake.calls
     assert first[:2] == (w._plan.cta, w._plan.grid_x)
     assert first[2] is q and first[5] is out and first[6] is None  # q, o, lse
-    assert first[7:22] == second[7:22] == launch.meta  # layout ... alibi_slopes
-    assert first[22] == pytest.approx(64 ** -0.5) and first[24] == 1.0  # sm_scale, o_scale
-    assert second[24] == 2.0 and first[-1] is False  # v_scale -> o_scale; enable_pdl
+    assert first[7:23] == second[7:23] == launch.meta  # layout ... alibi_slopes
+    assert first[23] == pytest.approx(64 ** -0.5) and first[25] == 1.0  # sm_scale, o_scale
+    assert second[25] == 2.0 and first[-1] is False  # v_scale -> o_scale; enable_pdl
     plan(kv_pages=1)
     assert w._launcher is None
     w.run(q, cache, out=out, enable_pdl=False)
-    assert w._launcher is not launch and fake.calls[-1][7:22] == w._launcher.meta
+    assert w._launcher is not launch and fake.calls[-1][7:23] == w._launcher.meta
 
 
 def test_decode_run_rejects_a_cache_with_other_kv_heads_on_cpu(monkeypatch):

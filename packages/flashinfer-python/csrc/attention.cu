@@ -47,6 +47,11 @@ using Traits =
 //      decode batches; head_dim <= 128: shared memory)
 // KV step: 64 keys for head_dim <= 128, 32 for 256 (shared memory: two stages of K and V).
 constexpr int kStepKV = kHeadDim <= 128 ? 4 : 2;
+// Split KV over one query tile (batch-1 decode) merged within a thread-block cluster per KV
+// head (0: as other split plans, by the last CTA's count; a switch for tune_attention.py).
+#ifndef FLASHINFER_ATTENTION_CLUSTER_MERGE
+#define FLASHINFER_ATTENTION_CLUSTER_MERGE 1
+#endif
 // Shape knobs (FLASHINFER_ATTENTION_CTA{0,1,2}_*) for benchmarks/tune_attention.py, which
 // compiles variants side by side.
 #ifndef FLASHINFER_ATTENTION_CTA0_WARPS_KV
@@ -152,7 +157,8 @@ int64_t cta_tile_q(int64_t cta) {
 void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, TensorView o,
          Optional<TensorView> lse, int64_t kv_layout, TensorView qo_indptr, TensorView kv_indptr,
          Optional<TensorView> kv_indices, Optional<TensorView> kv_last_page_len,
-         TensorView plan, int64_t item_capacity, bool split_kv, Optional<TensorView> o_part,
+         TensorView plan, int64_t item_capacity, bool split_kv, bool cluster_merge,
+         Optional<TensorView> o_part,
          Optional<TensorView> lse_part, int64_t num_rows,
          Optional<TensorView> merge_counters, Optional<TensorView> custom_mask,
          Optional<TensorView> mask_indptr, Optional<TensorView> alibi_slopes, double sm_scale,
@@ -176,6 +182,13 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
   // by the merge kernel below.
   if (FLASHINFER_ATTENTION_FUSED_MERGE && split_kv && merge_counters.has_value() && cta != 3)
     fill_merge_counters(p, q, *merge_counters, item_capacity);
+  // cluster_merge: the plan's items are the chunks of one query tile, one per CTA of each KV
+  // head; the decode shapes then merge them within a cluster where one wave holds the clusters
+  // (LaunchAttention says whether it did), the others as without it.
+  TVM_FFI_CHECK(!cluster_merge || (split_kv && grid_x == item_capacity), ValueError)
+      << "cluster_merge needs a split-KV plan with one CTA per item (grid_x " << grid_x
+      << ", item_capacity " << item_capacity << ")";
+  p.cluster_merge = FLASHINFER_ATTENTION_CLUSTER_MERGE && cluster_merge && cta != 3;
   if constexpr (kMask == MaskMode::kCustom) {
     TVM_FFI_CHECK(custom_mask.has_value() && mask_indptr.has_value(), ValueError)
         << "this module was built for a custom mask: custom_mask and mask_indptr are required";
@@ -203,7 +216,7 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
     case 5: status = LaunchAttention<Cta5>(p, int(grid_x), enable_pdl, stream); break;
   }
   check_launch(status, "attention");
-  if (split_kv && p.merge_counters == nullptr) {
+  if (split_kv && p.merge_counters == nullptr && !p.cluster_merge) {
     status = flashinfer::cascade::MergeStatesVarlen<DTypeO>(
         p.o_part, p.lse_part, p.merge_indptr, static_cast<DTypeO*>(p.o), p.lse, num_rows,
         p.num_qo_heads, kHeadDim, p.o_stride_n, p.o_stride_h, enable_pdl, stream);

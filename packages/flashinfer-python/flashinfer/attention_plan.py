@@ -65,6 +65,10 @@ class AttentionPlan:
         Query rows of the batch (sum of qo lengths).
     num_partials : int
         Partial states written when split (0 otherwise).
+    cluster_merge : bool
+        The items are the chunks of one query tile (batch-1 decode): the CTAs of each KV head
+        form one thread-block cluster and merge in shared memory, where the GPU runs one wave
+        of them (csrc/attention.cu; otherwise as any split plan).
     """
 
     cta: int
@@ -76,6 +80,7 @@ class AttentionPlan:
     split_kv: bool
     num_rows: int
     num_partials: int
+    cluster_merge: bool = False
 
     @property
     def buffer_len(self) -> int:
@@ -338,6 +343,11 @@ def schedule(
         grid_x=grid_x, kv_chunk_size=chunk,
         split_kv=split, num_rows=num_rows,
         num_partials=sum(q * nc for q, nc in zip(qo_lens, chunks)) if split else 0,
+        # One query tile's chunks (at most a cluster of 16), one CTA each: not in graph mode,
+        # whose later plans fill a fixed grid. The eight-stream shape only (where measured:
+        # H100 1 x 32768 XX vs XX us, benchmarks/NOTES.md).
+        cluster_merge=(split and cta == 5 and item_capacity is None and 2 <= num_items <= 16
+                       and sum(qtiles) == 1),
     )
     # The buffer is built as an array and handed over as a tensor of the same memory: a plan
     # is called per decode step, and every torch call costs microseconds (host_cost.py).

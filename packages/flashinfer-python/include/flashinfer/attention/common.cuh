@@ -312,6 +312,48 @@ struct OutputWriter {
   }
 };
 
+/// Merges the n partial states of one output row's four columns [col, col + 4) and stores
+/// them (o, and the lse at col 0): load(c, s, v) fetches state c's base-2 lse and columns.
+/// Sixteen states' loads are in flight together (two rounds for 32).
+template <typename TO, class Load>
+__device__ __forceinline__ void store_merged(const AttentionParams& p, int64_t qo_row, int head,
+                                             int col, int n, Load&& load) {
+  constexpr int kUnroll = 16;
+  float m = -INFINITY, d = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int c0 = 0; c0 < n; c0 += kUnroll) {
+    float s[kUnroll];
+    float4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      s[u] = -INFINITY;
+      v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (c0 + u < n) load(c0 + u, s[u], v[u]);
+    }
+    float mx = m;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) mx = fmaxf(mx, s[u]);
+    if (mx == -INFINITY) continue;  // no key seen yet: nothing to add
+    const float scale = exp2f(m - mx);  // m = -inf -> 0
+    d *= scale;
+    acc.x *= scale, acc.y *= scale, acc.z *= scale, acc.w *= scale;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      // An empty chunk (lse -inf) has weight exactly 0 and wrote v = 0.
+      const float w = exp2f(s[u] - mx);
+      d += w;
+      acc.x += w * v[u].x, acc.y += w * v[u].y, acc.z += w * v[u].z, acc.w += w * v[u].w;
+    }
+    m = mx;
+  }
+  const float inv = d > 0.f ? 1.f / d : 0.f;
+  TO* dst = static_cast<TO*>(p.o) + qo_row * p.o_stride_n + head * p.o_stride_h + col;
+  reinterpret_cast<uint32_t*>(dst)[0] = pack2<TO>(acc.x * inv, acc.y * inv);
+  reinterpret_cast<uint32_t*>(dst)[1] = pack2<TO>(acc.z * inv, acc.w * inv);
+  if (col == 0 && p.lse != nullptr)
+    p.lse[qo_row * p.num_qo_heads + head] = d > 0.f ? m + log2f(d) : -INFINITY;
+}
+
 /*!
  * @brief The split-KV merge inside the attention kernel: every thread of the CTA calls this
  *   once its item's partial state is written; the last of the n_chunks CTAs of the item's
@@ -355,53 +397,66 @@ __device__ __forceinline__ void merge_if_last(const AttentionParams& p, const It
   __threadfence();
 #endif
 
-  constexpr int kVecs = D / 4;  // float4 columns of a head row
-  constexpr int kUnroll = 16;   // chunks whose loads are in flight together (2 rounds for 32)
-  const int G = p.group_size, Hq = p.num_qo_heads;
   const int rows = min(tile_q, r.packed_len - r.row_begin);
-  for (int idx = threadIdx.x; idx < rows * kVecs; idx += kThreads) {
-    const int pr = r.row_begin + idx / kVecs, col = (idx % kVecs) * 4;
-    const int qo = pr / G, head = kv_head * G + pr % G;
+  for (int idx = threadIdx.x; idx < rows * (D / 4); idx += kThreads) {
+    const int pr = r.row_begin + idx / (D / 4), col = (idx % (D / 4)) * 4;
+    const int qo = pr / p.group_size, head = kv_head * p.group_size + pr % p.group_size;
     const int64_t part0 = p.merge_indptr[r.qo_begin + qo];
-    const float* lse_p = p.lse_part + part0 * Hq + head;
-    const float* o_p = p.o_part + (part0 * Hq + head) * D + col;
-    float m = -INFINITY, d = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int c0 = 0; c0 < n; c0 += kUnroll) {
-      float s[kUnroll];
-      float4 v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const bool in = c0 + u < n;
-        s[u] = in ? __ldcg(lse_p + int64_t(c0 + u) * Hq) : -INFINITY;
-        v[u] = in ? __ldcg(reinterpret_cast<const float4*>(o_p + int64_t(c0 + u) * Hq * D))
-                  : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      float mx = m;
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) mx = fmaxf(mx, s[u]);
-      if (mx == -INFINITY) continue;  // no key seen yet: nothing to add
-      const float scale = exp2f(m - mx);  // m = -inf -> 0
-      d *= scale;
-      acc.x *= scale, acc.y *= scale, acc.z *= scale, acc.w *= scale;
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        // An empty chunk (lse -inf) has weight exactly 0 and wrote v = 0.
-        const float w = exp2f(s[u] - mx);
-        d += w;
-        acc.x += w * v[u].x, acc.y += w * v[u].y, acc.z += w * v[u].z, acc.w += w * v[u].w;
-      }
-      m = mx;
-    }
-    const float inv = d > 0.f ? 1.f / d : 0.f;
-    TO* dst = static_cast<TO*>(p.o) + (r.qo_begin + qo) * p.o_stride_n + head * p.o_stride_h +
-              col;
-    reinterpret_cast<uint32_t*>(dst)[0] = pack2<TO>(acc.x * inv, acc.y * inv);
-    reinterpret_cast<uint32_t*>(dst)[1] = pack2<TO>(acc.z * inv, acc.w * inv);
-    if (col == 0 && p.lse != nullptr)
-      p.lse[int64_t(r.qo_begin + qo) * Hq + head] = d > 0.f ? m + log2f(d) : -INFINITY;
+    const float* lse_p = p.lse_part + part0 * p.num_qo_heads + head;
+    const float* o_p = p.o_part + (part0 * p.num_qo_heads + head) * D + col;
+    const int64_t step = p.num_qo_heads;
+    store_merged<TO>(p, r.qo_begin + qo, head, col, n, [&](int c, float& s, float4& v) {
+      s = __ldcg(lse_p + c * step);
+      v = __ldcg(reinterpret_cast<const float4*>(o_p + c * step * D));
+    });
   }
   if (threadIdx.x == 0) *counter = 0;  // every CTA of the item has counted: ready for the next run
+}
+
+/*!
+ * @brief The split-KV merge within a thread-block cluster: the CTAs of one KV head are the n
+ *   chunks of one query tile (AttentionParams::cluster_merge; a cluster of gridDim.x CTAs per
+ *   KV head), each holding its partial state in shared memory, `part_o` [tile_q][D] (already
+ *   divided by its row sum and scaled by o_scale) and `part_lse` [tile_q]. After the cluster's
+ *   barrier CTA rank 0 reads them all through distributed shared memory and stores o and lse;
+ *   the second barrier keeps every CTA's shared memory until it has. Instead of the partial
+ *   states' round trip through L2, a fence and an atomic count (merge_if_last).
+ */
+template <typename TO, int D, int kThreads>
+__device__ __forceinline__ void cluster_merge(const AttentionParams& p, const ItemRange& r,
+                                              uint32_t kv_head, int tile_q, const float* part_o,
+                                              const float* part_lse) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  uint32_t rank, n;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  if (rank == 0) {
+    const uint32_t o_base = static_cast<uint32_t>(__cvta_generic_to_shared(part_o));
+    const uint32_t lse_base = static_cast<uint32_t>(__cvta_generic_to_shared(part_lse));
+    const int rows = min(tile_q, r.packed_len - r.row_begin);
+    for (int idx = threadIdx.x; idx < rows * (D / 4); idx += kThreads) {
+      const int row = idx / (D / 4), col = (idx % (D / 4)) * 4;
+      const int pr = r.row_begin + row;
+      const int qo = pr / p.group_size, head = kv_head * p.group_size + pr % p.group_size;
+      const uint32_t o_at = o_base + uint32_t(row * D + col) * 4u;
+      const uint32_t lse_at = lse_base + uint32_t(row) * 4u;
+      store_merged<TO>(p, r.qo_begin + qo, head, col, int(n), [&](int c, float& s, float4& v) {
+        uint32_t lse_c, o_c;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(lse_c) : "r"(lse_at), "r"(c));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(o_c) : "r"(o_at), "r"(c));
+        asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(s) : "r"(lse_c) : "memory");
+        asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "r"(o_c)
+                     : "memory");
+      });
+    }
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
 }
 
 }  // namespace attn

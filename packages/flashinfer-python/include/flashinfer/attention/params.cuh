@@ -76,6 +76,9 @@ struct AttentionParams {
   const int32_t* merge_indptr;
   const int32_t* merge_slot;
   int32_t* merge_counters;
+  // Or, set by the launch: the gridDim.x CTAs of each KV head are one thread-block cluster, the
+  // chunks of a single query tile, and merge in shared memory (cluster_merge).
+  bool cluster_merge;
 
   // Custom mask: bits of request b start at byte mask_indptr[b] of custom_mask.
   const uint8_t* custom_mask;

@@ -22,6 +22,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -96,6 +97,11 @@ struct KernelTraits {
   static constexpr size_t kMergeSmem =
       kWarpsKV > 1 ? size_t(kWarpsKV) * kTileQ * (HEAD_DIM_ + 2) * sizeof(float) : 0;
   static constexpr size_t kSmemBytes = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
+  // The decode shapes can merge split KV within a cluster (cluster_merge): the CTA's final
+  // partial state, [kTileQ][HEAD_DIM_] then [kTileQ] floats, after the key streams' merge area.
+  static constexpr size_t kClusterSmem = size_t(kTileQ) * (HEAD_DIM_ + 1) * sizeof(float);
+  static constexpr bool kClusterMerge =
+      kWarpsQ == 1 && kWarpsKV > 1 && kMergeSmem + kClusterSmem <= kKVSmem;
 
   static_assert(sizeof(DTypeQ) == 2, "the MMA path takes fp16 or bf16 q and kv");
   static_assert(kGroupThreads % kChunks == 0 && (kTileKV * kChunks) % kGroupThreads == 0,
@@ -403,6 +409,10 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
         if (t == 0) mm[wkv * kTileQ + row] = m[mq][r], md[wkv * kTileQ + row] = d[mq][r];
       }
     __syncthreads();
+    // Cluster merge: the state goes to shared memory for the cluster's rank 0 to merge.
+    const bool to_cluster = KT::kClusterMerge && p.cluster_merge;
+    float* cluster_o = merge + KT::kMergeSmem / sizeof(float);  // [kTileQ][D]
+    float* cluster_lse = cluster_o + kTileQ * D;                // [kTileQ]
     for (int idx = tid; idx < kTileQ * (D / 2); idx += KT::kThreads) {
       const int row = idx / (D / 2), col = (idx % (D / 2)) * 2;
       const int pr = row_begin + row;
@@ -421,8 +431,21 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
         x1 += ov.y * f;
       }
       const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
+      const float lse = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
+      if (to_cluster) {
+        *reinterpret_cast<float2*>(cluster_o + row * D + col) =
+            make_float2(x0 * inv * p.o_scale, x1 * inv * p.o_scale);
+        if (col == 0) cluster_lse[row] = lse;
+        continue;
+      }
       out.pair(pr, col, x0 * inv, x1 * inv);
-      if (col == 0) out.lse(pr, dsum > 0.f ? mx + log2f(dsum) : -INFINITY);
+      if (col == 0) out.lse(pr, lse);
+    }
+    if constexpr (KT::kClusterMerge) {
+      if (to_cluster) {
+        cluster_merge<TO, D, KT::kThreads>(p, rng, kv_head, kTileQ, cluster_o, cluster_lse);
+        return;
+      }
     }
   }
 #if FLASHINFER_ATTENTION_FUSED_MERGE
@@ -448,14 +471,12 @@ __global__ void __launch_bounds__(KT::kThreads,
   // + gridDim.x of that head): the KV heads of one item run side by side and read neighbouring
   // rows of the same pages (decode 128 x 8192 1421 vs 1437 us with (blockIdx.x, blockIdx.y)
   // on the H100; benchmarks/NOTES.md).
-#if FLASHINFER_ATTENTION_ITEM_MAJOR_GRID
+  // A cluster merge needs the CTAs of one KV head side by side: (blockIdx.x, blockIdx.y).
   const uint32_t linear = blockIdx.y * gridDim.x + blockIdx.x;
-  const int first = int(linear / uint32_t(p.num_kv_heads));
-  const uint32_t kv_head = linear % uint32_t(p.num_kv_heads);
-#else
-  const int first = blockIdx.x;
-  const uint32_t kv_head = blockIdx.y;
-#endif
+  const bool item_major =
+      FLASHINFER_ATTENTION_ITEM_MAJOR_GRID && !(KT::kClusterMerge && p.cluster_merge);
+  const int first = item_major ? int(linear / uint32_t(p.num_kv_heads)) : int(blockIdx.x);
+  const uint32_t kv_head = item_major ? linear % uint32_t(p.num_kv_heads) : blockIdx.y;
   // The first item's plan entries are loaded together with num_items, not after it: each is a
   // dependent load ahead of the first K/V bytes (first < gridDim.x <= the item capacity).
   ItemIds ids = load_item_ids(p, first);
@@ -468,12 +489,54 @@ __global__ void __launch_bounds__(KT::kThreads,
 }
 
 /*!
+ * @brief Whether one wave holds grid.y clusters of grid.x CTAs of `kernel` (clusters of more
+ *   than 8 CTAs are non-portable; compute capability 9.0 and up). Asked once per device and
+ *   cluster size for each kernel; a refused query means no.
+ */
+template <class Kernel>
+bool clusters_fit(Kernel* kernel, dim3 grid, dim3 block, size_t smem) {
+  constexpr int kMaxDevices = 64, kMaxCluster = 16;
+  static std::atomic<int8_t> known[kMaxDevices][kMaxCluster + 1];  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (grid.x < 2 || grid.x > kMaxCluster || cudaGetDevice(&device) != cudaSuccess ||
+      device >= kMaxDevices)
+    return false;
+  int8_t fits = known[device][grid.x].load(std::memory_order_relaxed);
+  if (fits == 0) {
+    fits = 1;
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (major >= 9 &&
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+            cudaSuccess) {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = grid;
+      config.blockDim = block;
+      config.dynamicSmemBytes = smem;
+      cudaLaunchAttribute attribute[1];
+      attribute[0].id = cudaLaunchAttributeClusterDimension;
+      attribute[0].val.clusterDim.x = grid.x;
+      attribute[0].val.clusterDim.y = 1;
+      attribute[0].val.clusterDim.z = 1;
+      config.attrs = attribute;
+      config.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess &&
+          clusters >= int(grid.y))
+        fits = 2;
+    }
+    cudaGetLastError();  // a refused query or attribute is not the launch's error
+    known[device][grid.x].store(fits, std::memory_order_relaxed);
+  }
+  return fits == 2;
+}
+
+/*!
  * @brief Launch the attention kernel of traits KT: grid (grid_x, num_kv_heads); the CTAs loop
  *   over the plan's *num_items work items, so one launch shape serves every later plan.
  */
 template <class KT>
-cudaError_t LaunchAttention(const AttentionParams& p, int grid_x, bool enable_pdl,
-                            cudaStream_t stream) {
+cudaError_t LaunchAttention(AttentionParams& p, int grid_x, bool enable_pdl, cudaStream_t stream) {
   auto kernel = attention_kernel<KT>;
   constexpr size_t smem = KT::kSmemBytes;
   if constexpr (smem > 48 * 1024) {
@@ -482,8 +545,12 @@ cudaError_t LaunchAttention(const AttentionParams& p, int grid_x, bool enable_pd
     if (err != cudaSuccess) return err;
   }
   if (grid_x <= 0) return cudaSuccess;
-  return launch_kernel(kernel, dim3(grid_x, p.num_kv_heads), dim3(KT::kThreads), smem, stream,
-                       enable_pdl, p);
+  const dim3 grid(grid_x, p.num_kv_heads), block(KT::kThreads);
+  // A cluster merge where the shape has one and a wave holds every KV head's cluster; the
+  // plan is a valid split-KV plan without it (merge_if_last). p.cluster_merge says which.
+  if (p.cluster_merge) p.cluster_merge = KT::kClusterMerge && clusters_fit(kernel, grid, block, smem);
+  return launch_kernel_clustered(kernel, grid, block, smem, stream, enable_pdl,
+                                 p.cluster_merge ? unsigned(grid_x) : 0u, p);
 }
 
 }  // namespace attn
