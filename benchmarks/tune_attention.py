@@ -72,6 +72,8 @@ VARIANTS = {
     # The in-kernel merge's count: a fence by every thread around a relaxed atomic (until this
     # variant) instead of one acq_rel atomic by thread 0.
     "merge sc fences": ("MERGE_ACQ_REL=0",),
+    # Batch-1 split decode merged by the counted last CTA instead of within a cluster.
+    "no cluster merge": ("CLUSTER_MERGE=0",),
     # FA2 grid: item-major over the linear CTA index (default since this variant) or
     # (blockIdx.x = item, blockIdx.y = KV head).
     "head-major grid": ("ITEM_MAJOR_GRID=0",),
