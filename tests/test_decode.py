@@ -10,7 +10,7 @@ import torch
 from attention_ref import attention_ref, make_paged
 
 import flashinfer
-from flashinfer import attention_plan
+from flashinfer import attention_plan, attention_runtime
 
 TOL = {torch.float16: dict(atol=4e-3, rtol=1e-2), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
@@ -244,7 +244,9 @@ def test_batch_one_split_merged_within_a_cluster(kv_len, group, head_dim, page):
     for _ in range(2):
         o, lse = w.run(q, cache, return_lse=True, v_scale=0.5)
         _check(o * 2, lse, q, seqs, dtype)
-    if torch.cuda.get_device_capability() >= (9, 0):
+    # Where one wave holds the clusters (compute capability 9.0; the GPU's SMs per GPC):
+    module = attention_runtime.get_attention_module(w._variant)
+    if module.cluster_capacity(5, w._plan.num_items) >= hkv:
         assert torch.isnan(ws.view(torch.float32)).all()
     assert int(w._ws.counters.abs().sum()) == 0
 

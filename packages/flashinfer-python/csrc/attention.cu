@@ -224,5 +224,34 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
   }
 }
 
+/// Clusters of `cluster_size` CTAs of shape `cta` that one wave holds on the current device
+/// (minus the CUDA error code where the query is refused; 0 for a shape without the cluster
+/// merge): whether a batch-1 split decode merges within clusters (tests, benchmarks).
+int64_t cluster_capacity(int64_t cta, int64_t cluster_size) {
+  TVM_FFI_CHECK(cluster_size >= 1 && cluster_size <= 16, ValueError)
+      << "cluster_size must be 1 to 16, got " << cluster_size;
+  auto query = [&](auto traits) -> int64_t {
+    using KT = decltype(traits);
+    if constexpr (!KT::kClusterMerge) {
+      return 0;
+    } else {
+      auto kernel = attention_kernel<KT>;
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(KT::kSmemBytes));
+      const int n = flashinfer::attn::max_active_clusters(kernel, unsigned(cluster_size), dim3(KT::kThreads),
+                                        KT::kSmemBytes);
+      cudaGetLastError();
+      return n;
+    }
+  };
+  switch (cta) {
+    case 0: return query(Cta0{});
+    case 4: return query(Cta4{});
+    case 5: return kHasCta5 ? query(Cta5{}) : 0;
+    default: return 0;
+  }
+}
+
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, run);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(cluster_capacity, cluster_capacity);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cta_tile_q, cta_tile_q);

@@ -493,6 +493,31 @@ __global__ void __launch_bounds__(KT::kThreads,
  *   than 8 CTAs are non-portable; compute capability 9.0 and up). Asked once per device and
  *   cluster size for each kernel; a refused query means no.
  */
+/// Clusters of `cluster_x` CTAs of `kernel` that one wave holds (cudaOccupancyMaxActiveClusters),
+/// or minus the CUDA error code where the query is refused.
+template <class Kernel>
+int max_active_clusters(Kernel* kernel, unsigned cluster_x, dim3 block, size_t smem) {
+  if (cluster_x > 8) {
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return -int(err);
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(cluster_x, 1);
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = cluster_x;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  return err == cudaSuccess ? clusters : -int(err);
+}
+
 template <class Kernel>
 bool clusters_fit(Kernel* kernel, dim3 grid, dim3 block, size_t smem) {
   constexpr int kMaxDevices = 64, kMaxCluster = 16;
@@ -503,28 +528,9 @@ bool clusters_fit(Kernel* kernel, dim3 grid, dim3 block, size_t smem) {
     return false;
   int8_t fits = known[device][grid.x].load(std::memory_order_relaxed);
   if (fits == 0) {
-    fits = 1;
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    if (major >= 9 &&
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-            cudaSuccess) {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = grid;
-      config.blockDim = block;
-      config.dynamicSmemBytes = smem;
-      cudaLaunchAttribute attribute[1];
-      attribute[0].id = cudaLaunchAttributeClusterDimension;
-      attribute[0].val.clusterDim.x = grid.x;
-      attribute[0].val.clusterDim.y = 1;
-      attribute[0].val.clusterDim.z = 1;
-      config.attrs = attribute;
-      config.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess &&
-          clusters >= int(grid.y))
-        fits = 2;
-    }
+    fits = major >= 9 && max_active_clusters(kernel, grid.x, block, smem) >= int(grid.y) ? 2 : 1;
     cudaGetLastError();  // a refused query or attribute is not the launch's error
     known[device][grid.x].store(fits, std::memory_order_relaxed);
   }
