@@ -154,6 +154,9 @@ def cases(decode_only: bool = False):
         # in two chunks per request).
         ba._decode(1, 32768, True, 56.0, "<= 50 us", 2048, ", chunk 2048"),
         ba._decode(1, 32768, True, 56.0, "<= 50 us", 512, ", chunk 512"),
+        # Eight chunks per KV head: a cluster of 8 per head fits one wave (the plan's 16 do not).
+        ba._decode(1, 32768, True, 56.0, "<= 50 us", 4096, ", chunk 4096"),
+        ba._decode(1, 131072, True, None, "", 16384, ", chunk 16384"),
         ba._decode(16, 4096, True, None, ""),
         ba._decode(16, 4096, True, None, "", 0, ", not split"),
         # Longer and wider split batches, with the plan's chunks (two CTAs per SM) and with
