@@ -157,6 +157,10 @@ def cases(decode_only: bool = False):
         # Eight chunks per KV head: a cluster of 8 per head fits one wave (the plan's 16 do not).
         ba._decode(1, 32768, True, 56.0, "<= 50 us", 4096, ", chunk 4096"),
         ba._decode(1, 131072, True, None, "", 16384, ", chunk 16384"),
+        # Short batch-1 decode: 4, 8 and 16 chunks of 256 (the first two in one cluster wave).
+        ba._decode(1, 1024, True, None, ""),
+        ba._decode(1, 2048, True, None, ""),
+        ba._decode(1, 4096, True, None, ""),
         ba._decode(16, 4096, True, None, ""),
         ba._decode(16, 4096, True, None, "", 0, ", not split"),
         # Longer and wider split batches, with the plan's chunks (two CTAs per SM) and with
