@@ -238,8 +238,8 @@ int64_t cluster_capacity(int64_t cta, int64_t cluster_size) {
       auto kernel = attention_kernel<KT>;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            int(KT::kSmemBytes));
-      const int n = flashinfer::attn::max_active_clusters(kernel, unsigned(cluster_size), dim3(KT::kThreads),
-                                        KT::kSmemBytes);
+      const int n = flashinfer::attn::max_active_clusters(kernel, unsigned(cluster_size),
+                                                          dim3(KT::kThreads), KT::kSmemBytes);
       cudaGetLastError();
       return n;
     }

@@ -344,8 +344,10 @@ def schedule(
         split_kv=split, num_rows=num_rows,
         num_partials=sum(q * nc for q, nc in zip(qo_lens, chunks)) if split else 0,
         # One query tile's chunks (at most a cluster of 16), one CTA each: not in graph mode,
-        # whose later plans fill a fixed grid. The eight-stream shape only (where measured:
-        # H100 1 x 32768 XX vs XX us, benchmarks/NOTES.md).
+        # whose later plans fill a fixed grid. The eight-stream shape only, where measured
+        # (H100: 1 x 1024 12.5 vs 13.7 us, 1 x 2048 13.2 vs 14.2 us; a wave there holds 15
+        # clusters of 8 but only 7 of 16, so 8 KV heads in 16 chunks keep the counted merge:
+        # benchmarks/NOTES.md).
         cluster_merge=(split and cta == 5 and item_capacity is None and 2 <= num_items <= 16
                        and sum(qtiles) == 1),
     )

@@ -488,11 +488,6 @@ __global__ void __launch_bounds__(KT::kThreads,
   pdl_launch_dependents();
 }
 
-/*!
- * @brief Whether one wave holds grid.y clusters of grid.x CTAs of `kernel` (clusters of more
- *   than 8 CTAs are non-portable; compute capability 9.0 and up). Asked once per device and
- *   cluster size for each kernel; a refused query means no.
- */
 /// Clusters of `cluster_x` CTAs of `kernel` that one wave holds (cudaOccupancyMaxActiveClusters),
 /// or minus the CUDA error code where the query is refused.
 template <class Kernel>
@@ -518,6 +513,11 @@ int max_active_clusters(Kernel* kernel, unsigned cluster_x, dim3 block, size_t s
   return err == cudaSuccess ? clusters : -int(err);
 }
 
+/*!
+ * @brief Whether one wave holds grid.y clusters of grid.x CTAs of `kernel` (clusters of more
+ *   than 8 CTAs are non-portable; compute capability 9.0 and up). Asked once per device and
+ *   cluster size for each kernel; a refused query means no.
+ */
 template <class Kernel>
 bool clusters_fit(Kernel* kernel, dim3 grid, dim3 block, size_t smem) {
   constexpr int kMaxDevices = 64, kMaxCluster = 16;
@@ -554,7 +554,8 @@ cudaError_t LaunchAttention(AttentionParams& p, int grid_x, bool enable_pdl, cud
   const dim3 grid(grid_x, p.num_kv_heads), block(KT::kThreads);
   // A cluster merge where the shape has one and a wave holds every KV head's cluster; the
   // plan is a valid split-KV plan without it (merge_if_last). p.cluster_merge says which.
-  if (p.cluster_merge) p.cluster_merge = KT::kClusterMerge && clusters_fit(kernel, grid, block, smem);
+  if (p.cluster_merge)
+    p.cluster_merge = KT::kClusterMerge && clusters_fit(kernel, grid, block, smem);
   return launch_kernel_clustered(kernel, grid, block, smem, stream, enable_pdl,
                                  p.cluster_merge ? unsigned(grid_x) : 0u, p);
 }
