@@ -161,6 +161,12 @@ def cases(decode_only: bool = False):
         ba._decode(1, 1024, True, None, ""),
         ba._decode(1, 2048, True, None, ""),
         ba._decode(1, 4096, True, None, ""),
+        # Eight chunks (one wave of clusters) against the plan's sixteen (counted merge).
+        ba._decode(1, 4096, True, None, "", 512, ", chunk 512"),
+        ba._decode(1, 8192, True, None, ""),
+        ba._decode(1, 8192, True, None, "", 1024, ", chunk 1024"),
+        ba._decode(1, 16384, True, None, ""),
+        ba._decode(1, 16384, True, None, "", 2048, ", chunk 2048"),
         ba._decode(16, 4096, True, None, ""),
         ba._decode(16, 4096, True, None, "", 0, ", not split"),
         # Longer and wider split batches, with the plan's chunks (two CTAs per SM) and with
