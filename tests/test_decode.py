@@ -120,7 +120,7 @@ def test_batch_decode_options(layout, opts, decode_shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv_len", [1, 31, 4096, 131072])
+@pytest.mark.parametrize("kv_len", [1, 31, 2048, 4096, 131072])
 def test_single_decode(kv_len):
     gen = torch.Generator().manual_seed(kv_len)
     dtype = torch.bfloat16
@@ -223,14 +223,18 @@ def test_split_kv_merged_in_the_kernel(group, decode_shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_len, group, head_dim, page", [
     (257, 4, 128, 16),     # two chunks, the second of one key
-    (5000, 1, 64, 1),      # a packed tile of 1 row of 16, page size 1
-    (32771, 8, 128, 16),   # 16 chunks, a ragged last page
+    (1000, 1, 64, 1),      # four chunks; a packed tile of 1 row of 16, page size 1
+    (2000, 8, 128, 16),    # eight chunks, 16 packed rows, a ragged last page
+    (2047, 4, 64, 7),      # eight chunks, odd page size
+    (5000, 1, 64, 1),      # 16 chunks: more than an H100 wave of clusters holds (fallback)
+    (32771, 8, 128, 16),
     (131072, 4, 128, 64),
 ])
 def test_batch_one_split_merged_within_a_cluster(kv_len, group, head_dim, page):
     """Batch-1 split decode: the chunks' CTAs of each KV head merge in a thread-block cluster
-    (on an H100: the float workspace, filled with NaN, keeps it, since no partial state goes
-    there), lse and v_scale included, twice (nothing to reset between launches)."""
+    where one wave holds the clusters (then the float workspace, filled with NaN, keeps it,
+    since no partial state goes there), the counted merge otherwise; lse and v_scale included,
+    twice (nothing to reset between launches)."""
     gen = torch.Generator().manual_seed(kv_len)
     dtype, hkv = torch.bfloat16, 8  # 132 SMs / 8 heads: at most 16 chunks (a cluster's most)
     cache, indptr, indices, last, seqs = make_paged([kv_len], page, hkv, head_dim, dtype,
