@@ -248,6 +248,13 @@ def test_batch_one_split_merged_within_a_cluster(kv_len, group, head_dim, page):
     for _ in range(2):
         o, lse = w.run(q, cache, return_lse=True, v_scale=0.5)
         _check(o * 2, lse, q, seqs, dtype)
+    # The same launch captured in a CUDA graph (as serving frameworks and the benchmarks run it).
+    out, lse_out = torch.empty_like(o), torch.empty_like(lse)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, cache, out=out, lse=lse_out)
+    graph.replay()
+    _check(out, lse_out, q, seqs, dtype)
     # Where one wave holds the clusters (compute capability 9.0; the GPU's SMs per GPC):
     module = attention_runtime.get_attention_module(w._variant)
     if module.cluster_capacity(5, w._plan.num_items) >= hkv:
