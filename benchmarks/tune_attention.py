@@ -157,16 +157,11 @@ def cases(decode_only: bool = False):
         # Eight chunks per KV head: a cluster of 8 per head fits one wave (the plan's 16 do not).
         ba._decode(1, 32768, True, 56.0, "<= 50 us", 4096, ", chunk 4096"),
         ba._decode(1, 131072, True, None, "", 16384, ", chunk 16384"),
-        # Short batch-1 decode: 4, 8 and 16 chunks of 256 (the first two in one cluster wave).
-        ba._decode(1, 1024, True, None, ""),
-        ba._decode(1, 2048, True, None, ""),
-        ba._decode(1, 4096, True, None, ""),
-        # Eight chunks (one wave of clusters) against the plan's sixteen (counted merge).
-        ba._decode(1, 4096, True, None, "", 512, ", chunk 512"),
-        ba._decode(1, 8192, True, None, ""),
-        ba._decode(1, 8192, True, None, "", 1024, ", chunk 1024"),
-        ba._decode(1, 16384, True, None, ""),
-        ba._decode(1, 16384, True, None, "", 2048, ", chunk 2048"),
+        # Batch-1 decode with the plan's chunks (4, 8, 16, 16, 16: the first two merge within
+        # clusters, a wave holds them), and in eight chunks (clusters) against sixteen (counted).
+        *[ba._decode(1, n, True, None, "") for n in (1024, 2048, 4096, 8192, 16384)],
+        *[ba._decode(1, n, True, None, "", n // 8, f", chunk {n // 8}")
+          for n in (4096, 8192, 16384)],
         ba._decode(16, 4096, True, None, ""),
         ba._decode(16, 4096, True, None, "", 0, ", not split"),
         # Longer and wider split batches, with the plan's chunks (two CTAs per SM) and with
