@@ -74,6 +74,8 @@ VARIANTS = {
     "merge sc fences": ("MERGE_ACQ_REL=0",),
     # Batch-1 split decode merged by the counted last CTA instead of within a cluster.
     "no cluster merge": ("CLUSTER_MERGE=0",),
+    # The plan's first loads after griddepcontrol.wait (until this variant), not before it.
+    "plan after pdl wait": ("PLAN_BEFORE_PDL_WAIT=0",),
     # FA2 grid: item-major over the linear CTA index (default since this variant) or
     # (blockIdx.x = item, blockIdx.y = KV head).
     "head-major grid": ("ITEM_MAJOR_GRID=0",),
@@ -138,6 +140,23 @@ def check(label) -> dict:
     return {"errors": errs, "ok": ok}
 
 
+def _after_norm(case, rows: int = 256, hidden: int = 4096):
+    """``case`` right after an RMSNorm of ``rows x hidden`` (bf16, PDL on both, one graph
+    replay for the pair): a decode's start as in a model, with the kernel before it still
+    finishing."""
+    x = torch.randn(rows, hidden, dtype=ba.DT, device="cuda")
+    weight = torch.randn(hidden, dtype=ba.DT, device="cuda")
+    y = torch.empty_like(x)
+    run = case.fn
+
+    def fn():
+        flashinfer.rmsnorm(x, weight, out=y, enable_pdl=True)
+        return run()
+
+    return dataclasses.replace(case, name=f"{case.name} after rmsnorm {rows} x {hidden}", fn=fn,
+                               bytes_moved=case.bytes_moved + 2 * x.numel() * 2)
+
+
 def cases(decode_only: bool = False):
     out = [
         ba._decode(64, 4096, True, 362.8, "<= 350 us"),
@@ -170,6 +189,10 @@ def cases(decode_only: bool = False):
         ba._decode(1, 131072, True, None, "", 8192, ", chunk 8192"),
         ba._decode(4, 16384, True, None, ""),
         ba._decode(4, 16384, True, None, "", 4096, ", chunk 4096"),
+        # After a kernel that lets it start early (PDL).
+        _after_norm(ba._decode(1, 32768, True, None, "")),
+        _after_norm(ba._decode(1, 2048, True, None, "")),
+        _after_norm(ba._decode(64, 4096, True, None, "")),
         # Idle CTAs (items beyond the plan's, as a CUDA-graph plan's capacity leaves them).
         gd._patched("+2 idle items", capacity_extra=2, graph_wrapper=False),
         gd._patched("+0 idle items", capacity_extra=0, graph_wrapper=False),

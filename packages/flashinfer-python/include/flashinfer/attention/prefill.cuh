@@ -43,6 +43,10 @@
 #ifndef FLASHINFER_ATTENTION_FUSED_MERGE
 #define FLASHINFER_ATTENTION_FUSED_MERGE 1
 #endif
+// The plan's first loads before griddepcontrol.wait (1) or after it (0).
+#ifndef FLASHINFER_ATTENTION_PLAN_BEFORE_PDL_WAIT
+#define FLASHINFER_ATTENTION_PLAN_BEFORE_PDL_WAIT 1
+#endif
 // Which (item, KV head) a CTA takes first: 1 = item-major over the linear CTA index (the KV
 // heads of one item adjacent), 0 = (blockIdx.x, blockIdx.y).
 #ifndef FLASHINFER_ATTENTION_ITEM_MAJOR_GRID
@@ -465,7 +469,9 @@ __global__ void __launch_bounds__(KT::kThreads,
                                   KT::kWarpsQ == 1 ? FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS : 1)
     attention_kernel(const __grid_constant__ AttentionParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
+#if !FLASHINFER_ATTENTION_PLAN_BEFORE_PDL_WAIT
   pdl_wait();
+#endif
   const int num_items = *p.num_items;
   // CTA L = blockIdx.y * gridDim.x + blockIdx.x takes item L / H of KV head L % H (then items
   // + gridDim.x of that head): the KV heads of one item run side by side and read neighbouring
@@ -480,6 +486,12 @@ __global__ void __launch_bounds__(KT::kThreads,
   // The first item's plan entries are loaded together with num_items, not after it: each is a
   // dependent load ahead of the first K/V bytes (first < gridDim.x <= the item capacity).
   ItemIds ids = load_item_ids(p, first);
+#if FLASHINFER_ATTENTION_PLAN_BEFORE_PDL_WAIT
+  // Only plan()'s host copy writes the plan, never a kernel (a copy ends before the next kernel
+  // starts): its loads go out before the PDL wait, behind the previous kernel's tail. q, the
+  // page ids and the cache may come from that kernel: they are read after.
+  pdl_wait();
+#endif
   for (int item = first; item < num_items; item += gridDim.x) {
     attention_item<KT>(p, ids, kv_head, smem);
     if (item + int(gridDim.x) < num_items) ids = load_item_ids(p, item + gridDim.x);
