@@ -400,9 +400,45 @@ def test_decode_run_rejects_a_cache_with_other_kv_heads_on_cpu(monkeypatch):
 
 
 @pytest.mark.gpu
+def test_plan_and_single_calls_do_not_wait_for_the_gpu():
+    """With host metadata, plan() (twice in a row) and the single-request functions queue their
+    uploads without synchronizing the stream: an event recorded behind ~30 ms of matmuls is
+    still pending when they return, and their results are right once the GPU gets there."""
+    gen = torch.Generator().manual_seed(3)
+    dtype, hq, hkv, d, page = torch.bfloat16, 32, 8, 128, 16
+    cache, indptr, indices, last, seqs = make_paged([5000, 77], page, hkv, d, dtype, "cuda",
+                                                    "NHD", False, gen)
+    q = torch.randn(2, hq, d, generator=gen).to(dtype).cuda()
+    k, v = seqs[0]
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD")
+
+    def calls():
+        w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype)
+        w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype)
+        return (w.run(q, cache), flashinfer.single_decode_with_kv_cache(q[0], k, v),
+                flashinfer.single_prefill_with_kv_cache(q[:1].expand(3, -1, -1).contiguous(),
+                                                        k, v, causal=True))
+
+    calls()  # build and load the modules
+    a = torch.randn(4096, 4096, dtype=dtype, device="cuda")
+    torch.cuda.synchronize()
+    for _ in range(150):
+        a @ a
+    behind = torch.cuda.Event()
+    behind.record()
+    batch, single, prefill = calls()
+    assert not behind.query(), "a call waited for the GPU's queue"
+    torch.cuda.synchronize()
+    _check(batch, None, q, seqs, dtype)
+    _check(single[None], None, q[:1], seqs[:1], dtype)
+    ro, _ = attention_ref(q[:1].expand(3, -1, -1), k, v, causal=True)
+    torch.testing.assert_close(prefill.double(), ro, **TOL[dtype])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("use_cuda_graph", [False, True])
 def test_metadata_on_the_host_or_the_device_give_the_same_output(use_cuda_graph):
-    """plan() stages host metadata through the workspace's pinned mirror in one copy (into the
+    """plan() stages host metadata through pinned memory in one copy (into the
     caller's buffers in graph mode) and copies device metadata as it is: same output, for two
     plans of different page counts (the second overwrites the first one's staged metadata; in
     graph mode the run captured after the first plan is replayed after the second)."""

@@ -130,7 +130,7 @@ def use_sm90(device: torch.device, variant: AttentionVariant, backend: str) -> b
 
 class Workspace:
     """The float workspace (split-KV partial states), the int workspace (the plan) and its
-    pinned host mirror. ``plan`` writes through the mirror; ``run`` only reads."""
+    merge counters. ``plan`` writes (``stage``); ``run`` only reads."""
 
     def __init__(self, float_workspace_buffer: torch.Tensor,
                  int_workspace_buffer: Optional[torch.Tensor] = None) -> None:
@@ -154,8 +154,6 @@ class Workspace:
         if self._ints.numel() <= MERGE_COUNTERS:
             raise ValueError(f"int_workspace_buffer must hold more than {MERGE_COUNTERS * 4} "
                              f"bytes, got {self._ints.numel() * 4}")
-        self._pinned: Optional[torch.Tensor] = None
-        self._last_copy: Any = None  # the event after the latest copy out of the pinned mirror
         self.counters = self._ints[-MERGE_COUNTERS:]
         self.counters.zero_()
 
@@ -189,13 +187,13 @@ class Workspace:
         None, int tensor, name)``, the plan first; returns each as an int32 device tensor.
 
         Host tensors without a graph buffer are laid out one after another from int 0 of the
-        int workspace and copied in one go through the pinned mirror, those with one are copied
-        into it from the mirror; a copy per tensor, pageable or not, costs each plan tens of
-        microseconds. Device tensors are used as they are (copied into their graph buffer).
+        int workspace and copied in one go out of pinned memory, those with one are copied into
+        it from there; a copy per tensor, pageable or not, costs each plan tens of microseconds
+        (and a pageable one synchronizes the stream). Device tensors are used as they are (copied into their graph buffer).
         What does not fit the workspace is copied on its own. In graph mode the plan's length
         is fixed, so the arrays after it keep their addresses (a captured run reads them)."""
         on_device = self.device.type == "cuda"
-        # Host tensors are laid out in the mirror one after another: the workspace's first
+        # Host tensors are laid out in pinned memory one after another: the workspace's first
         # (the plan at 0, then the rest of its one copy), then those bound for graph buffers.
         ranks = sorted(range(len(items)), key=lambda i: items[i][0] is not None)
         at: dict[int, int] = {}
@@ -213,16 +211,13 @@ class Workspace:
         if 0 not in at:
             raise ValueError(f"the plan needs {items[0][1].numel()} ints, the int workspace has "
                              f"room for {self.room}; plan a smaller batch")
+        # A fresh pinned block per plan from torch's caching host allocator, which keeps it
+        # until the copies out of it are done: a plan never waits for an earlier one's copy
+        # still queued behind GPU work (a plan per decode step, the host a step ahead).
+        staged = torch.empty(end, dtype=torch.int32, pin_memory=True) if on_device else self._ints
+        torch.cat(parts, out=staged[:end])  # and to int32
         if on_device:
-            if self._pinned is None:
-                self._pinned = torch.empty(self._ints.numel(), dtype=torch.int32,
-                                           pin_memory=True)
-            if self._last_copy is not None:
-                self._last_copy.synchronize()  # the mirror's ints may still be copied out
-        mirror = self._pinned if on_device else self._ints
-        torch.cat(parts, out=mirror[:end])  # and to int32
-        if on_device:
-            self._ints[:block].copy_(mirror[:block], non_blocking=non_blocking)
+            self._ints[:block].copy_(staged[:block], non_blocking=non_blocking)
         out = []
         for i, (buf, t, name) in enumerate(items):
             n = t.numel()
@@ -233,12 +228,9 @@ class Workspace:
             if n > buf.numel():
                 raise ValueError(f"{name} has {n} entries, its CUDA-graph buffer only "
                                  f"{buf.numel()}")
-            buf[:n].copy_(mirror[at[i]:at[i] + n] if i in at else t.reshape(-1),
+            buf[:n].copy_(staged[at[i]:at[i] + n] if i in at else t.reshape(-1),
                           non_blocking=non_blocking)
             out.append(buf)
-        if on_device:
-            self._last_copy = torch.cuda.Event()
-            self._last_copy.record()
         return out
 
 

@@ -17,6 +17,7 @@ CUDA graph.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import warnings
 from itertools import repeat
@@ -55,6 +56,15 @@ def _host_ints(x: torch.Tensor, name: str) -> list[int]:
     if x.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{name} must be int32, got {rt.dtype_name(x.dtype)}")
     return x.detach().to("cpu", torch.int64).tolist()
+
+
+def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device`` without waiting for the GPU's queue: a pageable
+    ``.to(device)`` synchronizes the stream, a copy out of pinned memory does not (torch's
+    caching host allocator keeps the pinned block until the copy is done)."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _check_single_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -112,8 +122,8 @@ def _pack_mask(custom_mask: Optional[torch.Tensor], packed_custom_mask: Optional
         flat = flat.to(device=device, dtype=torch.bool)
         from .quantization import segment_packbits
 
-        bit_indptr = torch.tensor([0] + list(torch.tensor(sizes).cumsum(0).tolist()),
-                                  dtype=torch.int32, device=device)
+        bit_indptr = _upload(torch.tensor([0] + list(itertools.accumulate(sizes)),
+                                          dtype=torch.int32), device)
         packed, _ = segment_packbits(flat, bit_indptr, bitorder="little")
     else:
         packed = packed_custom_mask.reshape(-1).to(device=device, dtype=torch.uint8)
@@ -232,7 +242,8 @@ def _single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encodi
     # One upload: the plan, the two indptrs, and (split KV) the merge counters, all 0.
     counters = plan.item_capacity * num_kv_heads if plan.split_kv else 0
     dev = torch.cat([buf, torch.tensor([0, qo_len, 0, kv_len], dtype=torch.int32),
-                     torch.zeros(counters, dtype=torch.int32)]).to(device)
+                     torch.zeros(counters, dtype=torch.int32)])
+    dev = _upload(dev, device)
     n = buf.numel()
     partials = None
     if plan.split_kv:
@@ -243,7 +254,7 @@ def _single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encodi
     mask = mask_indptr = None
     if use_mask:
         mask, mask_indptr = _pack_mask(custom_mask, packed_custom_mask, [qo_len], [kv_len], device)
-        mask_indptr = mask_indptr.to(device)
+        mask_indptr = _upload(mask_indptr, device)
     sm, o_scale = rt.resolve_scales(head_dim, sm_scale, None, k_scale, v_scale)
     rs, rth = rt.rope_defaults(rope_scale, rope_theta)
     o = torch.empty(qo_len, num_qo_heads, head_dim, dtype=o_dtype, device=device)
