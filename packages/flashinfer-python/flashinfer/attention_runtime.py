@@ -154,6 +154,11 @@ class Workspace:
         if self._ints.numel() <= MERGE_COUNTERS:
             raise ValueError(f"int_workspace_buffer must hold more than {MERGE_COUNTERS * 4} "
                              f"bytes, got {self._ints.numel() * 4}")
+        # Pinned staging for plan(): two blocks used in turn, each with the event after its
+        # latest copies (Workspace.stage).
+        self._pinned: list[Optional[torch.Tensor]] = [None, None]
+        self._copied: list[Any] = [None, None]
+        self._turn = 0
         self.counters = self._ints[-MERGE_COUNTERS:]
         self.counters.zero_()
 
@@ -187,11 +192,12 @@ class Workspace:
         None, int tensor, name)``, the plan first; returns each as an int32 device tensor.
 
         Host tensors without a graph buffer are laid out one after another from int 0 of the
-        int workspace and copied in one go out of pinned memory, those with one are copied into
-        it from there; a copy per tensor, pageable or not, costs each plan tens of microseconds
-        (and a pageable one synchronizes the stream). Device tensors are used as they are (copied into their graph buffer).
-        What does not fit the workspace is copied on its own. In graph mode the plan's length
-        is fixed, so the arrays after it keep their addresses (a captured run reads them)."""
+        int workspace and copied in one go out of pinned memory (``_pinned_block``), those with
+        one are copied into it from there; a copy per tensor costs each plan tens of
+        microseconds, and a blocking pageable one synchronizes the stream. Device tensors are
+        used as they are (copied into their graph buffer). What does not fit the workspace is
+        copied on its own. In graph mode the plan's length is fixed, so the arrays after it keep
+        their addresses (a captured run reads them)."""
         on_device = self.device.type == "cuda"
         # Host tensors are laid out in pinned memory one after another: the workspace's first
         # (the plan at 0, then the rest of its one copy), then those bound for graph buffers.
@@ -211,10 +217,7 @@ class Workspace:
         if 0 not in at:
             raise ValueError(f"the plan needs {items[0][1].numel()} ints, the int workspace has "
                              f"room for {self.room}; plan a smaller batch")
-        # A fresh pinned block per plan from torch's caching host allocator, which keeps it
-        # until the copies out of it are done: a plan never waits for an earlier one's copy
-        # still queued behind GPU work (a plan per decode step, the host a step ahead).
-        staged = torch.empty(end, dtype=torch.int32, pin_memory=True) if on_device else self._ints
+        staged = self._pinned_block(end) if on_device else self._ints
         torch.cat(parts, out=staged[:end])  # and to int32
         if on_device:
             self._ints[:block].copy_(staged[:block], non_blocking=non_blocking)
@@ -231,7 +234,25 @@ class Workspace:
             buf[:n].copy_(staged[at[i]:at[i] + n] if i in at else t.reshape(-1),
                           non_blocking=non_blocking)
             out.append(buf)
+        if on_device:
+            self._copied[self._turn] = torch.cuda.Event()
+            self._copied[self._turn].record()
         return out
+
+    def _pinned_block(self, ints: int) -> torch.Tensor:
+        """The next of two pinned blocks, used in turn: a plan waits only for the copies of the
+        plan before the previous one (a plan per decode step, the host a step ahead of the GPU,
+        never waits). Grown by doubling; a new pinned allocation may synchronize the device."""
+        self._turn ^= 1
+        block, done = self._pinned[self._turn], self._copied[self._turn]
+        if block is None or block.numel() < ints:
+            size = max(ints, 4096, 2 * (0 if block is None else block.numel()))
+            # Torch's caching host allocator keeps the old block until its copies are done.
+            block = self._pinned[self._turn] = torch.empty(size, dtype=torch.int32,
+                                                           pin_memory=True)
+        elif done is not None:
+            done.synchronize()
+        return block
 
 
 @dataclass(frozen=True)
