@@ -419,15 +419,18 @@ def test_plan_and_single_calls_do_not_wait_for_the_gpu():
                 flashinfer.single_prefill_with_kv_cache(q[:1].expand(3, -1, -1).contiguous(),
                                                         k, v, causal=True))
 
-    calls()  # build and load the modules
     a = torch.randn(4096, 4096, dtype=dtype, device="cuda")
-    torch.cuda.synchronize()
-    for _ in range(150):
-        a @ a
-    behind = torch.cuda.Event()
-    behind.record()
-    batch, single, prefill = calls()
-    assert not behind.query(), "a call waited for the GPU's queue"
+    # The first round builds the modules and lets torch's caching host allocator allocate the
+    # pinned blocks the single-request uploads need while earlier ones are in flight (a new
+    # pinned allocation synchronizes the device); the second is the steady state.
+    for round in range(2):
+        torch.cuda.synchronize()
+        for _ in range(150):
+            a @ a
+        behind = torch.cuda.Event()
+        behind.record()
+        batch, single, prefill = calls()
+        assert round == 0 or not behind.query(), "a call waited for the GPU's queue"
     torch.cuda.synchronize()
     _check(batch, None, q, seqs, dtype)
     _check(single[None], None, q[:1], seqs[:1], dtype)
