@@ -423,14 +423,14 @@ def test_plan_and_single_calls_do_not_wait_for_the_gpu():
     # The first round builds the modules and lets torch's caching host allocator allocate the
     # pinned blocks the single-request uploads need while earlier ones are in flight (a new
     # pinned allocation synchronizes the device); the second is the steady state.
-    for round in range(2):
+    for attempt in range(2):
         torch.cuda.synchronize()
         for _ in range(150):
             a @ a
         behind = torch.cuda.Event()
         behind.record()
         batch, single, prefill = calls()
-        assert round == 0 or not behind.query(), "a call waited for the GPU's queue"
+        assert attempt == 0 or not behind.query(), "a call waited for the GPU's queue"
     torch.cuda.synchronize()
     _check(batch, None, q, seqs, dtype)
     _check(single[None], None, q[:1], seqs[:1], dtype)
