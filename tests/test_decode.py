@@ -408,6 +408,7 @@ def test_plan_and_single_calls_do_not_wait_for_the_gpu():
     dtype, hq, hkv, d, page = torch.bfloat16, 32, 8, 128, 16
     cache, indptr, indices, last, seqs = make_paged([5000, 77], page, hkv, d, dtype, "cuda",
                                                     "NHD", False, gen)
+    indptr, indices, last = indptr.cpu(), indices.cpu(), last.cpu()  # host metadata
     q = torch.randn(2, hq, d, generator=gen).to(dtype).cuda()
     k, v = seqs[0]
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD")
