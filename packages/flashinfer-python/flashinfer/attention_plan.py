@@ -101,8 +101,9 @@ def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, batch_ct
     16 rows when every request fits one MMA tile (decode, short queries), with as many
     independent key streams as keep the memory system busy for the batch's ``batch_ctas``
     (16-row tiles x KV heads, times the chunks of the caller's fixed KV split if any): eight
-    (shape 5, one CTA per SM; head_dim <= 128) when they fit one per SM, split or not (H100: 1 x 32768 55.0 vs 56.3 us, 16 x 4096 95.3 vs 97.7 us); four
-    (shape 0) up to two per SM and beyond four; two (shape 4, four CTAs per SM) in between: one
+    (shape 5, one CTA per SM; head_dim <= 128) when they fit one per SM, split or not (H100:
+    1 x 32768 55.0 vs 56.3 us, 16 x 4096 95.3 vs 97.7 us); four (shape 0) up to two per SM
+    and beyond four; two (shape 4, four CTAs per SM) in between: one
     wave of the narrow shape instead of two of the wide one (64 x 4096 at 8 KV heads: 348.9 vs
     351.2 us; outside that range it measured slower). Longer queries take the Hopper
     kernel (3) where ``sm90`` says the GPU and the variant allow it; otherwise 64 rows, except
@@ -183,6 +184,13 @@ def choose_chunk_size(kv_lens: Sequence[int], qtiles: Sequence[int], num_kv_head
         else:
             lo = mid + align
     return 0 if lo >= max_kv else lo
+
+
+def _tiles(qo_lens: Sequence[int], group_size: int, tile: int, max_rows: int) -> list[int]:
+    """Tiles of ``tile`` packed rows per request (``max_rows``: the longest one's rows)."""
+    if max_rows <= tile and min(qo_lens, default=0) > 0:  # one each (decode): no loop per request
+        return [1] * len(qo_lens)
+    return [-(-q * group_size // tile) for q in qo_lens]
 
 
 def _merge_indptr(buf: array, start: int, qo_lens: Sequence[int], chunks: Sequence[int]) -> None:
@@ -283,8 +291,7 @@ def schedule(
     max_rows = max(qo_lens, default=0) * group_size
     if cta is None:
         fixed = kv_chunk_size if kv_chunk_size and not disable_split_kv else 0
-        tiles = [1] * len(qo_lens) if max_rows <= 16 and min(qo_lens, default=0) > 0 else \
-            [-(-q * group_size // 16) for q in qo_lens]
+        tiles = _tiles(qo_lens, group_size, 16, max_rows)
         if fixed:
             tiles = [t * (-(-k // fixed) or 1) for t, k in zip(tiles, kv_lens)]
         batch_ctas = num_kv_heads * sum(tiles)
@@ -292,10 +299,7 @@ def schedule(
     if ctas_per_sm is None:
         ctas_per_sm = CTAS_PER_SM[cta]
     tile_q = tile_rows(cta, head_dim)
-    if max_rows <= tile_q and min(qo_lens, default=0) > 0:  # one tile each (decode)
-        qtiles = [1] * len(qo_lens)
-    else:
-        qtiles = [-(-q * group_size // tile_q) for q in qo_lens]
+    qtiles = _tiles(qo_lens, group_size, tile_q, max_rows)
 
     if disable_split_kv or kv_chunk_size == 0:
         chunk = 0

@@ -20,7 +20,6 @@ import functools
 import itertools
 import operator
 import warnings
-from itertools import repeat
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -96,8 +95,8 @@ def paged_kv_lens(indptr: list[int], last_page_len: list[int], page_size: int) -
                          f"request), got {len(last_page_len)}")
     if min(pages, default=1) > 0 and 1 <= min(last_page_len, default=1) and \
             max(last_page_len, default=1) <= page_size:  # no empty request, all in range
-        return list(map(operator.add, map(operator.mul, pages, repeat(page_size)),
-                        map(operator.sub, last_page_len, repeat(page_size))))
+        return list(map(operator.add, map(operator.mul, pages, itertools.repeat(page_size)),
+                        map(operator.sub, last_page_len, itertools.repeat(page_size))))
     bad = [last for n, last in zip(pages, last_page_len) if n and not 1 <= last <= page_size]
     if bad:
         raise ValueError(f"paged_kv_last_page_len entries must be in [1, page_size={page_size}]"
@@ -108,8 +107,9 @@ def paged_kv_lens(indptr: list[int], last_page_len: list[int], page_size: int) -
 def _pack_mask(custom_mask: Optional[torch.Tensor], packed_custom_mask: Optional[torch.Tensor],
                qo_lens: Sequence[int], kv_lens: Sequence[int],
                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(packed bits uint8 on ``device``, byte offset of each request int32 on the host): row-major [qo_len, kv_len] bits per
-    request, little-endian, each request byte-aligned (the ``segment_packbits`` layout)."""
+    """(packed bits uint8 on ``device``, byte offset of each request int32 on the host):
+    row-major [qo_len, kv_len] bits per request, little-endian, each request byte-aligned (the
+    ``segment_packbits`` layout)."""
     sizes = [q * k for q, k in zip(qo_lens, kv_lens)]
     offsets = [0]
     for n in sizes:
