@@ -2,6 +2,8 @@
 (GPU timings agree between processes; host timings do not):
 
     for tree in old new old new; do PYTHONPATH=$tree python benchmarks/ab_attention.py OUT.json; done
+
+Further arguments keep only the cases whose name contains one of them (``prefill``, ``decode``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ def main() -> int:
              ba._with_cta(0, ba._decode, 64, 4096, True, 362.8, "<= 350 us"),
              ba._decode(128, 8192, True, 1420.0, "<= 1390 us"),
              ba._ragged_prefill(16, 1024, 452.0, "<= 450 us"),
-             ba._paged_prefill(8, 2048, 906.0, "<= 900 us")]
+             ba._paged_prefill(8, 2048, 906.0, "<= 900 us"),
+             ba._single_prefill(16384, 5824.0, "<= 5800 us")]
+    if len(sys.argv) > 2:
+        cases = [c for c in cases if any(word in c.name for word in sys.argv[2:])]
     rows = harness.run_cases(cases, ceilings)
     harness.write(Path(sys.argv[1]), {"device": harness.device_info(), "ceilings": ceilings,
                                       "package": ba.flashinfer.__file__, "cases": rows})

@@ -255,8 +255,8 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<
       k_base += r.kv_token_begin * p.k_stride_n;
       v_base += r.kv_token_begin * p.v_stride_n;
     }
-    // The page id of key 32 pwarp + lane of tile i, one load per lane; the copies fetch it from
-    // the owning lane. Keys past the end are clamped to the last key and copied as zeros.
+    // The page id of key 32 pwarp + lane of tile i, one load per lane, issued a tile ahead.
+    // Keys past the end are clamped to the last key and copied as zeros.
     auto lookup = [&](int i) {
       if constexpr (!KT::kPaged) return 0;
       const int tok = min(r.kv_lo + i * kTileKV + 32 * pwarp + lane, r.kv_hi - 1);
@@ -267,30 +267,39 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<
       const int s = c % S;
       const uint32_t free_phase = (c / S + 1) & 1;  // completion of round c / S - 1
       const int base = r.kv_lo + i * kTileKV;
-      const int page = next_page;
-      auto copy_tile = [&](T* dst, const T* src, int s_page, int s_n) {
+      // Paged: each lane turns its own key's page and slot into K and V offsets once per tile;
+      // a copy takes its row's offsets from the owning lane (two shuffles), so the division
+      // by the page size and the 64-bit products are not repeated per copy (on 8 x 2048 paged
+      // prefill they made the producer the bottleneck: Nsight Compute, benchmarks/NOTES.md).
+      int64_t k_off = 0, v_off = 0;
+      if constexpr (KT::kPaged) {
+        const int tok = min(base + 32 * pwarp + lane, r.kv_hi - 1);
+        const int slot = tok - int(p.page_size.div(uint32_t(tok)) * p.page_size.d);
+        k_off = mul_wide(slot, k_s_n) + mul_wide(next_page, k_s_page);
+        v_off = mul_wide(slot, v_s_n) + mul_wide(next_page, v_s_page);
+      }
+      auto copy_tile = [&](T* dst, const T* src, int64_t lane_off, int s_n) {
 #pragma unroll
         for (int it = 0; it < kPasses; ++it) {
           const int row = my_row0 + it * kRowsPerPass;
           const int tok = base + row;
-          const int clamped = min(tok, r.kv_hi - 1);
           int64_t off;
           if constexpr (KT::kPaged) {
-            const int pg = __shfl_sync(0xffffffff, page, row % 32);
-            const int slot = clamped - int(p.page_size.div(uint32_t(clamped)) * p.page_size.d);
-            off = mul_wide(slot, s_n) + mul_wide(pg, s_page);
+            (void)s_n;
+            off = __shfl_sync(0xffffffff, lane_off, row % 32);
           } else {
-            off = mul_wide(clamped, s_n);
+            (void)lane_off;
+            off = mul_wide(min(tok, r.kv_hi - 1), s_n);
           }
           cp_async_16(dst + KT::KVTile::offset(row, my_chunk), src + off, tok < r.kv_hi);
         }
       };
       if (c >= S) sm90::mbar_wait(sync.empty_k(s), free_phase);
-      copy_tile(k_tile(s), k_base, k_s_page, k_s_n);
+      copy_tile(k_tile(s), k_base, k_off, k_s_n);
       sm90::cp_async_arrive_noinc(sync.full_k(s));
       if (i + 1 < r.num_tiles) next_page = lookup(i + 1);  // lands while V is issued
       if (c >= S) sm90::mbar_wait(sync.empty_v(s), free_phase);
-      copy_tile(v_tile(s), v_base, v_s_page, v_s_n);
+      copy_tile(v_tile(s), v_base, v_off, v_s_n);
       sm90::cp_async_arrive_noinc(sync.full_v(s));
       look_up_next();  // after the item's first tile is on its way
     }

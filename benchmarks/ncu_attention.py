@@ -1,0 +1,40 @@
+"""One attention case run a few times, for Nsight Compute to profile its kernel.
+
+    ncu --clock-control none --set full --kernel-name regex:attention_kernel \
+        --launch-skip 2 --launch-count 1 -o REPORT python benchmarks/ncu_attention.py CASE
+
+CASE is one of the keys of CASES (the issue's prefill and decode rows). GPU only.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_attention as ba  # noqa: E402
+import torch  # noqa: E402
+
+CASES = {
+    "paged": lambda: ba._paged_prefill(8, 2048, 0.0, ""),
+    "ragged": lambda: ba._ragged_prefill(16, 1024, 0.0, ""),
+    "single": lambda: ba._single_prefill(16384, 0.0, ""),
+    "decode1": lambda: ba._decode(1, 32768, True, 0.0, ""),
+    "decode64": lambda: ba._decode(64, 4096, True, 0.0, ""),
+}
+
+
+def main() -> int:
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
+        print(f"usage: ncu_attention.py {{{','.join(CASES)}}}", file=sys.stderr)
+        return 2
+    case = CASES[sys.argv[1]]()
+    for _ in range(4):
+        case.fn()
+    torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
