@@ -44,6 +44,9 @@ VARIANTS = {
     # setmaxnreg split (producer / consumers; 88 / 208 default since 981a959): the producer
     # spills 116 / 144 bytes at 72 / 216 (D = 128 paged causal), 60 / 52 at 88 / 208.
     "sm90 regs 72/216": ("SM90_PRODUCER_REGS=72", "SM90_CONSUMER_REGS=216"),
+    # FlashAttention-3's ping-pong between the consumer warpgroups (off: no gain measured while
+    # the paged producer was the bottleneck, before f78cd90).
+    "sm90 pingpong": ("SM90_PINGPONG=1",),
     # FA2 prefill shapes (cta 1, 2): K/V tiles in flight per stream (default 3).
     "stages 2": ("STAGES=2",),
     "stages 4": ("STAGES=4",),

@@ -191,14 +191,16 @@ template <class KT>
 __device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<KT> sync) {
   using T = typename KT::DTypeQ;
   constexpr int D = KT::kHeadDim, S = KT::kStages, kTileKV = KT::kTileKV;
-  constexpr int kChunks = D / 8;                // 16-byte chunks per row
-  constexpr int kRowsPerPass = 32 / kChunks;  // rows one warp-wide copy covers
-  constexpr int kPasses = 32 / kRowsPerPass;  // copies per lane per tile (32 rows per warp)
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  // K/V copies: lane l moves chunk l % 8 of both 128-byte halves (swizzle column blocks) of
+  // rows 4 g + l / 8, g = 0 .. 7, of its warp's 32 keys. A warp-wide copy is four whole
+  // 128-byte lines, and a row's address is worked out once per tile, not once per copy.
+  constexpr int kRowsPerCopy = 4, kGroups = 32 / kRowsPerCopy, kBlocks = D / 64;
   constexpr bool kCausal = KT::kMask == MaskMode::kCausal;
   static_assert(KT::kProducerThreads == kTileKV, "one producer warp per 32 keys of a tile");
   const int ptid = threadIdx.x - KT::kConsumerThreads;
   const int lane = ptid % 32, pwarp = ptid / 32;
-  const int my_chunk = lane % kChunks, my_row0 = 32 * pwarp + lane / kChunks;
+  const int sub_row = lane / 8, sub_chunk = lane % 8;
   T* kv_smem = reinterpret_cast<T*>(sync.smem + KT::kRingOffset);
   auto k_tile = [&](int s) { return kv_smem + s * kTileKV * D; };
   auto v_tile = [&](int s) { return kv_smem + (S + s) * kTileKV * D; };
@@ -249,8 +251,8 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<
     if (ptid == 0) sm90::mbar_arrive(sync.q_full(qb));  // publishes the slot (release)
     ++k;
 
-    const T* k_base = static_cast<const T*>(p.k) + int64_t(kv_head) * p.k_stride_h + my_chunk * 8;
-    const T* v_base = static_cast<const T*>(p.v) + int64_t(kv_head) * p.v_stride_h + my_chunk * 8;
+    const T* k_base = static_cast<const T*>(p.k) + int64_t(kv_head) * p.k_stride_h + sub_chunk * 8;
+    const T* v_base = static_cast<const T*>(p.v) + int64_t(kv_head) * p.v_stride_h + sub_chunk * 8;
     if constexpr (!KT::kPaged) {
       k_base += r.kv_token_begin * p.k_stride_n;
       v_base += r.kv_token_begin * p.v_stride_n;
@@ -267,39 +269,46 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<
       const int s = c % S;
       const uint32_t free_phase = (c / S + 1) & 1;  // completion of round c / S - 1
       const int base = r.kv_lo + i * kTileKV;
-      // Paged: each lane turns its own key's page and slot into K and V offsets once per tile;
-      // a copy takes its row's offsets from the owning lane (two shuffles), so the division
-      // by the page size and the 64-bit products are not repeated per copy (on 8 x 2048 paged
-      // prefill they made the producer the bottleneck: Nsight Compute, benchmarks/NOTES.md).
-      int64_t k_off = 0, v_off = 0;
+      // Paged: each lane turns its own key's page and slot into K and V offsets once per tile,
+      // and a row group takes them from the owning lane (two shuffles). The division by the
+      // page size and the 64-bit products per copy had made the producer the bottleneck of
+      // paged prefill (Nsight Compute: 8 x 2048, benchmarks/NOTES.md).
+      int64_t k_own = 0, v_own = 0;
       if constexpr (KT::kPaged) {
         const int tok = min(base + 32 * pwarp + lane, r.kv_hi - 1);
         const int slot = tok - int(p.page_size.div(uint32_t(tok)) * p.page_size.d);
-        k_off = mul_wide(slot, k_s_n) + mul_wide(next_page, k_s_page);
-        v_off = mul_wide(slot, v_s_n) + mul_wide(next_page, v_s_page);
+        k_own = mul_wide(slot, k_s_n) + mul_wide(next_page, k_s_page);
+        v_own = mul_wide(slot, v_s_n) + mul_wide(next_page, v_s_page);
       }
-      auto copy_tile = [&](T* dst, const T* src, int64_t lane_off, int s_n) {
+      // Rows past the end are zero-filled; only the last tile of an item has any.
+      const bool full = base + kTileKV <= r.kv_hi;
+      auto copy_tile = [&](T* dst, const T* src, int64_t own, int s_n) {
 #pragma unroll
-        for (int it = 0; it < kPasses; ++it) {
-          const int row = my_row0 + it * kRowsPerPass;
-          const int tok = base + row;
+        for (int g = 0; g < kGroups; ++g) {
+          const int key = kRowsPerCopy * g + sub_row;  // within the warp's 32
+          const int row = 32 * pwarp + key;
           int64_t off;
           if constexpr (KT::kPaged) {
             (void)s_n;
-            off = __shfl_sync(0xffffffff, lane_off, row % 32);
+            off = __shfl_sync(0xffffffff, own, key);
           } else {
-            (void)lane_off;
-            off = mul_wide(min(tok, r.kv_hi - 1), s_n);
+            (void)own;
+            off = mul_wide(min(base + row, r.kv_hi - 1), s_n);
           }
-          cp_async_16(dst + KT::KVTile::offset(row, my_chunk), src + off, tok < r.kv_hi);
+          const bool valid = full || base + row < r.kv_hi;
+#pragma unroll
+          for (int b = 0; b < kBlocks; ++b) {
+            cp_async_16(dst + KT::KVTile::offset(row, 8 * b + sub_chunk), src + off + 64 * b,
+                        valid);
+          }
         }
       };
       if (c >= S) sm90::mbar_wait(sync.empty_k(s), free_phase);
-      copy_tile(k_tile(s), k_base, k_off, k_s_n);
+      copy_tile(k_tile(s), k_base, k_own, k_s_n);
       sm90::cp_async_arrive_noinc(sync.full_k(s));
       if (i + 1 < r.num_tiles) next_page = lookup(i + 1);  // lands while V is issued
       if (c >= S) sm90::mbar_wait(sync.empty_v(s), free_phase);
-      copy_tile(v_tile(s), v_base, v_off, v_s_n);
+      copy_tile(v_tile(s), v_base, v_own, v_s_n);
       sm90::cp_async_arrive_noinc(sync.full_v(s));
       look_up_next();  // after the item's first tile is on its way
     }
