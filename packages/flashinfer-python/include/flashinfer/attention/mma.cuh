@@ -21,6 +21,11 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool p
                "l"(gmem), "r"(pred ? 16 : 0));
 }
 
+/// Fetches the 128-byte line holding `gmem` into the L2 (no registers, no completion to wait for).
+__device__ __forceinline__ void prefetch_l2(const void* gmem) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 /// Wait until at most `N` committed groups of this thread are still in flight.

@@ -68,6 +68,10 @@
 #ifndef FLASHINFER_ATTENTION_SM90_CONSUMER_REGS
 #define FLASHINFER_ATTENTION_SM90_CONSUMER_REGS 208
 #endif
+// Prefetch of the next item's Q rows into the L2 while the current item runs (1; 0: none).
+#ifndef FLASHINFER_ATTENTION_SM90_PREFETCH_Q
+#define FLASHINFER_ATTENTION_SM90_PREFETCH_Q 1
+#endif
 #ifndef FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM
 #define FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM 1
 #endif
@@ -225,8 +229,24 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<
     const uint32_t kv_head = work_unit(p, num_items, w).kv_head;
     const int w_next = w + int(gridDim.x);
     bool looked_up = w_next >= num_work;
+    // With its bounds known, the next item's Q rows are prefetched into the L2 (one row per
+    // thread): its Q copies go out after this item's last tile, and every K/V copy issued
+    // after them waits for them too (cp.async.mbarrier.arrive counts all of a thread's earlier
+    // copies), so they should not wait for DRAM. Loading the Q itself earlier was slower.
     auto look_up_next = [&] {
-      if (!looked_up) r_next = range_of(w_next);
+      if (!looked_up) {
+        r_next = range_of(w_next);
+#if FLASHINFER_ATTENTION_SM90_PREFETCH_Q
+        const int pr = r_next.row_begin + ptid, G = p.group_size;
+        if (pr < r_next.packed_len) {
+          const int qo = pr / G;
+          const int head = work_unit(p, num_items, w_next).kv_head * G + pr - qo * G;
+          const T* src = q + (r_next.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h;
+#pragma unroll
+          for (int b = 0; b < D * 2 / 128; ++b) prefetch_l2(src + 64 * b);
+        }
+#endif
+      }
       looked_up = true;
     };
 
