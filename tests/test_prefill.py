@@ -341,6 +341,34 @@ def test_hopper_kernel_persistent_grid_and_split_kv(head_dim, split):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+@pytest.mark.parametrize("tuple_form", [False, True])
+def test_hopper_kernel_paged_gathers(head_dim, page_size, tuple_form):
+    """The Hopper kernel's producer gathers K and V rows page by page (one address per row and
+    tile, eight lanes per 128-byte half row): page sizes that do not divide its 32-key warp
+    slices, V with other strides than K, several items per CTA, partial last tiles."""
+    gen = torch.Generator().manual_seed(head_dim * 100 + page_size * 2 + int(tuple_form))
+    dtype, hq, hkv = torch.bfloat16, 16, 4
+    kv_lens, qo_lens = [1000, 129, 1, 700, 33], [300, 129, 1, 650, 40]
+    cache, indptr, indices, last, seqs = make_paged(kv_lens, page_size, hkv, head_dim, dtype,
+                                                    "cuda", "NHD", tuple_form, gen)
+    qi = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(sum(qo_lens), hq, head_dim, generator=gen).to(dtype).cuda()
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD", backend="fa3")
+    w.plan(qi, indptr, indices, last, hq, hkv, head_dim, page_size, causal=True,
+           q_data_type=dtype)
+    assert w._plan.cta == 3
+    o, lse = w.run(q, cache, return_lse=True)
+    for b, (kk, vv) in enumerate(seqs):
+        ro, rl = attention_ref(q[qi[b]:qi[b + 1]], kk, vv, causal=True)
+        _close(o[qi[b]:qi[b + 1]], ro, dtype)
+        _lse_close(lse[qi[b]:qi[b + 1]], rl)
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_hopper_kernel_matches_fa2_bitwise_free_of_nan_on_many_shapes():
     """fa3 and fa2 agree (to rounding) on every request of a mixed batch, window and soft cap
     included, and neither writes NaN into rows past the requests (output poisoned first)."""
