@@ -48,6 +48,7 @@ VARIANTS = {
     # the paged producer was the bottleneck, before f78cd90).
     "sm90 pingpong": ("SM90_PINGPONG=1",),
     "sm90 no Q prefetch": ("SM90_PREFETCH_Q=0",),
+    "sm90 Q by cp.async": ("SM90_TMA_Q=0",),
     # FA2 prefill shapes (cta 1, 2): K/V tiles in flight per stream (default 3).
     "stages 2": ("STAGES=2",),
     "stages 4": ("STAGES=4",),

@@ -14,6 +14,10 @@
 #include <flashinfer/attention/prefill_sm90.cuh>
 #include <flashinfer/cascade.cuh>
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <type_traits>
+
 #include "attention_utils.h"
 #include "tvm_ffi_utils.h"
 
@@ -122,12 +126,60 @@ int tile_q(int64_t cta) {
   return 0;
 }
 
+#ifndef FLASHINFER_ATTENTION_SM90_TMA_Q  // tuning switch: 0 loads Q with cp.async always
+#define FLASHINFER_ATTENTION_SM90_TMA_Q 1
+#endif
+
+/// The driver's cuTensorMapEncodeTiled (through the runtime: no link against libcuda), or null.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+/// Q's tensor map for the Hopper kernel (Sm90Q), where the layout allows one: the group size
+/// divides the 128-row tile, and the base and strides are 16-byte multiples (any q the
+/// bindings take otherwise loads with cp.async).
+Sm90Q sm90_q(const AttentionParams& p, int64_t num_tokens) {
+  Sm90Q qm = {};
+  const int64_t g = p.group_size, bytes = sizeof(DTypeQ);
+  if (!FLASHINFER_ATTENTION_SM90_TMA_Q || !kHasSm90 || num_tokens <= 0 || 128 % g != 0 ||
+      reinterpret_cast<uintptr_t>(p.q) % 16 != 0 || (p.q_stride_h * bytes) % 16 != 0 ||
+      (p.q_stride_n * bytes) % 16 != 0) {
+    return qm;
+  }
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return qm;
+  const cuuint64_t dims[3] = {cuuint64_t(kHeadDim), cuuint64_t(p.num_qo_heads),
+                              cuuint64_t(num_tokens)};
+  const cuuint64_t strides[2] = {cuuint64_t(p.q_stride_h * bytes), cuuint64_t(p.q_stride_n * bytes)};
+  const cuuint32_t box[3] = {64, cuuint32_t(g), cuuint32_t(128 / g)};
+  const cuuint32_t steps[3] = {1, 1, 1};
+  const CUtensorMapDataType type = std::is_same_v<DTypeQ, __half>
+                                       ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                       : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  qm.tma = encode(&qm.map, type, 3, const_cast<void*>(p.q), dims, strides, box, steps,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return qm;
+}
+
 /// Launches the Hopper kernel; only instantiated (compiled) where the module has one.
 template <bool kOn = kHasSm90>
-cudaError_t launch_sm90(const AttentionParams& p, int grid_x, bool enable_pdl,
-                        cudaStream_t stream) {
+cudaError_t launch_sm90(const AttentionParams& p, int64_t num_tokens, int grid_x,
+                        bool enable_pdl, cudaStream_t stream) {
   if constexpr (kOn) {
-    return LaunchAttentionSm90<Cta3>(p, grid_x, enable_pdl, stream);
+    return LaunchAttentionSm90<Cta3>(p, sm90_q(p, num_tokens), grid_x, enable_pdl, stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -211,7 +263,7 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
     case 0: status = LaunchAttention<Cta0>(p, int(grid_x), enable_pdl, stream); break;
     case 1: status = LaunchAttention<Cta1>(p, int(grid_x), enable_pdl, stream); break;
     case 2: status = LaunchAttention<Cta2>(p, int(grid_x), enable_pdl, stream); break;
-    case 3: status = launch_sm90(p, int(grid_x), enable_pdl, stream); break;
+    case 3: status = launch_sm90(p, q.size(0), int(grid_x), enable_pdl, stream); break;
     case 4: status = LaunchAttention<Cta4>(p, int(grid_x), enable_pdl, stream); break;
     case 5: status = LaunchAttention<Cta5>(p, int(grid_x), enable_pdl, stream); break;
   }

@@ -102,6 +102,17 @@ struct ItemSlot {
   uint32_t kv_head;
 };
 
+/// Q through the TMA (set by the launch where the layout allows it): a 3-D tensor map over q as
+/// (head_dim, q heads, tokens) with 128-byte swizzle and box (64, G, 128 / G), so the box of
+/// a KV head's G heads and 128 / G tokens lands as one column block of the 128 packed rows of
+/// a Q tile, in the layout the wgmma descriptors read. Its bytes complete on the Q buffer's
+/// barrier on their own; cp.async copies would hold up every K/V copy the producer issues
+/// after them (cp.async.mbarrier.arrive counts all of a thread's earlier copies).
+struct Sm90Q {
+  CUtensorMap map;
+  int tma;  // 0: cp.async (any layout)
+};
+
 /*!
  * @brief Compile-time facts of one Hopper attention kernel.
  * @tparam HEAD_DIM_ 64 or 128 (256 would need smaller KV tiles: its O alone is 128 registers)
@@ -192,7 +203,8 @@ struct Sm90Sync {
  *   of the next tile are fetched while the current one is issued.
  */
 template <class KT>
-__device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<KT> sync) {
+__device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm90Q& qm,
+                                             Sm90Sync<KT> sync) {
   using T = typename KT::DTypeQ;
   constexpr int D = KT::kHeadDim, S = KT::kStages, kTileKV = KT::kTileKV;
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
@@ -250,25 +262,39 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, Sm90Sync<
       looked_up = true;
     };
 
-    // Q [128 rows] and the item's facts (rows past the request as zeros).
+    // Q [128 rows] and the item's facts.
     const int qb = k % 2;
     if (k >= 2) sm90::mbar_wait(sync.q_empty(qb), (k / 2 + 1) & 1);
     if (ptid == 0) *sync.slot(qb) = ItemSlot{r, kv_head};
     T* q_smem = sync.template q_tile<T>(qb);
     const int G = p.group_size;
-    for (int i = ptid; i < KT::kTileQ * kChunks; i += KT::kProducerThreads) {
-      const int row = i / kChunks, chunk = i % kChunks;
-      const int pr = r.row_begin + row;
-      const bool valid = pr < r.packed_len;
-      const T* src = q;
-      if (valid) {
-        const int qo = pr / G, head = kv_head * G + pr % G;
-        src = q + (r.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + chunk * 8;
+    if (qm.tma) {
+      // Rows past the request are the next request's (zeros past the tensor): finite, and
+      // their outputs are not written.
+      if (ptid == 0) {
+        sm90::mbar_arrive_expect_tx(sync.q_full(qb), uint32_t(KT::kQBytes));  // publishes too
+#pragma unroll
+        for (int b = 0; b < D / 64; ++b) {
+          sm90::tma_load_3d(q_smem + b * KT::QTile::kBlockElems, &qm.map, sync.q_full(qb),
+                            64 * b, int(kv_head) * G, r.qo_begin + r.row_begin / G);
+        }
       }
-      cp_async_16(q_smem + KT::QTile::offset(row, chunk), src, valid);
+    } else {
+      // Rows past the request as zeros.
+      for (int i = ptid; i < KT::kTileQ * kChunks; i += KT::kProducerThreads) {
+        const int row = i / kChunks, chunk = i % kChunks;
+        const int pr = r.row_begin + row;
+        const bool valid = pr < r.packed_len;
+        const T* src = q;
+        if (valid) {
+          const int qo = pr / G, head = kv_head * G + pr % G;
+          src = q + (r.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + chunk * 8;
+        }
+        cp_async_16(q_smem + KT::QTile::offset(row, chunk), src, valid);
+      }
+      sm90::cp_async_arrive_noinc(sync.q_full(qb));
+      if (ptid == 0) sm90::mbar_arrive(sync.q_full(qb));  // publishes the slot (release)
     }
-    sm90::cp_async_arrive_noinc(sync.q_full(qb));
-    if (ptid == 0) sm90::mbar_arrive(sync.q_full(qb));  // publishes the slot (release)
     ++k;
 
     const T* k_base = static_cast<const T*>(p.k) + int64_t(kv_head) * p.k_stride_h + sub_chunk * 8;
@@ -579,6 +605,9 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
 #else
     out.rows(o, m, d, first_row, g, t);
 #endif
+    // The epilogue's shared-memory accesses (generic proxy) come before the next TMA write of
+    // this buffer (async proxy).
+    sm90::fence_proxy_async();
     sm90_release(sync.q_empty(qb));
   }
   if (wg == 0) my_turn();  // takes warpgroup 1's last hand-over: no arrival is left pending
@@ -588,7 +617,8 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
 
 template <class KT>
 __global__ void __launch_bounds__(KT::kThreads, 1)
-    attention_kernel_sm90(const __grid_constant__ AttentionParams p) {
+    attention_kernel_sm90(const __grid_constant__ AttentionParams p,
+                          const __grid_constant__ Sm90Q qm) {
 #ifdef FLASHINFER_SM90_ENABLED
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
@@ -602,7 +632,9 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
       sm90::mbar_init(sync.empty_v(s), kConsumerWarps);
     }
     for (int b = 0; b < 2; ++b) {
-      sm90::mbar_init(sync.q_full(b), KT::kProducerThreads + 1);
+      // cp.async: the producer threads' copy arrivals and one that publishes the slot; TMA:
+      // one arrival that expects the bytes.
+      sm90::mbar_init(sync.q_full(b), qm.tma ? 1 : KT::kProducerThreads + 1);
       sm90::mbar_init(sync.q_empty(b), kConsumerWarps);
     }
   }
@@ -610,7 +642,7 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
   pdl_wait();
   if (threadIdx.x >= KT::kConsumerThreads) {
     sm90::set_max_regs_dec<KT::kProducerRegs>();
-    sm90_produce<KT>(p, sync);
+    sm90_produce<KT>(p, qm, sync);
   } else {
     sm90::set_max_regs_inc<KT::kConsumerRegs>();
     sm90_consume<KT>(p, sync);
@@ -621,18 +653,20 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
 
 /*!
  * @brief Launch the Hopper attention kernel of traits KT over a persistent grid of `grid_x`
- *   CTAs (one per SM is resident: 384 threads, 192 KB of shared memory at head_dim 128).
+ *   CTAs (one per SM is resident: 384 threads, 192 KB of shared memory at head_dim 128); `qm`
+ *   says whether Q comes through its tensor map.
  */
 template <class KT>
-cudaError_t LaunchAttentionSm90(const AttentionParams& p, int grid_x, bool enable_pdl,
-                                cudaStream_t stream) {
+cudaError_t LaunchAttentionSm90(const AttentionParams& p, const Sm90Q& qm, int grid_x,
+                                bool enable_pdl, cudaStream_t stream) {
   auto kernel = attention_kernel_sm90<KT>;
   constexpr size_t smem = KT::kSmemBytes;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
   if (grid_x <= 0) return cudaSuccess;
-  return launch_kernel(kernel, dim3(grid_x), dim3(KT::kThreads), smem, stream, enable_pdl, p);
+  return launch_kernel(kernel, dim3(grid_x), dim3(KT::kThreads), smem, stream, enable_pdl, p,
+                       qm);
 }
 
 }  // namespace attn

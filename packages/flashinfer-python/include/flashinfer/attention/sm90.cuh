@@ -3,6 +3,7 @@
 // tile layout those descriptors describe. Plain inline PTX; only sm_90a has wgmma, so every
 // caller guards its use with FLASHINFER_SM90_ENABLED.
 #pragma once
+#include <cuda.h>  // CUtensorMap
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -47,6 +48,24 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "r"(smem_addr(bar)), "r"(parity)
         : "memory");
   } while (!done);
+}
+
+/// An arrival on `bar` that also expects `bytes` more from async copies (TMA) in this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+/// A TMA copy of the box at coordinates (c0, c1, c2) of a 3-D tensor map into shared memory;
+/// its bytes complete on `bar`. `map` is a __grid_constant__ kernel parameter's address.
+__device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, uint64_t* bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_addr(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
 }
 
 /// Makes this thread's ordinary (generic-proxy) shared-memory writes, cp.async included,
