@@ -40,3 +40,19 @@ def test_one_version():
     for pyproject in ROOT.glob("packages/*/pyproject.toml"):
         assert 'dynamic = ["version"' in pyproject.read_text(), pyproject
         assert version not in pyproject.read_text(), f"{pyproject} spells the version"
+
+
+def test_tuning_switches_exist():
+    """Every FLASHINFER_ATTENTION_* switch that benchmarks/tune_attention.py compiles a variant
+    with is read somewhere in the attention sources (a misspelt one would build the default
+    kernel under another name and compare it with itself)."""
+    tune = (ROOT / "benchmarks" / "tune_attention.py").read_text()
+    variants = tune.split("VARIANTS = {", 1)[1].split("\n}", 1)[0]
+    switches = set(re.findall(r'"([A-Z0-9_]+)=[^"]*"', variants))
+    assert len(switches) > 10
+    pkg = ROOT / "packages" / "flashinfer-python"
+    sources = "".join(p.read_text() for d in ("include", "csrc") for p in (pkg / d).rglob("*")
+                      if p.suffix in (".cuh", ".cu", ".h"))
+    read = set(re.findall(r"#\s*(?:ifndef|ifdef|if|elif)\b[^\n]*?FLASHINFER_ATTENTION_(\w+)",
+                          sources))
+    assert switches <= read, f"not read by any source: {sorted(switches - read)}"
