@@ -166,7 +166,8 @@ Sm90Q sm90_q(const AttentionParams& p, int64_t num_tokens) {
   if (encode == nullptr) return qm;
   const cuuint64_t dims[3] = {cuuint64_t(kHeadDim), cuuint64_t(p.num_qo_heads),
                               cuuint64_t(num_tokens)};
-  const cuuint64_t strides[2] = {cuuint64_t(p.q_stride_h * bytes), cuuint64_t(p.q_stride_n * bytes)};
+  const cuuint64_t strides[2] = {cuuint64_t(p.q_stride_h * bytes),
+                                 cuuint64_t(p.q_stride_n * bytes)};
   const cuuint32_t box[3] = {64, cuuint32_t(g), cuuint32_t(128 / g)};
   const cuuint32_t steps[3] = {1, 1, 1};
   const CUtensorMapDataType type = std::is_same_v<DTypeQ, __half>

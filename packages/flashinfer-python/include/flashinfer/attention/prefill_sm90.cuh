@@ -5,8 +5,8 @@
 // into a ring of kStages shared-memory buffers with cp.async (any page table, any strides); each
 // copy arrives on the tile's "full" mbarrier when it lands (cp.async.mbarrier.arrive), so the
 // producer never waits for data, only for a free buffer ("empty", handed back by the
-// consumers). The producer also loads each item's Q, and writes its bounds (ItemRange), into
-// one of two Q buffers ahead of time: consumers start an item with no global-memory latency.
+// consumers). The producer also loads each item's Q (through the TMA where q's layout allows:
+// Sm90Q), and writes its bounds (ItemRange), into one of two Q buffers ahead of time.
 // No CTA-wide barrier in the main loop: the three warpgroups run decoupled.
 // Registers move from the producer (88 per thread) to the consumers (208) with setmaxnreg.
 //
@@ -242,9 +242,10 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
     const int w_next = w + int(gridDim.x);
     bool looked_up = w_next >= num_work;
     // With its bounds known, the next item's Q rows are prefetched into the L2 (one row per
-    // thread): its Q copies go out after this item's last tile, and every K/V copy issued
-    // after them waits for them too (cp.async.mbarrier.arrive counts all of a thread's earlier
-    // copies), so they should not wait for DRAM. Loading the Q itself earlier was slower.
+    // thread), so its Q load after this item's last tile hits the L2. That matters most for
+    // the cp.async path, where every K/V copy issued after the Q copies waits for them too
+    // (cp.async.mbarrier.arrive counts all of a thread's earlier copies). Issuing the Q load
+    // itself earlier was slower (benchmarks/NOTES.md).
     auto look_up_next = [&] {
       if (!looked_up) {
         r_next = range_of(w_next);
