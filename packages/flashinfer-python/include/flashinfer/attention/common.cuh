@@ -35,6 +35,15 @@ namespace attn {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 
+/// Packed row pr of KV head kv_head's group of G query heads: q row pr / G of query head
+/// kv_head * G + pr % G.
+struct QoHead {
+  int qo, head;
+};
+__device__ __forceinline__ QoHead qo_head(int pr, uint32_t kv_head, int G) {
+  return {pr / G, int(kv_head) * G + pr % G};
+}
+
 /// What the plan says of one work item: request, packed-row tile, KV chunk and merge slot, and
 /// the request's q rows and keys (AttentionParams::item_qo_begin).
 struct ItemIds {
@@ -269,7 +278,7 @@ struct OutputWriter {
 
   /// Columns col, col + 1 of packed row pr (already divided by the row sum).
   __device__ __forceinline__ void pair(int pr, int col, float x0, float x1) const {
-    const int qo = pr / p.group_size, head = kv_head * p.group_size + pr % p.group_size;
+    const auto [qo, head] = qo_head(pr, kv_head, p.group_size);
     if (partial) {
       const int64_t part = p.merge_indptr[r.qo_begin + qo] + r.chunk;
       float* dst = p.o_part + (part * p.num_qo_heads + head) * D + col;
@@ -283,7 +292,7 @@ struct OutputWriter {
 
   /// The base-2 lse of packed row pr.
   __device__ __forceinline__ void lse(int pr, float value) const {
-    const int qo = pr / p.group_size, head = kv_head * p.group_size + pr % p.group_size;
+    const auto [qo, head] = qo_head(pr, kv_head, p.group_size);
     if (partial) {
       const int64_t part = p.merge_indptr[r.qo_begin + qo] + r.chunk;
       p.lse_part[part * p.num_qo_heads + head] = value;
@@ -400,7 +409,7 @@ __device__ __forceinline__ void merge_if_last(const AttentionParams& p, const It
   const int rows = min(tile_q, r.packed_len - r.row_begin);
   for (int idx = threadIdx.x; idx < rows * (D / 4); idx += kThreads) {
     const int pr = r.row_begin + idx / (D / 4), col = (idx % (D / 4)) * 4;
-    const int qo = pr / p.group_size, head = kv_head * p.group_size + pr % p.group_size;
+    const auto [qo, head] = qo_head(pr, kv_head, p.group_size);
     const int64_t part0 = p.merge_indptr[r.qo_begin + qo];
     const float* lse_p = p.lse_part + part0 * p.num_qo_heads + head;
     const float* o_p = p.o_part + (part0 * p.num_qo_heads + head) * D + col;
@@ -438,8 +447,7 @@ __device__ __forceinline__ void cluster_merge(const AttentionParams& p, const It
     const int rows = min(tile_q, r.packed_len - r.row_begin);
     for (int idx = threadIdx.x; idx < rows * (D / 4); idx += kThreads) {
       const int row = idx / (D / 4), col = (idx % (D / 4)) * 4;
-      const int pr = r.row_begin + row;
-      const int qo = pr / p.group_size, head = kv_head * p.group_size + pr % p.group_size;
+      const auto [qo, head] = qo_head(r.row_begin + row, kv_head, p.group_size);
       const uint32_t o_at = o_base + uint32_t(row * D + col) * 4u;
       const uint32_t lse_at = lse_base + uint32_t(row) * 4u;
       store_merged<TO>(p, r.qo_begin + qo, head, col, int(n), [&](int c, float& s, float4& v) {

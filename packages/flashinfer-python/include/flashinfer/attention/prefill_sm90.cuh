@@ -256,7 +256,7 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
           const int head = work_unit(p, num_items, w_next).kv_head * G + pr - qo * G;
           const T* src = q + (r_next.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h;
 #pragma unroll
-          for (int b = 0; b < D * 2 / 128; ++b) prefetch_l2(src + 64 * b);
+          for (int b = 0; b < kBlocks; ++b) prefetch_l2(src + 64 * b);  // 128-byte lines
         }
 #endif
       }
@@ -288,7 +288,7 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
         const bool valid = pr < r.packed_len;
         const T* src = q;
         if (valid) {
-          const int qo = pr / G, head = kv_head * G + pr % G;
+          const auto [qo, head] = qo_head(pr, kv_head, G);
           src = q + (r.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + chunk * 8;
         }
         cp_async_16(q_smem + KT::QTile::offset(row, chunk), src, valid);
