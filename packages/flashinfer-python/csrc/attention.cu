@@ -310,6 +310,20 @@ int64_t cluster_capacity(int64_t cta, int64_t cluster_size) {
   }
 }
 
+#if FLASHINFER_ATTENTION_PROBE_TRACE
+/// The trace probe's stamps into `out`, int64 [kTraceCtas, kTraceSlots] on the host
+/// (include/flashinfer/attention/common.cuh; benchmarks/trace_decode.py).
+void trace_copy(TensorView out) {
+  using namespace flashinfer::attn;
+  TVM_FFI_CHECK(out.ndim() == 2 && out.size(0) == kTraceCtas && out.size(1) == kTraceSlots &&
+                    out.dtype().bits == 64,
+                ValueError)
+      << "trace_copy takes an int64 tensor [" << kTraceCtas << ", " << int(kTraceSlots) << "]";
+  check_launch(cudaMemcpyFromSymbol(out.data_ptr(), attention_trace, sizeof(attention_trace)),
+               "trace copy");
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(trace_copy, trace_copy);
+#endif
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, run);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cluster_capacity, cluster_capacity);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cta_tile_q, cta_tile_q);

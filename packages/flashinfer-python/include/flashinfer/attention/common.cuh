@@ -23,6 +23,12 @@
 #ifndef FLASHINFER_ATTENTION_PROBE_NO_MERGE
 #define FLASHINFER_ATTENTION_PROBE_NO_MERGE 0
 #endif
+// PROBE_TRACE (a timing probe with correct outputs): thread 0 of each FA2 CTA stamps
+// %globaltimer at the points of TraceEvent into attention_trace[CTA], which the module's
+// trace_copy reads back (benchmarks/trace_decode.py).
+#ifndef FLASHINFER_ATTENTION_PROBE_TRACE
+#define FLASHINFER_ATTENTION_PROBE_TRACE 0
+#endif
 // The in-kernel split-KV merge's count: 1 = one acq_rel atomic by thread 0 after the CTA's
 // barrier (the release is cumulative over the CTA's partial-state stores, the acquire covers
 // the last CTA's reads of the others'); 0 = a __threadfence by every thread on both sides.
@@ -34,6 +40,41 @@ namespace flashinfer {
 namespace attn {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
+
+/// The points PROBE_TRACE stamps, in kernel order; kTraceSm holds the CTA's SM.
+enum TraceEvent : int {
+  kTraceEntry = 0,    ///< kernel entry
+  kTraceQ,            ///< Q in shared memory (after the plan and Q loads)
+  kTraceFirstK,       ///< warp 0's first K tile landed
+  kTraceLoopDone,     ///< warp 0's last tile done
+  kTraceStreamsDone,  ///< every key stream's state in shared memory
+  kTraceWritten,      ///< output or partial state stores issued
+  kTraceCounted,      ///< merge count known (split KV)
+  kTraceEnd,          ///< kernel exit
+  kTraceSm,
+  kTraceSlots,
+};
+inline constexpr int kTraceCtas = 1024;
+#if FLASHINFER_ATTENTION_PROBE_TRACE
+__device__ unsigned long long attention_trace[kTraceCtas][kTraceSlots];
+#endif
+/// PROBE_TRACE: thread 0 stamps the time of `event` for its CTA (nothing otherwise).
+__device__ __forceinline__ void trace(TraceEvent event) {
+#if FLASHINFER_ATTENTION_PROBE_TRACE
+  const uint32_t cta = blockIdx.y * gridDim.x + blockIdx.x;
+  if (threadIdx.x != 0 || cta >= kTraceCtas) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  attention_trace[cta][event] = t;
+  if (event == kTraceEntry) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    attention_trace[cta][kTraceSm] = sm;
+  }
+#else
+  (void)event;
+#endif
+}
 
 /// Packed row pr of KV head kv_head's group of G query heads: q row pr / G of query head
 /// kv_head * G + pr % G.
@@ -396,6 +437,7 @@ __device__ __forceinline__ void merge_if_last(const AttentionParams& p, const It
     *flag = old == n - 1;
   }
   __syncthreads();  // and the others' reads below come after its acquire
+  trace(kTraceCounted);
   if (!*flag) return;
 #else
   __threadfence();

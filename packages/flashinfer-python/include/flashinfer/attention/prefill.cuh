@@ -271,6 +271,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 
   cp_async_wait<2 * (kStages - 1)>();  // Q has landed (the prologue's K/V may not)
   __syncthreads();
+  trace(kTraceQ);
   if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
     // q row r sits at position delta + (row_begin + r) / G.
     rope_tile<KT>(q_smem, kTileQ, [&](int r) { return delta + (row_begin + r) / G; }, tid,
@@ -311,6 +312,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     if (ahead < my_tiles) lookup(wkv + ahead * KT::kWarpsKV);  // lands while S is computed
     cp_async_wait<2 * kStages - 3>();  // K[j] (V[j] and the later tiles may be in flight)
     group_sync<KT>(wkv);
+    if (j == 0) trace(kTraceFirstK);
     T* ks = k_tile(stage);
     if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
       rope_tile<KT>(ks, kTileKV, [&](int r) { return base + r; }, gtid, KT::kGroupThreads, p);
@@ -389,6 +391,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     cp_async_commit();
   }
   cp_async_wait<0>();
+  trace(kTraceLoopDone);
 
   // 6. Row sums across the quad, then the epilogue.
   quad_sum(d);
@@ -415,6 +418,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
         if (t == 0) mm[wkv * kTileQ + row] = m[mq][r], md[wkv * kTileQ + row] = d[mq][r];
       }
     __syncthreads();
+    trace(kTraceStreamsDone);
     // Cluster merge: the state goes to shared memory for the cluster's rank 0 to merge.
     const bool to_cluster = KT::kClusterMerge && p.cluster_merge;
     float* cluster_o = merge + KT::kMergeSmem / sizeof(float);  // [kTileQ][D]
@@ -454,6 +458,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       }
     }
   }
+  trace(kTraceWritten);
 #if FLASHINFER_ATTENTION_FUSED_MERGE
   // The flag takes the first word of the Q tile, unread since the main loop.
   merge_if_last<TO, D, KT::kThreads>(p, rng, kv_head, kTileQ, reinterpret_cast<int*>(smem));
@@ -471,6 +476,7 @@ __global__ void __launch_bounds__(KT::kThreads,
                                   KT::kWarpsQ == 1 ? FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS : 1)
     attention_kernel(const __grid_constant__ AttentionParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
+  trace(kTraceEntry);
 #if !FLASHINFER_ATTENTION_PLAN_BEFORE_PDL_WAIT
   pdl_wait();
 #endif
@@ -499,6 +505,7 @@ __global__ void __launch_bounds__(KT::kThreads,
     if (item + int(gridDim.x) < num_items) ids = load_item_ids(p, item + gridDim.x);
     __syncthreads();  // shared memory is reused by the next item
   }
+  trace(kTraceEnd);
   pdl_launch_dependents();
 }
 
