@@ -49,6 +49,7 @@ VARIANTS = {
     "sm90 pingpong": ("SM90_PINGPONG=1",),
     "sm90 no Q prefetch": ("SM90_PREFETCH_Q=0",),
     "sm90 Q by cp.async": ("SM90_TMA_Q=0",),
+    "sm90 Q by TMA always": ("SM90_TMA_Q=2",),
     # FA2 prefill shapes (cta 1, 2): K/V tiles in flight per stream (default 3).
     "stages 2": ("STAGES=2",),
     "stages 4": ("STAGES=4",),

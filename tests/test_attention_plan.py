@@ -263,6 +263,25 @@ def test_cluster_merge_only_for_the_chunks_of_one_query_tile():
     assert not schedule([1], [32768], **{**kw, "head_dim": 256})[0].cluster_merge
 
 
+@pytest.mark.parametrize("qo_lens, tma_q", [
+    ([1024] * 16, True),    # 4096 (item, KV head) pairs on 132 CTAs, 4.1 KV tiles per item
+    ([2048] * 8, True),     # 8.1 tiles
+    ([4096] * 4, False),    # 16 tiles: more keys than TMA_Q_MAX_KEYS
+    ([1024] * 8, True),     # 2048 pairs: 15.5 per CTA
+    ([2048] * 2, False),    # 1024 pairs: fewer than eight per CTA
+    ([2048], False),        # 512 pairs
+    ([16384], False),       # 64 tiles
+])
+def test_hopper_q_through_the_tma_only_for_several_short_items_per_cta(qo_lens, tma_q):
+    plan, _ = schedule(qo_lens, qo_lens, group_size=4, num_kv_heads=8, head_dim=128,
+                       num_sms=SMS, causal=True, sm90=True)
+    assert plan.cta == 3 and plan.sm90_tma_q == tma_q
+    # Not a question for the FA2 shapes.
+    fa2, _ = schedule(qo_lens, qo_lens, group_size=4, num_kv_heads=8, head_dim=128,
+                      num_sms=SMS, causal=True, sm90=False)
+    assert fa2.cta != 3 and not fa2.sm90_tma_q
+
+
 @pytest.mark.parametrize("chunk, cta", [(256, 0), (512, 4), (2048, 5), (0, 5)])
 def test_decode_shape_follows_the_callers_fixed_split(chunk, cta):
     # 1 x 32768 at 8 KV heads in chunks of 256 is 1024 CTAs: more than four per SM, four key

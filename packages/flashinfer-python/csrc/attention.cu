@@ -126,7 +126,9 @@ int tile_q(int64_t cta) {
   return 0;
 }
 
-#ifndef FLASHINFER_ATTENTION_SM90_TMA_Q  // tuning switch: 0 loads Q with cp.async always
+// Tuning switch: 1 = Q through the TMA where the plan asks for it (AttentionPlan.sm90_tma_q),
+// 0 = never, 2 = always (benchmarks/tma_q_sweep.py); where q's layout allows.
+#ifndef FLASHINFER_ATTENTION_SM90_TMA_Q
 #define FLASHINFER_ATTENTION_SM90_TMA_Q 1
 #endif
 
@@ -151,15 +153,17 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-/// Q's tensor map for the Hopper kernel (Sm90Q), where the layout allows one: the group size
-/// divides the 128-row tile, and the base and strides are 16-byte multiples (any q the
-/// bindings take otherwise loads with cp.async).
-Sm90Q sm90_q(const AttentionParams& p, int64_t num_tokens) {
+/// Q's tensor map for the Hopper kernel (Sm90Q), where the plan asks for one (`wanted`:
+/// AttentionPlan.sm90_tma_q) and the layout allows it: the group size divides the 128-row
+/// tile, and the base and strides are 16-byte multiples (any q the bindings take otherwise
+/// loads with cp.async).
+Sm90Q sm90_q(const AttentionParams& p, int64_t num_tokens, bool wanted) {
   Sm90Q qm = {};
   const int64_t g = p.group_size, bytes = sizeof(DTypeQ);
-  if (!FLASHINFER_ATTENTION_SM90_TMA_Q || !kHasSm90 || num_tokens <= 0 || 128 % g != 0 ||
-      reinterpret_cast<uintptr_t>(p.q) % 16 != 0 || (p.q_stride_h * bytes) % 16 != 0 ||
-      (p.q_stride_n * bytes) % 16 != 0) {
+  if (FLASHINFER_ATTENTION_SM90_TMA_Q == 2) wanted = true;
+  if (!FLASHINFER_ATTENTION_SM90_TMA_Q || !kHasSm90 || !wanted || num_tokens <= 0 ||
+      128 % g != 0 || reinterpret_cast<uintptr_t>(p.q) % 16 != 0 ||
+      (p.q_stride_h * bytes) % 16 != 0 || (p.q_stride_n * bytes) % 16 != 0) {
     return qm;
   }
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -182,10 +186,11 @@ Sm90Q sm90_q(const AttentionParams& p, int64_t num_tokens) {
 
 /// Launches the Hopper kernel; only instantiated (compiled) where the module has one.
 template <bool kOn = kHasSm90>
-cudaError_t launch_sm90(const AttentionParams& p, int64_t num_tokens, int grid_x,
+cudaError_t launch_sm90(const AttentionParams& p, int64_t num_tokens, bool tma_q, int grid_x,
                         bool enable_pdl, cudaStream_t stream) {
   if constexpr (kOn) {
-    return LaunchAttentionSm90<Cta3>(p, sm90_q(p, num_tokens), grid_x, enable_pdl, stream);
+    return LaunchAttentionSm90<Cta3>(p, sm90_q(p, num_tokens, tma_q), grid_x, enable_pdl,
+                                     stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -216,7 +221,7 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
          Optional<TensorView> lse, int64_t kv_layout, TensorView qo_indptr, TensorView kv_indptr,
          Optional<TensorView> kv_indices, Optional<TensorView> kv_last_page_len,
          TensorView plan, int64_t item_capacity, bool split_kv, bool cluster_merge,
-         Optional<TensorView> o_part,
+         bool sm90_tma_q, Optional<TensorView> o_part,
          Optional<TensorView> lse_part, int64_t num_rows,
          Optional<TensorView> merge_counters, Optional<TensorView> custom_mask,
          Optional<TensorView> mask_indptr, Optional<TensorView> alibi_slopes, double sm_scale,
@@ -269,7 +274,9 @@ void run(int64_t cta, int64_t grid_x, TensorView q, TensorView k, TensorView v, 
     case 0: status = LaunchAttention<Cta0>(p, int(grid_x), enable_pdl, stream); break;
     case 1: status = LaunchAttention<Cta1>(p, int(grid_x), enable_pdl, stream); break;
     case 2: status = LaunchAttention<Cta2>(p, int(grid_x), enable_pdl, stream); break;
-    case 3: status = launch_sm90(p, q.size(0), int(grid_x), enable_pdl, stream); break;
+    case 3:
+      status = launch_sm90(p, q.size(0), sm90_tma_q, int(grid_x), enable_pdl, stream);
+      break;
     case 4: status = LaunchAttention<Cta4>(p, int(grid_x), enable_pdl, stream); break;
     case 5: status = LaunchAttention<Cta5>(p, int(grid_x), enable_pdl, stream); break;
   }

@@ -69,6 +69,9 @@ class AttentionPlan:
         The items are the chunks of one query tile (batch-1 decode): the CTAs of each KV head
         form one thread-block cluster and merge in shared memory, where the GPU runs one wave
         of them (csrc/attention.cu; otherwise as any split plan).
+    sm90_tma_q : bool
+        The Hopper kernel loads Q through a TMA tensor map (where q's layout allows one) rather
+        than with cp.async: where its CTAs take several short items (``TMA_Q_MAX_KEYS``).
     """
 
     cta: int
@@ -81,6 +84,7 @@ class AttentionPlan:
     num_rows: int
     num_partials: int
     cluster_merge: bool = False
+    sm90_tma_q: bool = False
 
     @property
     def buffer_len(self) -> int:
@@ -92,6 +96,19 @@ class AttentionPlan:
 # FA2 shapes (~220 per thread for the 16-row ones: one 256-thread, two 128-thread or four
 # 64-thread CTAs), one for the persistent Hopper kernel.
 CTAS_PER_SM = {0: 2, 1: 2, 2: 2, 3: 1, 4: 4, 5: 1}
+
+# The Hopper kernel loads Q through the TMA where its CTAs take eight or more (item, KV head)
+# pairs of at most TMA_Q_MAX_KEYS keys on average, with cp.async otherwise. The TMA spares the
+# K/V copies issued after Q the wait for Q's bytes, which matters where items are short and
+# follow each other on a CTA; on long items it measured slower, for a reason not found. H100,
+# bf16, causal, 8 KV heads, the three ways in turns (plan's choice, cp.async, TMA; us), pairs
+# per CTA and mean KV tiles of 128 keys per item in brackets: ragged 64 x 256 193 / 228 / 194
+# (31, 1.1), ragged 16 x 1024 381 / 402 / 381 (31, 4.1), ragged 8 x 1024 220 / 233 / 220
+# (15.5, 4.1), paged 8 x 2048 678 / 701 / 671 (31, 8.1), ragged 2 x 2048 - / 250 / 256 (7.8,
+# 8.1), ragged 4 x 4096 1188 / 1194 / 1205 (31, 16), single 8192 1290 / 1290 / 1313 (15.5, 32);
+# chunked prefills of 1024 and 2048 over 8192 and 32768 keys within 1% either way
+# (benchmarks/tma_q_sweep.py, benchmarks/NOTES.md).
+TMA_Q_MAX_KEYS = 12 * 128
 
 
 def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, batch_ctas: int = 0,
@@ -354,6 +371,8 @@ def schedule(
         # benchmarks/NOTES.md).
         cluster_merge=(split and cta == 5 and item_capacity is None and 2 <= num_items <= 16
                        and sum(qtiles) == 1),
+        sm90_tma_q=(cta == 3 and num_items * num_kv_heads >= 8 * grid_x
+                    and sum(cost) <= TMA_Q_MAX_KEYS * num_items),
     )
     # The buffer is built as an array and handed over as a tensor of the same memory: a plan
     # is called per decode step, and every torch call costs microseconds (host_cost.py).
