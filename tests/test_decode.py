@@ -383,13 +383,13 @@ def test_decode_run_resolves_its_launch_once_per_plan_on_cpu(monkeypatch):
     first, second = fake.calls
     assert first[:2] == (w._plan.cta, w._plan.grid_x)
     assert first[2] is q and first[5] is out and first[6] is None  # q, o, lse
-    assert first[7:23] == second[7:23] == launch.meta  # layout ... alibi_slopes
-    assert first[23] == pytest.approx(64 ** -0.5) and first[25] == 1.0  # sm_scale, o_scale
-    assert second[25] == 2.0 and first[-1] is False  # v_scale -> o_scale; enable_pdl
+    assert first[7:24] == second[7:24] == launch.meta  # layout ... alibi_slopes
+    assert first[24] == pytest.approx(64 ** -0.5) and first[26] == 1.0  # sm_scale, o_scale
+    assert second[26] == 2.0 and first[-1] is False  # v_scale -> o_scale; enable_pdl
     plan(kv_pages=1)
     assert w._launcher is None
     w.run(q, cache, out=out, enable_pdl=False)
-    assert w._launcher is not launch and fake.calls[-1][7:23] == w._launcher.meta
+    assert w._launcher is not launch and fake.calls[-1][7:24] == w._launcher.meta
 
 
 def test_decode_run_rejects_a_cache_with_other_kv_heads_on_cpu(monkeypatch):
