@@ -160,8 +160,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 Sm90Q sm90_q(const AttentionParams& p, int64_t num_tokens, bool wanted) {
   Sm90Q qm = {};
   const int64_t g = p.group_size, bytes = sizeof(DTypeQ);
-  if (FLASHINFER_ATTENTION_SM90_TMA_Q == 2) wanted = true;
-  if (!FLASHINFER_ATTENTION_SM90_TMA_Q || !kHasSm90 || !wanted || num_tokens <= 0 ||
+  const bool use =
+      FLASHINFER_ATTENTION_SM90_TMA_Q == 2 || (FLASHINFER_ATTENTION_SM90_TMA_Q == 1 && wanted);
+  if (!use || !kHasSm90 || num_tokens <= 0 ||
       128 % g != 0 || reinterpret_cast<uintptr_t>(p.q) % 16 != 0 ||
       (p.q_stride_h * bytes) % 16 != 0 || (p.q_stride_n * bytes) % 16 != 0) {
     return qm;

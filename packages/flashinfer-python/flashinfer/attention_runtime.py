@@ -301,8 +301,7 @@ def prepare(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *, num_qo_
             merge_counters = counters[:needed]
     meta = (kv_layout, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, plan_dev,
             plan.item_capacity, plan.split_kv, plan.cluster_merge, plan.sm90_tma_q, o_part,
-            lse_part,
-            plan.num_rows, merge_counters, custom_mask, mask_indptr, alibi_slopes)
+            lse_part, plan.num_rows, merge_counters, custom_mask, mask_indptr, alibi_slopes)
     return Launch(module, plan.cta, plan.grid_x, meta)
 
 

@@ -250,10 +250,10 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
       if (!looked_up) {
         r_next = range_of(w_next);
 #if FLASHINFER_ATTENTION_SM90_PREFETCH_Q
-        const int pr = r_next.row_begin + ptid, G = p.group_size;
+        const int pr = r_next.row_begin + ptid;
         if (pr < r_next.packed_len) {
-          const int qo = pr / G;
-          const int head = work_unit(p, num_items, w_next).kv_head * G + pr - qo * G;
+          const auto [qo, head] =
+              qo_head(pr, work_unit(p, num_items, w_next).kv_head, p.group_size);
           const T* src = q + (r_next.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h;
 #pragma unroll
           for (int b = 0; b < kBlocks; ++b) prefetch_l2(src + 64 * b);  // 128-byte lines
