@@ -29,7 +29,7 @@ class Case:
     written once); ``flops`` its arithmetic; ``ceiling`` which ceiling is the case's headline
     (``"copy"``, ``"read"``, ``"matmul"``; default: matmul for flops, copy for bytes);
     ``published_us`` a published figure to compare with (FlashInfer's, same device class),
-    ``peer_us`` the peer's time measured in the same call, ``target`` what the issue asks for.
+    ``peer_us`` the peer's time measured in the same call, ``target`` the goal (``"<= 350 us"``).
     """
 
     name: str

@@ -83,7 +83,7 @@ CASE_FIELDS: dict[str, tuple[bool, tuple[type, ...], str]] = {
     "published_us": (False, (int, float), "a published FlashInfer figure for the same case "
                                           "(not measured here)"),
     "speedup_vs_published": (False, (int, float), "published_us / median_us"),
-    "target": (False, (str,), "what the issue asked for"),
+    "target": (False, (str,), "the goal the case is measured against (e.g. `<= 350 us`)"),
     "extra": (False, (dict,), "case data beyond these fields (plan columns: split, items, cta; "
                               "a variant's name)"),
 }
