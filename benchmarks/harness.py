@@ -221,8 +221,8 @@ def run_cases(cases: list[Case], ceilings: dict, group: str) -> list[dict]:
         if case.extra:
             row["extra"] = dict(case.extra)
         rows.append(row)
-        print(f"{case.name:<58} {row['median_us']:>10.1f} us  "
-              f"{row.get('pct_of_copy', row.get('pct_of_matmul', '')):>6}%", flush=True)
+        share = f"{row[f'pct_of_{ceiling}']:>6}% of {ceiling}" if ceiling else ""
+        print(f"{case.name:<58} {row['median_us']:>10.1f} us  {share}", flush=True)
         torch.cuda.empty_cache()
     return rows
 
