@@ -216,6 +216,8 @@ def run_cases(cases: list[Case], ceilings: dict, group: str) -> list[dict]:
         if case.target:
             row["target"] = case.target
         ceiling = case.ceiling or ("matmul" if case.flops else "copy" if case.bytes_moved else None)
+        if f"pct_of_{ceiling}" not in row:  # no such ceiling measured
+            ceiling = None
         if ceiling:
             row["ceiling"] = ceiling
         if case.extra:
