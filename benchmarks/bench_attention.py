@@ -26,7 +26,7 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
     """Pages in order by default, as FlashInfer's own decode benchmark lays them out
     (benchmarks/bench_batch_decode.py: ``torch.arange(num_blocks)``), the setup of the published
     figures the targets compare with; ``shuffle_pages`` puts them in random order (a long-running
-    server's cache), which costs the same bytes ~2-3% more time (benchmarks/read_patterns.py:
+    server's cache), which costs the same bytes ~2-3% more time (benchmarks/probes/read_patterns.py:
     a pure read of them too). NHD. Timed as graph
     replays (harness.Case), as serving frameworks run decode; ``use_cuda_graph=False`` times
     the Python call with CUDA events instead (host launch gaps included). ``graph_wrapper``:

@@ -143,3 +143,17 @@ def test_index_takes_the_newest_benchmark_record_of_each_case(tmp_path):
     assert rec["commit"] == "def5678" and case["median_us"] == 1.5
     text = index.index_markdown(records)
     assert "| a | 1.50 | 90.0% of copy |" in text and "def5678" in text and "0000000" not in text
+
+
+def test_cited_benchmark_paths_exist():
+    """Docs, notes, benchmark scripts, tests and tools name benchmark files by their path; every
+    such path exists (the scripts moved into tuning/ and probes/ once)."""
+    upstream = {"benchmarks/bench_batch_decode.py"}  # FlashInfer's own benchmark, cited as such
+    files = [ROOT / "README.md", ROOT / "docs" / "attention.md",
+             ROOT / "docs" / "CONTRIBUTING-ops.md", *BENCH.rglob("*.py"), *BENCH.rglob("*.md"),
+             *(ROOT / "tests").rglob("*.py"), *(ROOT / "tools").glob("*.*")]
+    cited = re.compile(r"benchmarks/[\w/.-]*\w\.(?:py|md|json)")
+    missing = sorted({f"{f.relative_to(ROOT)}: {m}" for f in files if f.name != "INDEX.md"
+                      for m in cited.findall(f.read_text(errors="ignore"))
+                      if m not in upstream and not (ROOT / m).exists()})
+    assert missing == []
