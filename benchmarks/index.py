@@ -30,29 +30,25 @@ RESULTS = HERE / "results"
 NOTES = HERE / "notes"
 
 #: (group, case name, label): the few cases README and docs/attention.md show.
+_ATTENTION = [
+    ("attention", "single prefill causal 16384", "single prefill, causal, 16384 tokens"),
+    ("attention", "ragged prefill causal 16 x 1024", "ragged prefill, causal, 16 × 1024"),
+    ("attention", "paged prefill causal 8 x 2048", "paged prefill, causal, 8 × 2048, page 16"),
+    ("attention", "batch decode 128 x kv 8192 (tensor cores)", "batch decode, 128 × 8192"),
+    ("attention", "batch decode 64 x kv 4096 (tensor cores)", "batch decode, 64 × 4096"),
+    ("attention", "batch decode 1 x kv 32768 (tensor cores)", "batch decode, 1 × 32768 (split KV)"),
+    ("cascade", "merge_state bfloat16 8192x32x128", "`merge_state` 8192 × 32 × 128"),
+]
 HEADLINES = {
     "readme": [
         ("norm", "rmsnorm bfloat16 16384x8192", "`rmsnorm` 16384 × 8192"),
-        ("norm", "fused_add_rmsnorm bfloat16 16384x28672", "`fused_add_rmsnorm` 16384 × 28672"),
         ("activation", "silu_and_mul bfloat16 16384x28672", "`silu_and_mul` 16384 × 28672"),
         ("rope", "apply_rope_pos_ids bf16 16384x32/8x128",
          "`apply_rope_pos_ids` 16384 tokens × 32/8 heads × 128"),
+        _ATTENTION[0], _ATTENTION[2], _ATTENTION[4],
     ],
-    "attention": [
-        ("attention", "single prefill causal 16384", "single prefill, causal, 16384 tokens"),
-        ("attention", "ragged prefill causal 16 x 1024", "ragged prefill, causal, 16 × 1024"),
-        ("attention", "paged prefill causal 8 x 2048", "paged prefill, causal, 8 × 2048, page 16"),
-        ("attention", "batch decode 128 x kv 8192 (tensor cores)", "batch decode, 128 × 8192"),
-        ("attention", "batch decode 64 x kv 4096 (tensor cores)", "batch decode, 64 × 4096"),
-        ("attention", "batch decode 1 x kv 32768 (tensor cores)",
-         "batch decode, 1 × 32768 (split KV)"),
-        ("cascade", "merge_state bfloat16 8192x32x128", "`merge_state` 8192 × 32 × 128"),
-    ],
+    "attention": _ATTENTION,
 }
-HEADLINES["readme"] = [h for h in HEADLINES["readme"] if "fused_add" not in h[1]] + [
-    h for h in HEADLINES["attention"]
-    if h[1] in ("single prefill causal 16384", "paged prefill causal 8 x 2048",
-                "batch decode 64 x kv 4096 (tensor cores)")]
 
 
 def load_records(results: Path = RESULTS) -> list[tuple[Path, dict]]:
