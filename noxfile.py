@@ -199,7 +199,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Static checks: ruff over Python, byte-compilation, and no env reads outside knobs."""
+    """Static checks: ruff over Python, byte-compilation (env reads: tests/test_knobs.py)."""
     session.install("ruff")
     session.run("ruff", "check", "packages", "tests", "benchmarks", "tools", "noxfile.py")
     session.run("python", "-m", "compileall", "-q", "packages", "tests", "benchmarks", "tools")

@@ -139,27 +139,28 @@ def main() -> int:
         server.wait()
         shutil.rmtree(base, ignore_errors=True)
     import requests
+    import schema  # benchmarks/schema.py
     import urllib3
 
-    doc = {
-        "what": "artifact client: loopback download and verify throughput (CPU machine)",
-        "date": datetime.date.today().isoformat(),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                 text=True).stdout.strip(),
-        "machine": {
-            "cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+    doc = schema.record(
+        "check", "artifacts",
+        {
+            "name": "cpu", "cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "requests": requests.__version__, "urllib3": urllib3.__version__,
             "filesystem": _fs(base.parent),
             "loadavg_1_5_15_before": [round(x, 2) for x in load_before],
             "loadavg_1_5_15_after": [round(x, 2) for x in os.getloadavg()],
         },
-        "targets": {"download_MBps": ">= 500 (disk-bound)", "verify_MBps": ">= 1000"},
-        "results": results,
-    }
-    text = json.dumps(doc, indent=1)
-    print(text)
+        commit=subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip(),
+        date=datetime.date.today().isoformat(),
+        note="artifact client: loopback download and verify throughput (CPU machine)",
+        targets={"download_MBps": ">= 500 (disk-bound)", "verify_MBps": ">= 1000"},
+        results=results,
+    )
+    print(json.dumps(doc, indent=1))
     if args.out:
-        args.out.write_text(text + "\n")
+        schema.write(args.out, doc)
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Decode is bandwidth-bound: bytes_moved = every KV page read once (+ q and out). Prefill is
 tensor-core bound: flops = 4 * Sq * Skv * H * D, halved for causal (the visible triangle).
-Baselines are FlashInfer 0.7.2's published H100 figures from the issue.
+Baselines (`published_us`) are FlashInfer 0.7.2's published H100 figures from the issue.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
     """Pages in order by default, as FlashInfer's own decode benchmark lays them out
     (benchmarks/bench_batch_decode.py: ``torch.arange(num_blocks)``), the setup of the published
     figures the targets compare with; ``shuffle_pages`` puts them in random order (a long-running
-    server's cache), which costs the same bytes ~2-3% more time (benchmarks/read_patterns.py:
+    server's cache), which costs the same bytes ~2-3% more time (benchmarks/probes/read_patterns.py:
     a pure read of them too). NHD. Timed as graph
     replays (harness.Case), as serving frameworks run decode; ``use_cuda_graph=False`` times
     the Python call with CUDA events instead (host launch gaps included). ``graph_wrapper``:
@@ -59,7 +59,7 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
         note += ", pages shuffled"
     return Case(f"batch decode {batch} x kv {kv_len} ({tc}{note})",
                 lambda: w.run(q, cache, out=out, enable_pdl=enable_pdl), bytes_moved=kv_bytes + 2 * q.numel() * 2,
-                baseline_us=baseline, target=target,
+                published_us=baseline, target=target, ceiling="read",
                 extra={"split": w._plan.kv_chunk_size, "items": w._plan.num_items,
                        "cta": w._plan.cta},
                 use_cuda_graph=use_cuda_graph, l2_flush=l2_flush)
@@ -77,7 +77,7 @@ def _single_prefill(n, baseline, target):
     v = torch.randn(n, HKV, D, dtype=DT, device="cuda")
     return Case(f"single prefill causal {n}",
                 lambda: flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True),
-                flops=_causal_flops(n, n), baseline_us=baseline, target=target)
+                flops=_causal_flops(n, n), published_us=baseline, target=target)
 
 
 def _ragged_prefill(batch, n, baseline, target):
@@ -89,7 +89,7 @@ def _ragged_prefill(batch, n, baseline, target):
     w.plan(indptr, indptr, HQ, HKV, D, causal=True, q_data_type=DT)
     out = torch.empty_like(q)
     return Case(f"ragged prefill causal {batch} x {n}", lambda: w.run(q, k, v, out=out),
-                flops=batch * _causal_flops(n, n), baseline_us=baseline, target=target)
+                flops=batch * _causal_flops(n, n), published_us=baseline, target=target)
 
 
 def _paged_prefill(batch, n, baseline, target):
@@ -104,7 +104,7 @@ def _paged_prefill(batch, n, baseline, target):
     q = torch.randn(batch * n, HQ, D, dtype=DT, device="cuda")
     out = torch.empty_like(q)
     return Case(f"paged prefill causal {batch} x {n}", lambda: w.run(q, cache, out=out),
-                flops=batch * _causal_flops(n, n), baseline_us=baseline, target=target)
+                flops=batch * _causal_flops(n, n), published_us=baseline, target=target)
 
 
 def _with_cta(cta, make, *args):

@@ -31,14 +31,14 @@ def _dt(dtype):
     return str(dtype).replace("torch.", "")
 
 
-def _merge_state(L, H, D, dtype=torch.bfloat16, target="", baseline_us=None, l2_flush="read"):
+def _merge_state(L, H, D, dtype=torch.bfloat16, target="", published_us=None, l2_flush="read"):
     va, vb = _v((L, H, D), dtype), _v((L, H, D), dtype)
     sa, sb = _s((L, H)), _s((L, H))
     return Case(
         f"merge_state {_dt(dtype)} {L}x{H}x{D}" + (", write flush" if l2_flush == "write" else ""),
         lambda: flashinfer.merge_state(va, sa, vb, sb),
         bytes_moved=3 * va.numel() * va.element_size() + 3 * sa.numel() * 4,
-        target=target, baseline_us=baseline_us, l2_flush=l2_flush)
+        target=target, published_us=published_us, l2_flush=l2_flush)
 
 
 def _merge_state_in_place(L, H, D, dtype=torch.bfloat16, masked=False):
@@ -79,10 +79,10 @@ def _varlen(counts, H, D, note):
 def cases() -> list[Case]:
     return [
         # The target.
-        _merge_state(8192, 32, 128, target=TARGET, baseline_us=69.2),
+        _merge_state(8192, 32, 128, target=TARGET, published_us=69.2),
         # The same after a dirty (zero_) flush: a third of its bytes are writes, and the up to
         # 50 MB of them still in L2 when it ends are charged to it this way (steady state).
-        _merge_state(8192, 32, 128, target=TARGET, baseline_us=69.2, l2_flush="write"),
+        _merge_state(8192, 32, 128, target=TARGET, published_us=69.2, l2_flush="write"),
         _merge_state(8192, 32, 128, dtype=torch.float16),
         _merge_state(4096, 32, 256),
         _merge_state(8192, 8, 64),

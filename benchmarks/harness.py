@@ -1,4 +1,5 @@
-"""Benchmark harness: ceilings measured in the same run, then every case, into one JSON.
+"""Benchmark harness: ceilings measured in the same run, then every case, into one JSON record
+(the schema of benchmarks/schema.py).
 
 Method (device README's METHOD.md): measure the ceilings first (a large device-to-device copy
 counting bytes read + written; a read-only pass over the same size, for ops that mostly read,
@@ -8,13 +9,13 @@ random inputs only (never zeros), inputs far larger than L2.
 
 from __future__ import annotations
 
-import datetime
-import json
 import statistics
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import schema
 import torch
 
 from flashinfer.testing import bench_gpu_time
@@ -25,16 +26,20 @@ class Case:
     """One timed configuration.
 
     ``bytes_moved`` is the least traffic the op needs (each input read once, each output
-    written once); ``flops`` its arithmetic; ``baseline_us`` a published figure to compare with
-    (FlashInfer's, same device class) and ``target`` what the issue asks for.
+    written once); ``flops`` its arithmetic; ``ceiling`` which ceiling is the case's headline
+    (``"copy"``, ``"read"``, ``"matmul"``; default: matmul for flops, copy for bytes);
+    ``published_us`` a published figure to compare with (FlashInfer's, same device class),
+    ``peer_us`` the peer's time measured in the same call, ``target`` the goal (``"<= 350 us"``).
     """
 
     name: str
     fn: Callable[[], Any]
     bytes_moved: int = 0
     flops: float = 0.0
-    baseline_us: Optional[float] = None
+    published_us: Optional[float] = None
+    peer_us: Optional[float] = None
     target: str = ""
+    ceiling: Optional[str] = None
     extra: dict = field(default_factory=dict)
     # None: bandwidth-bound cases (bytes_moved > 0) are timed as CUDA-graph replays, each replay
     # one call after a cold-L2 flush: a CUDA-event timing of a Python call would also measure
@@ -168,7 +173,8 @@ def measure_ceilings() -> dict:
     }
 
 
-def run_cases(cases: list[Case], ceilings: dict) -> list[dict]:
+def run_cases(cases: list[Case], ceilings: dict, group: str) -> list[dict]:
+    """Time every case; rows in the schema's case form (benchmarks/schema.py), `group` the op."""
     rows = []
     for case in cases:
         graph = case.use_cuda_graph
@@ -185,6 +191,7 @@ def run_cases(cases: list[Case], ceilings: dict) -> list[dict]:
         timing += f", {case.l2_flush} flush"
         row: dict[str, Any] = {
             "name": case.name,
+            "group": group,
             "timing": timing,
             "median_us": round(med * 1e3, 2),
             "p10_us": round(p10 * 1e3, 2),
@@ -200,15 +207,24 @@ def run_cases(cases: list[Case], ceilings: dict) -> list[dict]:
             tflops = case.flops / (med * 1e-3) / 1e12
             row.update(flops=case.flops, TFLOPs=round(tflops, 1),
                        pct_of_matmul=round(100 * tflops / ceilings["bf16_matmul_TFLOPs"], 1))
-        if case.baseline_us:
-            row.update(baseline_us=case.baseline_us,
-                       speedup_vs_baseline=round(case.baseline_us / (med * 1e3), 3))
+        if case.published_us:
+            row.update(published_us=case.published_us,
+                       speedup_vs_published=round(case.published_us / (med * 1e3), 3))
+        if case.peer_us:
+            row.update(peer_us=case.peer_us,
+                       speedup_vs_peer=round(case.peer_us / (med * 1e3), 3))
         if case.target:
             row["target"] = case.target
-        row.update(case.extra)
+        ceiling = case.ceiling or ("matmul" if case.flops else "copy" if case.bytes_moved else None)
+        if f"pct_of_{ceiling}" not in row:  # no such ceiling measured
+            ceiling = None
+        if ceiling:
+            row["ceiling"] = ceiling
+        if case.extra:
+            row["extra"] = dict(case.extra)
         rows.append(row)
-        print(f"{case.name:<58} {row['median_us']:>10.1f} us  "
-              f"{row.get('pct_of_copy', row.get('pct_of_matmul', '')):>6}%", flush=True)
+        share = f"{row[f'pct_of_{ceiling}']:>6}% of {ceiling}" if ceiling else ""
+        print(f"{case.name:<58} {row['median_us']:>10.1f} us  {share}", flush=True)
         torch.cuda.empty_cache()
     return rows
 
@@ -225,7 +241,22 @@ def device_info() -> dict:
     }
 
 
-def write(path: Path, payload: dict) -> None:
-    payload.setdefault("date", datetime.datetime.now(datetime.timezone.utc).isoformat())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1) + "\n")
+def git_commit() -> Optional[str]:
+    """The checkout's short commit, or None where there is no git (a copy without .git)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).resolve().parent, check=True)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def record(kind: str, topic: str, *, commit: Optional[str] = None, **fields: Any) -> dict:
+    """A results record of this device (benchmarks/schema.py: `schema.record`); `commit`
+    defaults to the checkout's, where git knows it."""
+    return schema.record(kind, topic, device_info(), commit=commit or git_commit(), **fields)
+
+
+def write(path: Path, rec: dict) -> None:
+    """Validate and write one record (benchmarks/schema.py)."""
+    schema.write(path, rec)

@@ -1,6 +1,10 @@
-"""Run benchmark modules and write one JSON with the device, commit and ceilings.
+"""Run benchmark modules and write one results record (benchmarks/schema.py): the device,
+the commit, the ceilings measured first, every case of every module.
 
-    python benchmarks/run.py --commit SHA --ops norm,activation,rope --out results.json
+    python benchmarks/run.py --commit SHA --ops norm,activation,rope \
+        --out benchmarks/results/<date>-<device>-<commit>-<topic>.json
+
+Then `python benchmarks/index.py` regenerates benchmarks/results/INDEX.md.
 """
 
 from __future__ import annotations
@@ -20,27 +24,32 @@ def main() -> int:
     parser.add_argument("--commit", required=True)
     parser.add_argument("--ops", default="tutorial,norm,activation,rope")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--topic", default=None,
+                        help="the record's topic (default: the ops joined by '-')")
     args = parser.parse_args()
     import torch
 
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to benchmark", file=sys.stderr)
         return 2
-    payload = {"device": harness.device_info(), "commit": args.commit}
-    payload["ceilings"] = harness.measure_ceilings()
-    print(f"ceilings: {payload['ceilings']}", flush=True)
-    results = {}
     ops = args.ops.split(",")
+    ceilings = harness.measure_ceilings()
+    print(f"ceilings: {ceilings}", flush=True)
+    extra = {}
     if "jit" in ops:
         import bench_jit
 
         ops.remove("jit")
-        payload["jit"] = bench_jit.measure()
-        print(f"jit: {payload['jit']}", flush=True)
+        extra["jit"] = bench_jit.measure()
+        print(f"jit: {extra['jit']}", flush=True)
+    cases: list[dict] = []
     for op in ops:
         module = importlib.import_module(f"bench_{op}")
-        results[op] = harness.run_cases(module.cases(), payload["ceilings"])
-        harness.write(Path(args.out), {**payload, "results": results})
+        cases += harness.run_cases(module.cases(), ceilings, group=op)
+        # written after every module, so a crash keeps what was measured
+        harness.write(Path(args.out), harness.record(
+            "benchmark", args.topic or "-".join(ops), commit=args.commit,
+            ceilings=ceilings, cases=cases, **extra))
     return 0
 
 

@@ -1,5 +1,5 @@
 """float64 reference of the attention-state merges (base-2 LSEs) and the inputs that exercise
-them: shared by tests/test_cascade.py and benchmarks/tune_cascade.py."""
+them: shared by tests/test_cascade.py and benchmarks/tuning/tune_cascade.py."""
 
 from __future__ import annotations
 

@@ -32,8 +32,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
 import json, os
 d = json.load(open(os.environ["OUT"] + "/bench.json"))
 print("ceilings", {k: round(v, 1) if isinstance(v, float) else v for k, v in d["ceilings"].items()})
-for op, rows in d["results"].items():
-    for r in rows:
-        print(f"{r['name'][:58]:58s} {r['median_us']:10.1f} us  {r.get('pct_of_copy', r.get('TFLOPs', ''))}")
+for r in d["cases"]:  # the schema of benchmarks/schema.py
+    pct = r.get("pct_of_" + r.get("ceiling", "copy"), r.get("TFLOPs", ""))
+    print(f"{r['name'][:58]:58s} {r['median_us']:10.1f} us  {pct}")
 PY
 fi

@@ -29,7 +29,7 @@ def _l2_flusher(device: torch.device, cold_l2_cache: Union[bool, str]) -> Option
     one read pass over twice the L2 size, so the L2 holds only clean, unrelated lines, as after
     a predecessor whose results were written back. ``"write"``: zero twice the L2 size (Triton's
     do_bench does this); the L2 is then full of dirty lines whose write-back (up to the L2 size,
-    ~50 MB or ~17 us on an H100) lands inside the timed call; benchmarks/NOTES.md (2026-11-24)
+    ~50 MB or ~17 us on an H100) lands inside the timed call; benchmarks/notes/l2-flush.md
     compares the two. ``False``: none."""
     if cold_l2_cache is False:
         return None

@@ -14,9 +14,9 @@
 #include "launch.cuh"
 #include "vec.cuh"  // PackedWords
 
-// The FLASHINFER_CASCADE_* macros exist for side-by-side tuning builds (benchmarks/tune.py
-// cascade); the defaults follow the copy-like kernels measured on the H100 (rope.cuh,
-// benchmarks/NOTES.md).
+// The FLASHINFER_CASCADE_* macros exist for side-by-side tuning builds
+// (benchmarks/tuning/tune_cascade.py); the defaults follow the copy-like kernels measured on the
+// H100 (rope.cuh, benchmarks/notes/cascade-merge-kernels.md).
 #ifndef FLASHINFER_CASCADE_THREADS
 #define FLASHINFER_CASCADE_THREADS 128
 #endif

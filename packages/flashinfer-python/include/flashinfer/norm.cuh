@@ -40,11 +40,12 @@
 #include "reduce.cuh"
 #include "vec.cuh"  // kVec16, is_aligned
 
-// Evict-first (.cs) row loads (LoadMode::kStream). Measured on the H100 with benchmarks/tune.py
-// (benchmarks/NOTES.md): plain loads are faster for RMSNorm/LayerNorm (96.7 -> 98.1% of copy at
-// 16384x8192, 90 -> 93% for QK-norm), so those kernels use kCached; the fused-add kernel keeps
-// kStream, because plain loads there made two instantiations spill under their register cap
-// and cost 3% (99.4 -> 96.4%). This switch turns kStream into plain loads everywhere.
+// Evict-first (.cs) row loads (LoadMode::kStream). Measured on the H100 with
+// benchmarks/tuning/tune.py (benchmarks/notes/norm-evict-first-loads.md): plain loads are
+// faster for RMSNorm/LayerNorm (96.7 -> 98.1% of copy at 16384x8192, 90 -> 93% for QK-norm),
+// so those kernels use kCached; the fused-add kernel keeps kStream, because plain loads there
+// made two instantiations spill under their register cap and cost 3% (99.4 -> 96.4%). This
+// switch turns kStream into plain loads everywhere.
 #ifndef FLASHINFER_NORM_STREAMING_LOADS
 #define FLASHINFER_NORM_STREAMING_LOADS 1
 #endif

@@ -104,7 +104,7 @@ namespace detail {
 // loaded DRAM latency); they only need to be generous elsewhere.
 // ---------------------------------------------------------------------------------------------
 
-// The FLASHINFER_ROPE_* macros exist for benchmarks/tune_rope.py, which compiles variants
+// The FLASHINFER_ROPE_* macros exist for benchmarks/tuning/tune.py, which compiles variants
 // side by side on the GPU; the defaults are the values its measurements chose.
 #ifndef FLASHINFER_ROPE_THREADS
 #define FLASHINFER_ROPE_THREADS 128
@@ -115,8 +115,8 @@ namespace detail {
 #ifndef FLASHINFER_ROPE_MIN_BLOCKS_PER_SM
 #define FLASHINFER_ROPE_MIN_BLOCKS_PER_SM 8
 #endif
-// Measured on the H100 (benchmarks/NOTES.md): evict-first (.cs) loads and stores cost ~4%
-// of bandwidth here, so plain accesses are the default.
+// Measured on the H100 (benchmarks/notes/rope-streaming.md): evict-first (.cs) loads and
+// stores cost ~4% of bandwidth here, so plain accesses are the default.
 #ifndef FLASHINFER_ROPE_STREAMING_LOADS
 #define FLASHINFER_ROPE_STREAMING_LOADS 0
 #endif
@@ -132,9 +132,9 @@ inline constexpr int kThreads = FLASHINFER_ROPE_THREADS;
 // in flight, 16 KB per block. With 64 registers (kMinBlocksPerSM) 8 blocks fit per SM, up to
 // 128 KB in flight per SM, several times what Little's law asks (1.5 TB/s of reads x ~1 us /
 // 132 SMs ~ 12 KB): one-shot blocks spend part of their life computing and storing, and the
-// other blocks' loads must cover that. Measured (benchmarks/NOTES.md): 128-thread blocks at 8
-// per SM beat 256 x 4 by ~1% and 64 x 16 by ~0.5%; 2 items per thread and fewer blocks per SM
-// with more registers were slower.
+// other blocks' loads must cover that. Measured (benchmarks/notes/rope-streaming.md):
+// 128-thread blocks at 8 per SM beat 256 x 4 by ~1% and 64 x 16 by ~0.5%; 2 items per thread and
+// fewer blocks per SM with more registers were slower.
 inline constexpr int kItemsPerThread = FLASHINFER_ROPE_ITEMS_PER_THREAD;
 inline constexpr int kBlockItems = kThreads * kItemsPerThread;
 inline constexpr int kMinBlocksPerSM = FLASHINFER_ROPE_MIN_BLOCKS_PER_SM;

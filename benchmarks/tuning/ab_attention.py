@@ -1,7 +1,7 @@
 """A few attention cases, for comparing two source trees in alternating processes on one GPU
 (GPU timings agree between processes; host timings do not):
 
-    for tree in old new old new; do PYTHONPATH=$tree python benchmarks/ab_attention.py OUT.json; done
+    for tree in old new old new; do PYTHONPATH=$tree python benchmarks/tuning/ab_attention.py OUT.json; done
 
 Further arguments keep only the cases whose name contains one of them (``prefill``, ``decode``).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, bench_*
 
 import bench_attention as ba  # noqa: E402
 
@@ -31,9 +31,11 @@ def main() -> int:
              ba._single_prefill(16384, 5824.0, "<= 5800 us")]
     if len(sys.argv) > 2:
         cases = [c for c in cases if any(word in c.name for word in sys.argv[2:])]
-    rows = harness.run_cases(cases, ceilings)
-    harness.write(Path(sys.argv[1]), {"device": harness.device_info(), "ceilings": ceilings,
-                                      "package": ba.flashinfer.__file__, "cases": rows})
+    rows = harness.run_cases(cases, ceilings, group="attention")
+    # the tree under test by its folder's name (.../TREE/packages/flashinfer-python/flashinfer)
+    tree = Path(ba.flashinfer.__file__).resolve().parents[3].name
+    harness.write(Path(sys.argv[1]), harness.record("sweep", "ab-attention", commit=None,
+                                                    ceilings=ceilings, cases=rows, tree=tree))
     return 0
 
 

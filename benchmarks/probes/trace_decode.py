@@ -7,7 +7,7 @@ and per event the earliest, median and latest CTA (microseconds after the first 
 are reported as medians over the replays, with the events of the CTA that ends last (the
 critical path) and the replay's event-timed duration. GPU only.
 
-    python benchmarks/trace_decode.py OUT.json [VARIANT ...]
+    python benchmarks/probes/trace_decode.py OUT.json [VARIANT ...]
 
 Variants are keys of tune_attention.VARIANTS, traced with the probe added (default: "default").
 """
@@ -15,12 +15,12 @@ Variants are keys of tune_attention.VARIANTS, traced with the probe added (defau
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, bench_*
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tuning"))  # tune_attention
 
 import bench_attention as ba  # noqa: E402
 import torch  # noqa: E402
@@ -108,8 +108,7 @@ def main() -> int:
         built[n] = dataclasses.replace(spec, extra_cuda_cflags=spec.extra_cuda_cflags
                                        + ("-DFLASHINFER_ATTENTION_PROBE_TRACE=1",))
     aot.build_all(list(built.values()), jobs=16)
-    result = {"device": harness.device_info(), "replays": REPLAYS, "events": EVENTS,
-              "variants": {}}
+    result = {"replays": REPLAYS, "events": EVENTS, "variants": {}}
     for name in names:
         module = get_module(built[name])
         rt.get_attention_module = lambda v, module=module: module
@@ -126,7 +125,7 @@ def main() -> int:
                     print(f"   {e:13s} first {r[f'{e} first']:7.2f}  median {r[f'{e} median']:7.2f}"
                           f"  last {r[f'{e} last']:7.2f}  critical CTA "
                           f"{'-' if crit is None else f'{crit:7.2f}'} us", flush=True)
-            out_path.write_text(json.dumps(result, indent=1) + "\n")
+            harness.write(out_path, harness.record("probe", "trace-decode", **result))
     return 0
 
 

@@ -1,7 +1,7 @@
 """One attention case run a few times, for Nsight Compute to profile its kernel.
 
     ncu --clock-control none --set full --kernel-name regex:attention_kernel \
-        --launch-skip 2 --launch-count 1 -o REPORT python benchmarks/ncu_attention.py CASE
+        --launch-skip 2 --launch-count 1 -o REPORT python benchmarks/probes/ncu_attention.py CASE
 
 CASE is one of the keys of CASES (the issue's prefill and decode rows). GPU only.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, bench_*
 
 import bench_attention as ba  # noqa: E402
 import torch  # noqa: E402

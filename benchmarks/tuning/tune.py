@@ -2,7 +2,7 @@
 time them on the op's headline shapes, with the copy ceiling and the scale kernel as references
 in the same run. Also breaks down the host cost of one small op call. GPU only.
 
-    python benchmarks/tune.py {rope,norm} OUT.json
+    python benchmarks/tuning/tune.py {rope,norm} OUT.json
 
 The cascade merges have their own script, tune_cascade.py (variants, float64 checks, timings).
 """
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, bench_*
 
 import torch  # noqa: E402
 
@@ -107,7 +107,7 @@ def host_breakdown() -> dict:
 
 
 def main() -> int:
-    result = {"device": harness.device_info(), "ceilings": harness.measure_ceilings()}
+    result = {"ceilings": harness.measure_ceilings()}
     print("ceilings", result["ceilings"], flush=True)
     op, out_path = sys.argv[1], sys.argv[2]
     specs = {name: spec(op, flags) for name, flags in VARIANTS[op].items()}
@@ -129,15 +129,14 @@ def main() -> int:
         for label, fn, nbytes in cases:
             ms = harness._median_ms(fn, use_cuda_graph=True)[0]  # as harness.run_cases
             pct = 100 * nbytes / (ms * 1e-3) / 1e9 / result["ceilings"]["copy_GBps"]
-            rows.append({"variant": name, "case": label, "us": round(ms * 1e3, 1),
-                         "pct_of_copy": round(pct, 1)})
-            print(f"{name:<48} {label:<34} {rows[-1]['us']:>8} us "
+            rows.append({"name": label, "group": op, "median_us": round(ms * 1e3, 1),
+                         "bytes": nbytes, "pct_of_copy": round(pct, 1), "ceiling": "copy",
+                         "extra": {"variant": name}})
+            print(f"{name:<48} {label:<34} {rows[-1]['median_us']:>8} us "
                   f"{rows[-1]['pct_of_copy']:>6}%", flush=True)
-    result["op"] = op
-    result["variants"] = rows
     result["host_us_per_call"] = host_breakdown()
     print(json.dumps(result["host_us_per_call"], indent=1))
-    Path(out_path).write_text(json.dumps(result, indent=1))
+    harness.write(Path(out_path), harness.record("sweep", f"tune-{op}", cases=rows, **result))
     return 0
 
 

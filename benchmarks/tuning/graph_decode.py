@@ -3,7 +3,7 @@ differs in two ways (room for twice the first plan's items, so twice the CTAs, h
 exit at once; and every plan marked split, so the kernel writes through the split-KV path even
 for one-chunk requests). Each row changes one of them. GPU only.
 
-    python benchmarks/graph_decode.py OUT.json [COMMIT]
+    python benchmarks/tuning/graph_decode.py OUT.json [COMMIT]
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import functools
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, bench_*
 
 import bench_attention as ba  # noqa: E402
 
@@ -77,12 +77,13 @@ def main() -> int:
             ba._with_cta(0, functools.partial(ba._decode, graph_wrapper=True), BATCH, KV, True,
                          362.8, "<= 350 us"),
         ]
-    results = harness.run_cases(cases, ceilings)
+    results = harness.run_cases(cases, ceilings, group="graph_decode")
     for r in results:
-        print(f"{r['name'][:80]:80s} {r['median_us']:8.1f} us  cta {r['cta']}  items {r['items']}")
-    harness.write(out, {"device": harness.device_info(), "commit": sys.argv[2] if len(sys.argv) > 2 else "",
-                        "ceilings": ceilings,
-                        "results": {"graph_decode": results}})
+        print(f"{r['name'][:80]:80s} {r['median_us']:8.1f} us  cta {r['extra']['cta']}  "
+              f"items {r['extra']['items']}")
+    harness.write(out, harness.record("sweep", "graph-decode",
+                                      commit=sys.argv[2] if len(sys.argv) > 2 else None,
+                                      ceilings=ceilings, cases=results))
     return 0
 
 

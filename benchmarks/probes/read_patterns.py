@@ -14,7 +14,7 @@ one-call CUDA-graph replay after the read-pass L2 flush (the decode cases' metho
 
 GPU only (CuPy compiles the kernels):
 
-    python benchmarks/read_patterns.py OUT.json
+    python benchmarks/probes/read_patterns.py OUT.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, bench_*
 
 import torch  # noqa: E402
 
@@ -309,7 +309,7 @@ def paged(module, flag, sms: int, out_path: Path, result: dict) -> dict:
         del x, src, tmap
         torch.cuda.empty_cache()
         result["paged"] = rows
-        harness.write(out_path, result)
+        harness.write(out_path, harness.record("probe", "read-patterns", **result))
     return rows
 
 
@@ -345,7 +345,7 @@ def main() -> int:
         ("heads 8 (NHD decode pattern, 8 heads)", "read_heads<8>", None, 128, 0, None),
     ]
     sections = sys.argv[2:] or ["contiguous", "paged"]
-    result = {"device": harness.device_info(), "ceilings": harness.measure_ceilings(),
+    result = {"ceilings": harness.measure_ceilings(),
               "method": "one-call CUDA-graph replays after the read-pass L2 flush, median",
               "sizes": {}}
     print("ceilings", result["ceilings"], flush=True)
@@ -391,7 +391,7 @@ def main() -> int:
         result["sizes"][size_name] = {"bytes": nbytes, "patterns": rows}
         del x, src
         torch.cuda.empty_cache()
-        harness.write(out_path, result)
+        harness.write(out_path, harness.record("probe", "read-patterns", **result))
     return 0
 
 

@@ -2,7 +2,7 @@
 fit to t = fixed + bytes / rate, beside the read-only ceiling measured in the same run; and the
 large cases in both layouts and page orders. GPU only.
 
-    python benchmarks/decode_scaling.py OUT.json
+    python benchmarks/probes/decode_scaling.py OUT.json
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, bench_*
 
 import bench_attention as ba  # noqa: E402
 
@@ -37,12 +37,12 @@ def main() -> int:
                          shuffle_pages=shuffle, note=f", {layout}")
               for layout in ("NHD", "HND") for shuffle in (True, False)]
     cases += [ba._decode(128, 8192, True, 1420.0, "<= 1390 us", layout="HND", note=", HND")]
-    rows = harness.run_cases(cases, ceilings)
+    rows = harness.run_cases(cases, ceilings, group="decode-scaling")
     scaling = [(r["bytes"], r["median_us"]) for r in rows[:len(KV_LENS)]]
-    result = {"device": harness.device_info(), "ceilings": ceilings, "cases": rows,
-              "batch1_fit": fit(scaling), "batch1_fit_from_16384": fit(scaling[2:])}
-    print("fit", result["batch1_fit"], result["batch1_fit_from_16384"], flush=True)
-    harness.write(out_path, result)
+    fits = {"batch1_fit": fit(scaling), "batch1_fit_from_16384": fit(scaling[2:])}
+    print("fit", fits["batch1_fit"], fits["batch1_fit_from_16384"], flush=True)
+    harness.write(out_path, harness.record("probe", "decode-scaling", ceilings=ceilings,
+                                           cases=rows, **fits))
     return 0
 
 

@@ -2,7 +2,7 @@
 orders of its persistent work list: every CTA reads one 64 KB K+V tile per time step (one extra
 step per item for the boundary), tiles go through one LRU cache the size of the L2. No GPU.
 
-    python benchmarks/sm90_l2_model.py
+    python benchmarks/probes/sm90_l2_model.py
 
 "item" is w = item * num_kv_heads + kv_head (a810e42): the CTAs running at one time cover one
 query tile of every request and head, 128 different K/V streams in the ragged case, so a

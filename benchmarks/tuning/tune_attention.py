@@ -3,7 +3,7 @@ csrc/attention.cu and include/flashinfer/attention/prefill.cuh), check each agai
 reference, and time each on issue 3's headline shapes (the three decode cases and the three
 prefill ones), with the copy, read-only and matmul ceilings measured in the same run. GPU only.
 
-    python benchmarks/tune_attention.py OUT.json [--decode] [--only=SUBSTR] [VARIANT ...]
+    python benchmarks/tuning/tune_attention.py OUT.json [--decode] [--only=SUBSTR] [VARIANT ...]
 
 Variants are keys of VARIANTS (``--decode``: the decode cases only; ``--only``: the cases whose
 name contains SUBSTR, given one or more times); "default" twice in the
@@ -14,13 +14,12 @@ macros through the JIT's extra flags, e.g. FLASHINFER_EXTRA_CUDAFLAGS="-DFLASHIN
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, bench_*
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import bench_attention as ba  # noqa: E402
 import graph_decode as gd  # noqa: E402
@@ -241,9 +240,10 @@ def main() -> int:
             print(f"== {label}", flush=True)
             chosen = [c for c in cases(decode_only)
                       if not only or any(o in c.name for o in only)]
-            entry["cases"] = harness.run_cases(chosen, result["ceilings"])
+            entry["cases"] = harness.run_cases(chosen, result["ceilings"], group="attention")
         result["variants"][label] = entry
-        out_path.write_text(json.dumps(result, indent=1))
+        # a sweep record: the variants (flags, check, cases) under `extra`
+        harness.write(out_path, harness.record("sweep", "tune-attention", **result))
     summary(result)
     return 0
 

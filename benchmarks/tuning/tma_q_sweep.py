@@ -5,16 +5,15 @@ long prompts). The plan's choice (AttentionPlan.sm90_tma_q, "default"), cp.async
 the TMA always (tune_attention's variants) are built side by side and timed in turns, twice,
 with the ceilings measured in the same run. GPU only.
 
-    python benchmarks/tma_q_sweep.py OUT.json
+    python benchmarks/tuning/tma_q_sweep.py OUT.json
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, bench_*
 
 import bench_attention as ba  # noqa: E402
 import torch  # noqa: E402
@@ -64,23 +63,27 @@ def cases():
 
 def main() -> int:
     out_path = Path(sys.argv[1])
-    result = {"device": harness.device_info(), "ceilings": harness.measure_ceilings(),
-              "rounds": []}
+    ceilings = harness.measure_ceilings()
+    rows_all: list[dict] = []
     built = {name: ta.specs(ta.VARIANTS[name]) for name in VARIANTS}
     aot.build_all([s for m in built.values() for s in m.values()], jobs=16)
     modules = {name: {v: get_module(s) for v, s in m.items()} for name, m in built.items()}
     for round_ in range(2):
         for name in VARIANTS:
             rt.get_attention_module = lambda v, mods=modules[name]: mods[v]
-            rows = harness.run_cases(cases(), result["ceilings"])
-            result["rounds"].append({"variant": name, "round": round_, "cases": rows})
-            out_path.write_text(json.dumps(result, indent=1) + "\n")
+            rows = harness.run_cases(cases(), ceilings, group="attention")
+            for r in rows:
+                r.setdefault("extra", {}).update(variant=name, round=round_)
+            rows_all += rows
+            harness.write(out_path, harness.record("sweep", "tma-q-sweep", ceilings=ceilings,
+                                                   cases=rows_all))
     print("\ncase" + " " * 39 + "  ".join(f"{v[:18]:>18s}" for v in VARIANTS))
-    names = [c["name"] for c in result["rounds"][0]["cases"]]
-    for i, name in enumerate(names):
+    names = list(dict.fromkeys(c["name"] for c in rows_all))
+    for name in names:
         cells = []
         for v in VARIANTS:
-            times = [r["cases"][i]["median_us"] for r in result["rounds"] if r["variant"] == v]
+            times = [r["median_us"] for r in rows_all
+                     if r["name"] == name and r["extra"]["variant"] == v]
             cells.append(" / ".join(f"{t:.0f}" for t in times))
         print(f"{name[:42]:42s} " + "  ".join(f"{c:>18s}" for c in cells))
     return 0

@@ -2,8 +2,8 @@
 on random data, time each twice, and write one JSON. Checks and timings need a GPU; the build
 runs anywhere nvcc does.
 
-    python benchmarks/tune_cascade.py OUT_DIR       # GPU: -> OUT_DIR/tune-cascade.json, table last
-    python benchmarks/tune_cascade.py --build-only  # compile every variant (CPU machine: sm_90a)
+    python benchmarks/tuning/tune_cascade.py OUT_DIR       # GPU: -> OUT_DIR/tune-cascade.json, table last
+    python benchmarks/tuning/tune_cascade.py --build-only  # compile every variant (CPU machine: sm_90a)
 
 Variants are the FLASHINFER_CASCADE_* macros of include/flashinfer/cascade_kernels.cuh. (The
 e1692f3 kernels were kept here once as a "baseline" variant and measured against today's in one
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import faulthandler
-import json
 import math
 import os
 import statistics
@@ -37,8 +36,8 @@ from pathlib import Path
 from typing import Callable
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))  # cascade_ref: the float64 reference
+sys.path.insert(0, str(HERE.parent))  # harness
+sys.path.insert(0, str(HERE.parents[1] / "tests"))  # cascade_ref: the float64 reference
 
 import cascade_ref  # noqa: E402
 import torch  # noqa: E402
@@ -418,15 +417,15 @@ def main() -> int:
 
     out_path = Path(args.out_dir) / "tune-cascade.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    result: dict = {"device": harness.device_info(), "ceilings": harness.measure_ceilings(),
+    result: dict = {"ceilings": harness.measure_ceilings(),
                     "variants": {v.name: {"macros": list(v.macros), "family": v.family}
                                  for v in variants},
                     "method": next(p for p in __doc__.split("\n\n") if p.startswith("Method")),
                     "checks": {}, "checks_ok": {}, "timings": {}, "pct_of_copy": {}}
     print("ceilings", result["ceilings"], flush=True)
 
-    def save():
-        out_path.write_text(json.dumps(result, indent=1) + "\n")
+    def save():  # a sweep record (benchmarks/schema.py): everything but the ceilings in `extra`
+        harness.write(out_path, harness.record("sweep", "tune-cascade", **result))
 
     pdl = resolve_pdl(None, torch.device("cuda"))
     mods = {v.name: get_module(specs[v.name]) for v in variants}

@@ -2,7 +2,7 @@
 merge) with their durations and the gaps between them, from torch.profiler (CUPTI), after the
 same read-pass L2 flush the benchmarks use. GPU only.
 
-    python benchmarks/profile_decode.py OUT.json
+    python benchmarks/probes/profile_decode.py OUT.json
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, bench_*
 
 import bench_attention as ba  # noqa: E402
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+import harness  # noqa: E402
 from flashinfer import testing  # noqa: E402
 
 CASES = [(1, 32768), (64, 4096)]
@@ -65,11 +66,12 @@ def profile_case(batch: int, kv_len: int) -> dict:
 
 
 def main() -> int:
-    result = {"device": torch.cuda.get_device_name(), "replays": REPLAYS, "cases": {}}
+    profiles = {}
     for batch, kv in CASES:
-        result["cases"][f"decode {batch} x {kv}"] = r = profile_case(batch, kv)
+        profiles[f"decode {batch} x {kv}"] = r = profile_case(batch, kv)
         print(f"decode {batch} x {kv}:", json.dumps(r, indent=1), flush=True)
-    Path(sys.argv[1]).write_text(json.dumps(result, indent=1) + "\n")
+    harness.write(Path(sys.argv[1]), harness.record("probe", "profile-decode", replays=REPLAYS,
+                                                    profiles=profiles))
     return 0
 
 

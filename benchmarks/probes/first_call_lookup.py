@@ -7,7 +7,7 @@ Each SITE is a directory the set was installed into (``pip install --no-deps --t
 flashinfer_python-*.whl flashinfer_jit_cache-*.whl``); several are measured interleaved, e.g.
 before and after a change, so machine load hits them alike.
 
-    FLASHINFER_CUDA_ARCH_LIST=9.0a python benchmarks/first_call_lookup.py \\
+    FLASHINFER_CUDA_ARCH_LIST=9.0a python benchmarks/probes/first_call_lookup.py \\
         --site before=/tmp/a --site after=/tmp/b --module scale --runs 15 --out r.json
 """
 
@@ -90,13 +90,18 @@ def main() -> int:
                      "min": round(min(r[key] for r in rs), 2)} for key in rs[0]}
         for name, rs in rows.items()
     }
-    report = {"what": "first call of a covered op from an installed jit-cache, CPU part, fresh "
-                      "processes, interleaved", "module": args.module, "runs": args.runs,
-              "machine": platform.machine(), "cpus": os.cpu_count(),
-              "python": platform.python_version(), "sites": sites, "summary": summary}
     print(json.dumps(summary, indent=1))
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        import schema  # benchmarks/schema.py: no torch needed
+
+        device = {"name": "cpu", "machine": platform.machine(), "cpus": os.cpu_count(),
+                  "python": platform.python_version()}
+        schema.write(args.out, schema.record(
+            "probe", "first-call-lookup", device,
+            note="first call of a covered op from an installed jit-cache, CPU part, fresh "
+                 "processes, interleaved",
+            module=args.module, runs=args.runs, sites=sorted(sites), summary=summary))
     return 0
 
 
