@@ -375,3 +375,15 @@ def test_a_local_mirror_works_offline(release, tmp_path, monkeypatch, store_dir)
         assert "local directory (or file://) mirror" in str(e), e
     else:
         raise AssertionError("no OfflineError")
+
+
+def test_the_root_download_cubin_flag_downloads_then_runs_the_command(release, monkeypatch,
+                                                                      store_dir):
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", str(release.root))
+    r = invoke("--download-cubin")
+    assert r.exit_code == 0, r.output
+    assert f"release 7.7.7: 3 downloaded, 0 already present, in {store_dir}" in r.output
+    assert "Usage" not in r.output  # the flag is the work: no help
+    r = invoke("--download-cubin", "list-cubins")
+    assert r.exit_code == 0, r.output
+    assert "0 downloaded, 3 already present" in r.output and "in store: 3" in r.output
