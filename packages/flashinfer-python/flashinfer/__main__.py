@@ -582,8 +582,10 @@ def _install(dists: Tuple[str, ...], flashinfer_version: Optional[str],
         return
     click.echo(f"running: {shlex.join(cmd)}", err=True)
     code = subprocess.run(cmd, check=False).returncode
-    if code:
-        raise click.ClickException(f"pip exited with status {code} (its output is above)")
+    if code:  # exit with pip's status: callers (vLLM's download-kernels) pass it on
+        error = click.ClickException(f"pip exited with status {code} (its output is above)")
+        error.exit_code = code
+        raise error
 
 
 def _install_command(name: str, dists: Tuple[str, ...], what: str) -> click.Command:
