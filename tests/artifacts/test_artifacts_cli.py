@@ -387,3 +387,10 @@ def test_the_root_download_cubin_flag_downloads_then_runs_the_command(release, m
     r = invoke("--download-cubin", "list-cubins")
     assert r.exit_code == 0, r.output
     assert "0 downloaded, 3 already present" in r.output and "in store: 3" in r.output
+
+
+def test_list_cubins_with_a_contradicting_pin_is_an_error_not_an_inventory(release, monkeypatch):
+    monkeypatch.setenv("FLASHINFER_CUBIN_MANIFEST_SHA256", "ab" * 32)
+    r = invoke("list-cubins")
+    assert r.exit_code == 1 and "contradicts" in r.output, r.output
+    assert "listing what is held locally" not in r.output

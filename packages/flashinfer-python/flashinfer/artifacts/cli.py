@@ -18,7 +18,7 @@ from .. import knobs
 from ..exceptions import FlashInferError
 from .errors import OfflineError, PinError
 from .manifest import Manifest
-from .resolve import Release, pinned_release, repository_urls
+from .resolve import Release, pinned_release, release_is_pinned, repository_urls
 from .store import Store, hash_file
 
 
@@ -244,7 +244,7 @@ def list_cmd(version, manifest_sha256, dest, archs) -> None:
         try:
             release = _release(version, manifest_sha256)
         except PinError as e:
-            if version is not None or manifest_sha256 is not None:
+            if version is not None or manifest_sha256 is not None or release_is_pinned():
                 raise
             lines = _unpinned_inventory(e, _store(dest), archs)
         else:

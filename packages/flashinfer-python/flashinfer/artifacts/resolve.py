@@ -123,6 +123,11 @@ def pinned_release(version: Optional[str] = None, manifest_sha256: Optional[str]
     )
 
 
+def release_is_pinned() -> bool:
+    """Whether this build pins a release (in the wheel, or by FLASHINFER_CUBIN_MANIFEST_SHA256)."""
+    return bool(getattr(_build_pin(), "MANIFEST_SHA256", None) or knobs.artifacts.manifest_sha256)
+
+
 def _package_version() -> str:
     from .. import __version__
 
