@@ -323,11 +323,13 @@ def test_module_status_without_gpu_uses_the_jit_cache_wheels_archs(workspace, no
         return [dict(m) for m in MODULES[:3]]
 
     monkeypatch.setattr(core, "module_status", status)
+    monkeypatch.setattr(core, "find_nvcc", lambda: Path("/opt/cuda/bin/nvcc"))
     out = run("module-status").output
     assert seen == ["8.0 9.0a"]
     assert ("status for the archs of the installed flashinfer-jit-cache 0.1.0 (8.0 9.0a)"
             in out)
     assert "norm" in out and "aot" in out
+    assert "1 not-compiled: each is compiled on first use" in out  # activation: not in the wheel
     assert knobs.jit.cuda_arch_list is None  # the override ended with the command
 
 

@@ -181,7 +181,7 @@ def _module_rows() -> Tuple[List[dict], List[str]]:
     reasons = Counter(r["error"] for r in rows if r.get("error") and r["error"] != no_arch)
     notes += [f"{n} not-compiled because: {why}" for why, n in sorted(reasons.items())]
     pending = [r for r in rows if r["status"] == "not-compiled" and not r.get("error")]
-    if pending and not no_arch:
+    if pending:
         if knobs.jit.disable_jit:
             notes.append(f"{len(pending)} not-compiled and FLASHINFER_DISABLE_JIT=1: using them "
                          "raises MissingJITCacheError")
