@@ -27,8 +27,7 @@ def test_without_a_pin_every_command_fails_with_the_remedy(monkeypatch):
     from flashinfer.artifacts import resolve
 
     monkeypatch.setattr(resolve, "_build_pin", lambda: None)  # a development build
-    for args in (["artifacts", "status"], ["list-cubins"], ["artifacts", "verify"],
-                 ["download-cubin"]):
+    for args in (["artifacts", "status"], ["artifacts", "verify"], ["download-cubin"]):
         r = invoke(*args)
         assert r.exit_code == 1, (args, r.output)
         assert "FLASHINFER_CUBIN_MANIFEST_SHA256" in r.output
@@ -220,3 +219,178 @@ def test_the_client_and_cli_run_without_torch(release, tmp_path):
             "assert 'torch' not in sys.modules")
     full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), package_root])}
     assert subprocess.run([sys.executable, "-c", code], env=full).returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# list-cubins on a development build, verify, mirror, offline local mirrors
+
+
+def test_list_cubins_without_a_pin_lists_what_is_local(release, tmp_path, monkeypatch, store_dir):
+    """A development build pins no release: list-cubins says so, lists the releases in the store
+    and the installed flashinfer-cubin (unverified against a pin), and exits 0."""
+    from flashinfer.artifacts import resolve
+
+    r = invoke("artifacts", "download", "--arch", "9.0a", "--repository", str(release.root))
+    assert r.exit_code == 0, r.output
+    monkeypatch.setattr(resolve, "_build_pin", lambda: None)
+    resolve.clear_manifest_cache()
+    r = invoke("list-cubins")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0].startswith("no artifact release is pinned: this flashinfer-python build")
+    assert "FLASHINFER_CUBIN_MANIFEST_SHA256" in lines[0]
+    assert (f"store {store_dir}: release 7.7.7 (manifest sha256 {release.sha256[:16]}..., not "
+            "checked against a pin): 3 files; present: 2, missing: 1, corrupt: 0") in lines
+    assert any(line.startswith("missing  sm_100a/act/c.cubin") for line in lines)
+    assert lines[-1] == "flashinfer-cubin: not installed"
+    r = invoke("artifacts", "list", "--dest", str(tmp_path / "empty"))
+    assert r.exit_code == 0 and f"store {tmp_path / 'empty'}: no release stored" in r.output
+    # another release named explicitly still needs its hash
+    r = invoke("list-cubins", "--version", "7.7.7")
+    assert r.exit_code == 1 and "--manifest-sha256" in r.output, r.output
+
+
+def test_list_cubins_without_a_pin_lists_the_installed_wheel(release, tmp_path, monkeypatch):
+    from test_publish import _fake_wheel
+
+    from flashinfer.artifacts import resolve
+
+    _fake_wheel(monkeypatch, tmp_path, release, ["sm_90a/norm/a.cubin"])
+    monkeypatch.setattr(resolve, "_build_pin", lambda: None)
+    r = invoke("list-cubins")
+    assert r.exit_code == 0, r.output
+    assert "flashinfer-cubin 7.7.7 at" in r.output and "present: 1, missing: 2" in r.output
+
+
+def test_verify_with_nothing_stored_says_so_and_how_to_download(release, tmp_path, store_dir):
+    """The manifest alone (an interrupted download) is not something verified: exit 1, naming
+    the store it looked in and the download command; --dest points it at another store."""
+    store_dir.mkdir(parents=True)
+    (store_dir / "releases" / "7.7.7").mkdir(parents=True)
+    (store_dir / "releases" / "7.7.7" / "manifest.json").write_bytes(release.data)
+    r = invoke("artifacts", "verify")
+    assert r.exit_code == 1, r.output
+    assert f"looked in: store {store_dir} (no flashinfer-cubin of this release" in r.output
+    assert f"nothing is stored for release 7.7.7 in {store_dir}" in r.output
+    assert "run `flashinfer artifacts download`" in r.output
+    other = tmp_path / "elsewhere"
+    r = invoke("artifacts", "download", "--dest", str(other), "--repository", str(release.root))
+    assert r.exit_code == 0, r.output
+    r = invoke("artifacts", "verify", "--dest", str(other))
+    assert r.exit_code == 0, r.output
+    assert f"looked in: store {other}" in r.output
+    assert "release 7.7.7: 3 verified (3 in the store), 0 missing, 0 corrupt" in r.output
+
+
+def test_verify_checks_the_installed_wheel_too(release, tmp_path, monkeypatch):
+    from test_publish import _fake_wheel
+
+    wheel_root = _fake_wheel(monkeypatch, tmp_path, release, release.files)
+    r = invoke("artifacts", "verify")
+    assert r.exit_code == 0, r.output
+    assert "3 verified (0 in the store, 3 in flashinfer-cubin), 0 missing, 0 corrupt" in r.output
+    (wheel_root / "files" / "sm_100a/act/c.cubin").write_bytes(b"x" * 100)
+    r = invoke("artifacts", "verify")
+    assert r.exit_code == 1, r.output
+    assert "flashinfer-cubin lacks or has corrupt copies of: sm_100a/act/c.cubin" in r.output
+    assert "pip install --force-reinstall" in r.output
+
+
+def _wheels(dist, version):
+    dist.mkdir()
+    names = [f"flashinfer_python-{version}-py3-none-any.whl",
+             f"flashinfer_cubin-{version}-py3-none-any.whl",
+             "flashinfer_python-0.0.1-py3-none-any.whl"]
+    for name in names:
+        (dist / name).write_bytes(name.encode())
+    return names[:2]
+
+
+def test_mirror_refuses_a_dist_that_does_not_exist_or_holds_no_wheel(release, tmp_path):
+    repo = ["--repository", str(release.root)]
+    r = invoke("artifacts", "mirror", "--dest", str(tmp_path / "m"), "--dist",
+               str(tmp_path / "nonexistent"), *repo)
+    assert r.exit_code == 2 and "does not exist" in r.output, r.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "flashinfer_python-0.0.1-py3-none-any.whl").write_bytes(b"")
+    r = invoke("artifacts", "mirror", "--dest", str(tmp_path / "m"), "--dist", str(empty), *repo)
+    assert r.exit_code == 1, r.output
+    assert "holds no wheel of release 7.7.7 (found: flashinfer_python-0.0.1" in r.output
+    assert not (tmp_path / "m").exists()
+
+
+def test_mirror_says_what_it_holds(release, tmp_path):
+    """Without --dist a mirror holds the kernel binaries only, and says so; with it, the
+    release's wheels are listed (and only those of its version)."""
+    repo = ["--repository", str(release.root)]
+    r = invoke("artifacts", "mirror", "--dest", str(tmp_path / "m1"), *repo)
+    assert r.exit_code == 0, r.output
+    assert "3 kernel binaries (every arch), and no wheels (no --dist given)" in r.output
+    assert f"use it: FLASHINFER_CUBINS_REPOSITORY={tmp_path / 'm1'}" in r.output
+    names = _wheels(tmp_path / "dist", "7.7.7")
+    r = invoke("artifacts", "mirror", "--dest", str(tmp_path / "m2"), "--dist",
+               str(tmp_path / "dist"), *repo)
+    assert r.exit_code == 0, r.output
+    assert f"2 wheels under wheels/: {', '.join(sorted(names))}" in r.output
+    assert "pip install --no-index --find-links" in r.output
+    assert sorted(p.name for p in (tmp_path / "m2" / "wheels").iterdir()) == sorted(names)
+
+
+def test_a_local_mirror_works_offline(release, tmp_path, monkeypatch, store_dir):
+    """Reading a directory or file:// repository is not a download: with
+    FLASHINFER_NO_DOWNLOAD=1 the ops and `download` read it; an http one is skipped and the
+    message says which local repositories were read."""
+    import socket
+
+    from flashinfer.artifacts import OfflineError, resolve
+
+    def no_network(*a, **k):
+        raise AssertionError("a socket was opened")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setenv("FLASHINFER_NO_DOWNLOAD", "1")
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY",
+                       f"http://127.0.0.1:9/never {release.root.as_uri()}")
+    assert get_cubin("sm_90a/norm/b.cubin").data == release.files["sm_90a/norm/b.cubin"]
+    r = invoke("download-cubin")
+    assert r.exit_code == 0, r.output
+    assert "2 downloaded, 1 already present" in r.output and "local repositories only" in r.output
+    r = invoke("artifacts", "status")
+    assert r.exit_code == 0, r.output
+
+    monkeypatch.setenv("FLASHINFER_CUBIN_DIR", str(tmp_path / "fresh"))
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", str(tmp_path / "empty-mirror"))
+    resolve.clear_manifest_cache()
+    try:
+        get_cubin("sm_90a/norm/b.cubin")
+    except OfflineError as e:
+        assert "only the local repositories" in str(e) and "empty-mirror" in str(e), e
+    else:
+        raise AssertionError("no OfflineError")
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", "http://127.0.0.1:9/never")
+    try:
+        get_cubin("sm_90a/norm/b.cubin")
+    except OfflineError as e:  # the remedy it gives is one that works
+        assert "local directory (or file://) mirror" in str(e), e
+    else:
+        raise AssertionError("no OfflineError")
+
+
+def test_the_root_download_cubin_flag_downloads_then_runs_the_command(release, monkeypatch,
+                                                                      store_dir):
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", str(release.root))
+    r = invoke("--download-cubin")
+    assert r.exit_code == 0, r.output
+    assert f"release 7.7.7: 3 downloaded, 0 already present, in {store_dir}" in r.output
+    assert "Usage" not in r.output  # the flag is the work: no help
+    r = invoke("--download-cubin", "list-cubins")
+    assert r.exit_code == 0, r.output
+    assert "0 downloaded, 3 already present" in r.output and "in store: 3" in r.output
+
+
+def test_list_cubins_with_a_contradicting_pin_is_an_error_not_an_inventory(release, monkeypatch):
+    monkeypatch.setenv("FLASHINFER_CUBIN_MANIFEST_SHA256", "ab" * 32)
+    r = invoke("list-cubins")
+    assert r.exit_code == 1 and "contradicts" in r.output, r.output
+    assert "listing what is held locally" not in r.output

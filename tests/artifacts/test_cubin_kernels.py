@@ -5,6 +5,8 @@ what is cached, and that nothing but verified bytes reaches ``cuModuleLoadData``
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from artifacthelpers import make_release, pin
@@ -116,11 +118,15 @@ def test_a_tampered_stored_cubin_is_never_loaded_after_a_reset(rmsnorm_release, 
     rmsnorm(torch.bfloat16, 768)  # loaded already (from verified bytes): the driver's copy
     clear_caches()
     monkeypatch.setenv("FLASHINFER_NO_DOWNLOAD", "1")
+    # A directory repository is read even offline (no download): offer a network one only.
+    local = os.environ["FLASHINFER_CUBINS_REPOSITORY"]
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", "http://127.0.0.1:9/never")
     with pytest.raises(OfflineError, match=used.entry.path):
         rmsnorm(torch.bfloat16, 768)
     assert not obj.exists()  # the copy that does not verify was deleted
     assert rmsnorm_release.calls.count("cuModuleLoadData") == loads
     monkeypatch.delenv("FLASHINFER_NO_DOWNLOAD")
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", local)
     rmsnorm(torch.bfloat16, 768)  # downloaded again, verified, loaded
     assert obj.exists() and rmsnorm_release.calls.count("cuModuleLoadData") == loads + 1
 

@@ -103,7 +103,7 @@ def test_cli_mirror_of_a_pinned_release(release, tmp_path):
     dest = tmp_path / "mirror"
     r = run_cli("artifacts", "mirror", "--dest", str(dest), "--version", "7.7.7",
                 "--manifest-sha256", release.sha256, "--repository", str(release.root),
-                "--store", str(tmp_path / "s"), "--dist", str(tmp_path / "nodist"))
+                "--store", str(tmp_path / "s"))
     assert r.returncode == 0, r.stderr
     assert "FLASHINFER_CUBINS_REPOSITORY=" in r.stdout
     assert sha256_hex((dest / "releases/7.7.7/manifest.json").read_bytes()) == release.sha256

@@ -246,6 +246,11 @@ class ArtifactKnobs(KnobGroup):
         None,
         "CA certificates for https repositories (proxies: HTTPS_PROXY, NO_PROXY, as usual).",
     )
+    wheel_index_url = env_str(
+        "FLASHINFER_WHEEL_INDEX_URL",
+        "https://flashinfer.ai/whl/cu{major}0/",
+        "Index the install-*-wheel commands pip-install from; {major} = the CUDA major.",
+    )
 
 
 class NormKnobs(KnobGroup):

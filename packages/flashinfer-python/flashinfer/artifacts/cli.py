@@ -16,8 +16,10 @@ import click
 
 from .. import knobs
 from ..exceptions import FlashInferError
-from .resolve import Release, pinned_release, repository_urls
-from .store import Store
+from .errors import OfflineError, PinError
+from .manifest import Manifest
+from .resolve import Release, pinned_release, release_is_pinned, repository_urls
+from .store import Store, hash_file
 
 
 @contextlib.contextmanager
@@ -83,14 +85,11 @@ def download(version, manifest_sha256, dest, archs, repositories, jobs) -> None:
     from .resolve import download_release, load_manifest, select_files
 
     with _errors("download"):
-        if knobs.artifacts.no_download:
-            raise click.ClickException(
-                "download refused: FLASHINFER_NO_DOWNLOAD=1 is set; unset it to download"
-            )
+        offline = knobs.artifacts.no_download
         release = _release(version, manifest_sha256)
         store = _store(dest)
         urls = list(repositories) or None
-        manifest = load_manifest(release, store, True, urls)
+        manifest = load_manifest(release, store, not offline, urls)
         total = sum(f.size for f in select_files(manifest, archs))
         label = f"release {release.version} ({_human(total)})"
         with click.progressbar(length=total, label=label, file=sys.stderr,
@@ -101,38 +100,80 @@ def download(version, manifest_sha256, dest, archs, repositories, jobs) -> None:
     click.echo(
         f"release {release.version}: {counts['downloaded']} downloaded, {counts['present']} "
         f"already present, in {store.root}"
+        + (" (FLASHINFER_NO_DOWNLOAD=1: read from flashinfer-cubin and local repositories only)"
+           if offline else "")
     )
 
 
 @artifacts_group.command("verify")
 @with_release_options
 def verify_cmd(version, manifest_sha256, dest) -> None:
-    """Re-hash every stored file of a release; corrupt copies are deleted (exit 1). Files the
-    store does not hold are counted, not an error (``status`` checks completeness)."""
-    from .resolve import load_manifest
+    """Re-hash the files of a release held here: in the store (--dest, default
+    FLASHINFER_CUBIN_DIR) and in an installed flashinfer-cubin of the release. A corrupt stored
+    copy is deleted. Exit 1 on a corrupt file, or when nothing of the release is held (nothing
+    was verified); missing files are counted, not an error (``status`` checks completeness)."""
+    from .resolve import cubin_wheel_for, load_manifest
 
     with _errors("verify"):
         release = _release(version, manifest_sha256)
         store = _store(dest)
-        manifest = load_manifest(release, store, allow_download=False)
-        states = {"present": 0, "missing": 0, "corrupt": []}
-        for entry in manifest.files:
+        wheel = cubin_wheel_for(release)
+        click.echo(f"looked in: store {store.root}" + (
+            f", flashinfer-cubin at {wheel.root}" if wheel is not None
+            else " (no flashinfer-cubin of this release is installed)"))
+        try:  # the store and the wheel only: verify reads no repository
+            manifest = load_manifest(release, store, allow_download=False, repositories=[])
+        except OfflineError:
+            manifest = None
+        counts = {"store": 0, "wheel": 0, "missing": 0}
+        bad: List[str] = []
+        bad_in_wheel: List[str] = []
+        for entry in manifest.files if manifest is not None else ():
             state = store.check(entry)
             if state == "corrupt":
-                states["corrupt"].append(entry.path)
+                bad.append(entry.path)
                 store.object_file(entry).unlink(missing_ok=True)
-            else:
-                states[state] += 1
-    bad = states["corrupt"]
-    click.echo(
-        f"release {release.version}: {states['present']} verified, {states['missing']} missing, "
-        f"{len(bad)} corrupt"
-    )
-    if bad:
+            elif state == "present":
+                counts["store"] += 1
+            if state != "present" and wheel is not None:
+                f = wheel.file(entry.path)
+                if f.is_file() and hash_file(f) == (entry.sha256, entry.size):
+                    counts["wheel"] += 1
+                    continue
+                bad_in_wheel.append(entry.path)
+            elif state == "missing":
+                counts["missing"] += 1
+    verified = counts["store"] + counts["wheel"]
+    if verified == 0 and not bad and not bad_in_wheel:
         raise click.ClickException(
-            "corrupt files (deleted): " + ", ".join(bad[:10]) + (" ..." if len(bad) > 10 else "")
-            + "; run `flashinfer artifacts download` to fetch them again"
+            f"verify failed: nothing is stored for release {release.version} in {store.root}"
+            + ("" if wheel is not None else " and no flashinfer-cubin of it is installed")
+            + ": nothing to verify; remedy: run `"
+            + _download_command(dest, (), version, manifest_sha256)
+            + "` first (it downloads into FLASHINFER_CUBIN_DIR, or into --dest DIR), or point "
+            "--dest at the store you downloaded into"
         )
+    click.echo(
+        f"release {release.version}: {verified} verified ({counts['store']} in the store"
+        + (f", {counts['wheel']} in flashinfer-cubin" if wheel is not None else "")
+        + f"), {counts['missing']} missing, {len(bad) + len(bad_in_wheel)} corrupt"
+    )
+    problems = []
+    if bad:
+        problems.append(
+            "corrupt stored files (deleted): " + _some(bad) + "; run `"
+            + _download_command(dest, (), version, manifest_sha256) + "` to fetch them again")
+    if bad_in_wheel:
+        problems.append(
+            "flashinfer-cubin lacks or has corrupt copies of: " + _some(bad_in_wheel)
+            + f"; reinstall it: pip install --force-reinstall --no-deps "
+            f"'flashinfer-cubin=={wheel.version}'")
+    if problems:
+        raise click.ClickException("verify failed: " + "; ".join(problems))
+
+
+def _some(paths: Sequence[str]) -> str:
+    return ", ".join(paths[:10]) + (" ..." if len(paths) > 10 else "")
 
 
 def _status(release: Release, store: Store, archs: Sequence[str], verbose: bool
@@ -196,12 +237,73 @@ def status(version, manifest_sha256, dest, archs, verbose) -> None:
 @click.option("--arch", "archs", multiple=True, help="Only these archs (repeatable).")
 def list_cmd(version, manifest_sha256, dest, archs) -> None:
     """Every file of the release and where it is (an inventory: missing files are listed, not
-    an error; ``status`` is the check that fails on them)."""
+    an error; ``status`` is the check that fails on them). On a build that pins no release
+    (a development build), what is local: the releases in the store and the installed
+    flashinfer-cubin, unverified against any pin."""
     with _errors("list"):
-        release = _release(version, manifest_sha256)
-        lines, _ = _status(release, _store(dest), archs, True)
+        try:
+            release = _release(version, manifest_sha256)
+        except PinError as e:
+            if version is not None or manifest_sha256 is not None or release_is_pinned():
+                raise
+            lines = _unpinned_inventory(e, _store(dest), archs)
+        else:
+            lines, _ = _status(release, _store(dest), archs, True)
     for line in lines:
         click.echo(line)
+
+
+def _inventory(where: str, data: bytes, state_of, archs: Sequence[str]) -> List[str]:
+    """Lines for the release whose manifest is ``data`` held at ``where``; ``state_of(entry)``
+    says ``present``, ``missing`` or ``corrupt``."""
+    from .manifest import sha256_hex
+    from .resolve import select_files
+
+    try:
+        manifest = Manifest.from_bytes(data)
+    except FlashInferError as e:
+        return [f"{where}: a manifest that does not parse ({e})"]
+    rows = [(entry, state_of(entry)) for entry in select_files(manifest, archs)]
+    counts = {s: sum(1 for _, x in rows if x == s) for s in ("present", "missing", "corrupt")}
+    lines = [
+        f"{where}: release {manifest.release} (manifest sha256 {sha256_hex(data)[:16]}..., not "
+        f"checked against a pin): {len(rows)} files; present: {counts['present']}, missing: "
+        f"{counts['missing']}, corrupt: {counts['corrupt']}"
+    ]
+    lines += [f"{state:8} {e.path} ({_human(e.size)}, {e.arch or '-'})" for e, state in rows]
+    return lines
+
+
+def _wheel_state(wheel):
+    def state(entry) -> str:
+        f = wheel.file(entry.path)
+        if not f.is_file():
+            return "missing"
+        return "present" if hash_file(f) == (entry.sha256, entry.size) else "corrupt"
+
+    return state
+
+
+def _unpinned_inventory(pin_error: PinError, store: Store, archs: Sequence[str]) -> List[str]:
+    """``list`` without a pinned release: what the store and the installed wheel hold."""
+    from .resolve import installed_cubin_wheel
+
+    lines = [f"no artifact release is pinned: {pin_error}", "listing what is held locally:"]
+    versions = store.releases()
+    if not versions:
+        lines.append(f"store {store.root}: no release stored")
+    for v in versions:
+        lines += _inventory(f"store {store.root}", store.read_manifest(v) or b"", store.check,
+                            archs)
+    wheel = installed_cubin_wheel()
+    if wheel is None:
+        lines.append("flashinfer-cubin: not installed")
+    elif wheel.release is None:
+        lines.append(f"flashinfer-cubin {wheel.version} at {wheel.root}: holds no release")
+    else:
+        lines += _inventory(f"flashinfer-cubin {wheel.version} at {wheel.root}",
+                            wheel.manifest_bytes(), _wheel_state(wheel), archs)
+    return lines
 
 
 @artifacts_group.command("mirror")
@@ -211,26 +313,42 @@ def list_cmd(version, manifest_sha256, dest, archs) -> None:
 @click.option("--manifest-sha256", "manifest_sha256", default=None,
               help="Manifest hash of a release other than the pinned one.")
 @click.option("--repository", "repositories", multiple=True, help="Source repositories, in order.")
-@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True,
-              help="Also copy the matching wheels found here.")
+@click.option("--dist", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
+              help="Also copy the release's wheels (flashinfer_python, flashinfer_cubin, "
+              "flashinfer_jit_cache of its version) from this directory, e.g. dist/; it must hold "
+              "at least one. Default: no wheels.")
 @click.option("--store", "store_dir", type=click.Path(path_type=Path), default=None,
               help="Local store used on the way (default: FLASHINFER_CUBIN_DIR).")
 def mirror_cmd(destination, version, manifest_sha256, repositories, dist, store_dir) -> None:
-    """A complete, self-contained copy of a release (manifest, files, wheels) for offline use."""
-    from .publish import mirror
+    """A complete, self-contained copy of a release (index, manifest, every file of every arch,
+    and with --dist its wheels) for offline use; it says what it holds."""
+    from .publish import matching_wheels, mirror
 
     with _errors("mirror"):
         release = _release(version, manifest_sha256)
+        if dist is not None and not matching_wheels(dist, release.version):
+            found = sorted(p.name for p in dist.glob("*.whl"))
+            raise click.ClickException(
+                f"mirror refused: --dist {dist} holds no wheel of release {release.version} "
+                f"(found: {', '.join(found[:8]) or 'no .whl file'}); build them first (nox -s "
+                "build), point --dist at the directory that holds them, or leave --dist out for "
+                "a mirror of the kernel binaries only"
+            )
         result = mirror(release, destination, list(repositories) or None, dist, _store(store_dir))
     click.echo(result.summary())
     shown = knobs.redact(destination)
+    click.echo(f"the mirror holds: index.json, releases/{release.version}/manifest.json, "
+               f"{result.uploaded + result.present} kernel binaries (every arch), and "
+               + (f"{len(result.wheels)} wheels under wheels/: {', '.join(result.wheels)}"
+                  if result.wheels else "no wheels (no --dist given)"))
     local = "://" not in destination or destination.startswith("file://")
     click.echo(
-        f"use it: FLASHINFER_CUBINS_REPOSITORY={shown}"
-        # pip reads --find-links from a directory (or a web page), not from s3://
-        + (f"; pip install --no-index --find-links {shown}/wheels 'flashinfer-python[cubin]'"
-           if result.wheels and local else "")
+        f"use it: FLASHINFER_CUBINS_REPOSITORY={shown} (a local directory is read even with "
+        "FLASHINFER_NO_DOWNLOAD=1)" if local else f"use it: FLASHINFER_CUBINS_REPOSITORY={shown}"
     )
+    if result.wheels and local:  # pip reads --find-links from a directory, not from s3://
+        click.echo(f"install offline: pip install --no-index --find-links {shown}/wheels "
+                   "'flashinfer-python[cubin]'")
 
 
 @artifacts_group.command("publish")

@@ -3,8 +3,10 @@
 ``get_cubin(path)`` checks that ``path`` is in the release manifest (whose sha256 is pinned inside
 this flashinfer-python build), then looks in the installed ``flashinfer-cubin`` wheel, then the
 local store (``FLASHINFER_CUBIN_DIR``), then downloads from the repositories in
-``FLASHINFER_CUBINS_REPOSITORY`` (tried in order) unless ``FLASHINFER_NO_DOWNLOAD=1``, in which
-case it fails at once, opening no socket, naming the file and the remedy.
+``FLASHINFER_CUBINS_REPOSITORY`` (tried in order). ``FLASHINFER_NO_DOWNLOAD=1`` skips the network
+repositories (http(s), s3; none is constructed, no socket is opened) but still reads local ones (a
+directory or ``file://`` mirror: reading them is not a download); a file none of those has fails
+at once, naming the file and the remedy.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ logger = logging.getLogger("flashinfer.artifacts")
 _OFFLINE_REMEDY = (
     "remedy: install the flashinfer-cubin wheel of this release (pip install "
     "flashinfer-cubin=={version}), or run `flashinfer artifacts download` on a machine with "
-    "network access and copy its store to {store} (or point FLASHINFER_CUBINS_REPOSITORY at an "
-    "offline mirror made with `flashinfer artifacts mirror`), or unset FLASHINFER_NO_DOWNLOAD"
+    "network access and copy its store to {store}, or point FLASHINFER_CUBINS_REPOSITORY at a "
+    "local directory (or file://) mirror made with `flashinfer artifacts mirror` (read even "
+    "with FLASHINFER_NO_DOWNLOAD=1), or unset FLASHINFER_NO_DOWNLOAD"
 )
 
 
@@ -120,6 +123,11 @@ def pinned_release(version: Optional[str] = None, manifest_sha256: Optional[str]
     )
 
 
+def release_is_pinned() -> bool:
+    """Whether this build pins a release (in the wheel, or by FLASHINFER_CUBIN_MANIFEST_SHA256)."""
+    return bool(getattr(_build_pin(), "MANIFEST_SHA256", None) or knobs.artifacts.manifest_sha256)
+
+
 def _package_version() -> str:
     from .. import __version__
 
@@ -131,8 +139,23 @@ def repository_urls(release: Release) -> list[str]:
     return parse_repository_list(knobs.artifacts.repository) or list(release.repositories)
 
 
-def _repositories(release: Release, urls: Optional[Sequence[str]] = None) -> list[Repository]:
-    return [open_repository(u) for u in (urls if urls is not None else repository_urls(release))]
+def _repositories(
+    release: Release, urls: Optional[Sequence[str]] = None, local_only: bool = False
+) -> list[Repository]:
+    """The repositories to read, in order; ``local_only`` keeps the directory (and ``file://``)
+    ones: what ``FLASHINFER_NO_DOWNLOAD=1`` still allows, since reading them is no download.
+    Building a repository object opens nothing (an S3 client is made on first use)."""
+    repos = [open_repository(u) for u in (urls if urls is not None else repository_urls(release))]
+    return [r for r in repos if isinstance(r, DirectoryRepository)] if local_only else repos
+
+
+def _offline_from(repos: Sequence[Repository], error: DownloadError) -> OfflineError:
+    """A local repository lacked a file while downloads are off: say which were read."""
+    where = ", ".join(r.shown for r in repos)
+    return OfflineError(
+        f"{error}\n(downloads are off, FLASHINFER_NO_DOWNLOAD=1: only the local repositories "
+        f"{where} were read)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,14 +301,18 @@ def load_manifest(
     allow_download = (not knobs.artifacts.no_download) if allow_download is None else allow_download
     manifest = _local_manifest(release, store)
     if manifest is None:
-        if not allow_download:
+        # Offline, local mirrors are still read; a read-only command (verify) passes
+        # repositories=[] and reads nothing but the store and the wheel.
+        repos = _repositories(release, repositories, local_only=not allow_download)
+        if not repos and not allow_download:
             where = (
                 f"the manifest of artifact release {release.version} is neither in an installed "
                 f"flashinfer-cubin nor in {store.root}"
             )
             if knobs.artifacts.no_download:
                 raise OfflineError(
-                    f"{where}, and downloads are off (FLASHINFER_NO_DOWNLOAD=1); "
+                    f"{where}, and downloads are off (FLASHINFER_NO_DOWNLOAD=1) with no local "
+                    "repository configured; "
                     + _OFFLINE_REMEDY.format(version=release.version, store=store.root)
                 )
             # A read-only command (verify): nothing was downloaded into this store yet.
@@ -294,7 +321,6 @@ def load_manifest(
                 f"artifacts download` first (with --dest {store.root} if that is not your "
                 "FLASHINFER_CUBIN_DIR), or point --dest at the store that holds the release"
             )
-        repos = _repositories(release, repositories)
         if not repos:
             raise DownloadError(
                 manifest_path(release.version), [],
@@ -303,11 +329,14 @@ def load_manifest(
         with store.lock(f"manifest-{release.version}"):
             manifest = _local_manifest(release, store)
             if manifest is None:
-                (manifest, data), _ = fetch_small(
-                    repos,
-                    manifest_path(release.version),
-                    lambda d: (_parse_pinned(d, release), d),
-                )
+                try:
+                    (manifest, data), _ = fetch_small(
+                        repos,
+                        manifest_path(release.version),
+                        lambda d: (_parse_pinned(d, release), d),
+                    )
+                except DownloadError as e:
+                    raise (_offline_from(repos, e) if not allow_download else e) from None
                 store.save_manifest(release.version, data)
     with _MANIFEST_LOCK:
         _MANIFESTS[key] = manifest
@@ -393,13 +422,17 @@ def get_cubin(
     blob = store.read_verified(entry)
     if blob is not None:
         return blob
-    if not allow_download:
+    repos = _repositories(release, local_only=not allow_download)
+    if not repos and not allow_download:
         raise OfflineError(
             f"kernel binary {path} (release {release.version}, sha256 {entry.sha256[:12]}...) "
             f"is not available locally and downloads are off (FLASHINFER_NO_DOWNLOAD=1); "
             + _OFFLINE_REMEDY.format(version=release.version, store=store.root)
         )
-    ensure_object(store, _repositories(release), entry)
+    try:
+        ensure_object(store, repos, entry)
+    except DownloadError as e:
+        raise (_offline_from(repos, e) if not allow_download else e) from None
     blob = store.read_verified(entry)
     if blob is None:  # removed or corrupted between the download and this read
         raise ChecksumError(f"{path}: stored copy", entry.sha256, "a file that does not verify")
@@ -448,7 +481,8 @@ def _offline_missing(entry: FileEntry, store: Store) -> OfflineError:
         f"kernel binary {entry.path} (sha256 {entry.sha256[:12]}...) is neither in an installed "
         f"flashinfer-cubin nor in {store.root}, and downloads are off (FLASHINFER_NO_DOWNLOAD=1); "
         "remedy: unset FLASHINFER_NO_DOWNLOAD, or install the flashinfer-cubin wheel of this "
-        "release"
+        "release, or point FLASHINFER_CUBINS_REPOSITORY (or --repository) at a local directory "
+        "or file:// mirror of it (made with `flashinfer artifacts mirror`)"
     )
 
 
@@ -507,7 +541,7 @@ def download_release(
     offline = knobs.artifacts.no_download
     manifest = load_manifest(release, store, not offline, repositories)
     wheel = cubin_wheel_for(release)
-    repos = [] if offline else _repositories(release, repositories)
+    repos = _repositories(release, repositories, local_only=offline)
     if wheel is not None:
         repos.insert(0, wheel.as_repository(manifest))
         if store.read_manifest(release.version) is None:
@@ -530,9 +564,10 @@ def download_release(
         try:
             try:
                 state = ensure_object(store, repos, entry, safe_progress, rehash=True)
-            except DownloadError:
-                if offline:  # only the wheel was asked, and it does not have this file
-                    raise _offline_missing(entry, store) from None
+            except DownloadError as e:
+                if offline:  # only the wheel and local mirrors were asked; none has it
+                    raise (_offline_from(repos, e) if len(repos) > (wheel is not None)
+                           else _offline_missing(entry, store)) from None
                 raise
         except BaseException as e:  # collected; the first is raised once all are done
             with lock:
