@@ -28,20 +28,20 @@ void check_int32_vector(const TensorView& ref, const TensorView& t, const char* 
 }
 
 /// Call `f(U{})` with U the unsigned integer of the element width: the append is a copy, so
-/// fp8 (1 byte), half (2) and float (4) caches share the kernels.
+/// fp8 (1 byte), half (2) and float (4) caches share the kernels. The dtypes are the Python
+/// layer's CACHE_DTYPES (float16, bfloat16, float32, float8_e4m3fn, float8_e5m2).
 template <typename F>
 void dispatch_element_width(DLDataType dt, F&& f) {
-  TVM_FFI_CHECK(dt.lanes == 1 && (dt.code == kDLFloat || dt.code == kDLBfloat ||
-                                  dt.code >= kDLFloat8_e3m4),
-                TypeError)
-      << "append_key must be a floating-point dtype, got " << dtype_name(dt);
+  const bool ok = is_dtype(dt, kDLFloat, 16) || is_dtype(dt, kDLBfloat, 16) ||
+                  is_dtype(dt, kDLFloat, 32) || is_dtype(dt, kDLFloat8_e4m3fn, 8) ||
+                  is_dtype(dt, kDLFloat8_e5m2, 8);
+  TVM_FFI_CHECK(ok, TypeError)
+      << "append_key must be float16, bfloat16, float32, float8_e4m3fn or float8_e5m2, got "
+      << dtype_name(dt);
   switch (dt.bits) {
     case 8: return f(uint8_t{});
     case 16: return f(uint16_t{});
-    case 32: return f(uint32_t{});
-    default:
-      TVM_FFI_THROW(TypeError) << "append_key must have 8, 16 or 32-bit elements, got "
-                               << dtype_name(dt);
+    default: return f(uint32_t{});
   }
 }
 
@@ -78,6 +78,7 @@ void append_paged_kv_cache(TensorView k_cache, TensorView v_cache, TensorView ap
     check_last_dim_contiguous(cache, name);
   }
   check_size(v_cache, "v_cache", slot_dim, k_cache.size(slot_dim));
+  check_size(v_cache, "v_cache", 0, k_cache.size(0));  // one page id addresses both
   const int64_t page_size = k_cache.size(slot_dim);
   TVM_FFI_CHECK(page_size >= 1 && page_size < (int64_t{1} << 31), ValueError)
       << "the cache's page size must be in [1, 2^31), got " << page_size;
@@ -112,6 +113,8 @@ void append_paged_kv_cache(TensorView k_cache, TensorView v_cache, TensorView ap
     a.positions = data_ptr<int32_t>(positions);
     a.kv_indices = data_ptr<int32_t>(kv_indices);
     a.kv_indptr = data_ptr<int32_t>(kv_indptr);
+    a.num_indices = kv_indices.size(0);
+    a.num_pages = k_cache.size(0);
     a.nnz = nnz;
     a.num_heads = heads;
     a.head_dim = dim;
