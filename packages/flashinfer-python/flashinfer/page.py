@@ -429,8 +429,10 @@ def append_paged_kv_cache(
     fn = _fns.loaded.get("append_paged_kv_cache")
     if fn is not None:  # fast path: the binding's checks (ModuleFunctions)
         try:
-            if isinstance(paged_kv_cache, torch.Tensor):  # [P, 2, ...]: 4-D views, or refused
-                k_cache, v_cache = paged_kv_cache.unbind(1)
+            if isinstance(paged_kv_cache, torch.Tensor):
+                if paged_kv_cache.dim() != 5:  # 4-D [P, 2, H, D]: page size 1, needs a view
+                    raise TypeError
+                k_cache = v_cache = paged_kv_cache  # the binding takes [:, 0] and [:, 1] itself
             elif isinstance(paged_kv_cache, (tuple, list)):
                 k_cache, v_cache = paged_kv_cache
             else:
