@@ -331,7 +331,8 @@ def merge(args) -> int:
     for r in our_rows:
         p = prow.get(r["name"], {})
         case = {"name": r["name"], "host_us": r.get("host_us"), "gpu_us": r.get("gpu_us"),
-                "peer_host_us": p.get("host_us"), "peer_gpu_us": p.get("gpu_us")}
+                "peer_host_us": p.get("host_us"), "peer_gpu_us": p.get("gpu_us"),
+                "host_us_reps": r.get("host_us_reps"), "peer_host_us_reps": p.get("host_us_reps")}
         if case["host_us"] and case["peer_host_us"]:
             case["host_ratio_ours_over_peer"] = round(case["host_us"] / case["peer_host_us"], 3)
             case["meets_peer"] = case["host_us"] <= case["peer_host_us"]
