@@ -131,7 +131,7 @@ def test_gpu_bad_arguments_raise_the_checked_errors():
         flashinfer.rmsnorm(x, w[:32])
     with pytest.raises(ValueError, match="out must have dtype"):
         flashinfer.rmsnorm(x, w, out=torch.empty_like(x).half())
-    with pytest.raises(ValueError, match="input must be float16, bfloat16 or float32"):
+    with pytest.raises(ValueError, match="input must be float16 or bfloat16 or float32"):
         flashinfer.rmsnorm(x.double(), w.double())
     with pytest.raises(ValueError, match=r"residual must have shape \(2, 64\)"):
         flashinfer.fused_add_rmsnorm(x, x[:1].clone(), w)
