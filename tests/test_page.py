@@ -193,6 +193,27 @@ def test_get_seq_lens_cpu(dtype):
         page.get_seq_lens(kv_indptr, last[:3], 16)
 
 
+def test_get_seq_lens_rejects_bad_metadata():
+    """Values are checked where they are host data; the page size always."""
+    kv_indptr = torch.tensor([0, 3, 4, 4], dtype=torch.int32)
+    last = torch.tensor([13, 8, 0], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"kv_indptr must be non-decreasing, got kv_indptr\[1\] "
+                                         r"= 3 > kv_indptr\[2\] = 2"):
+        page.get_seq_lens(torch.tensor([0, 3, 2, 4], dtype=torch.int32), last, 16)
+    with pytest.raises(ValueError, match=r"kv_last_page_len must be in \[0, page_size=16\], got "
+                                         r"kv_last_page_len\[1\] = 17"):
+        page.get_seq_lens(kv_indptr, torch.tensor([13, 17, 0], dtype=torch.int32), 16)
+    with pytest.raises(ValueError, match=r"kv_last_page_len\[0\] = -1"):
+        page.get_seq_lens(kv_indptr, torch.tensor([-1, 8, 0], dtype=torch.int32), 16)
+    for bad in (0, -16, True, 16.0, "16"):
+        with pytest.raises(ValueError, match="page_size must be a positive int"):
+            page.get_seq_lens(kv_indptr, last, bad)
+    # the edges stay legal: a full last page, an empty request, an integer type other than int
+    assert page.get_seq_lens(kv_indptr, torch.tensor([16, 1, 0], dtype=torch.int32),
+                             torch.tensor(16).item()).tolist() == [48, 1, 0]
+    assert page.get_seq_lens(kv_indptr[:1], last[:0], 16).tolist() == []
+
+
 def test_get_batch_indices_positions_validation(no_compile):
     f = page.get_batch_indices_positions
     indptr = torch.tensor([0, 2, 5], dtype=torch.int32)
@@ -457,6 +478,50 @@ def test_append_skips_rows_outside_the_page_table():
     flashinfer.append_paged_kv_cache(key, key, bi, pos, cache, kv_indices, kv_indptr, last)
     written = cache.abs().sum(dim=(1, 3, 4))  # per (page, slot)
     assert written.nonzero().tolist() == [[1, 2]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("form", ["tensor", "tuple"])
+def test_append_out_of_range_page_ids_write_nothing_outside_the_cache(layout, form):
+    """Page ids past the cache or negative, and an indptr past kv_indices, skip their rows: the
+    cache sits between two poisoned guard regions of the same allocation, and only the rows of
+    valid ids change."""
+    torch.manual_seed(3)
+    pages, page_size, heads, dim, guard = 4, 4, 2, 64, 3
+    inner = (page_size, heads, dim) if layout == "NHD" else (heads, page_size, dim)
+    if form == "tensor":
+        full = rand((pages + 2 * guard, 2) + inner, torch.float16)
+        cache = full[guard:guard + pages]
+        k_view, v_view = cache[:, 0], cache[:, 1]
+    else:  # K and V each between guards of their own allocation
+        full = rand((2, pages + 2 * guard) + inner, torch.float16)
+        k_view, v_view = full[0, guard:guard + pages], full[1, guard:guard + pages]
+        cache = (k_view, v_view)
+    before = full.clone()
+    # request 0: pages [1, pages, -1, 1 << 30] (ids 2-4 bad); request 1: page 2, then its indptr
+    # points past kv_indices (5 entries, indptr ends at 7)
+    kv_indices = torch.tensor([1, pages, -1, 1 << 30, 2], dtype=torch.int32, device="cuda")
+    kv_indptr = torch.tensor([0, 4, 7], dtype=torch.int32, device="cuda")
+    last = torch.tensor([page_size, page_size], dtype=torch.int32, device="cuda")
+    bi = torch.tensor([0, 0, 0, 0, 1, 1, 1], dtype=torch.int32, device="cuda")
+    pos = torch.tensor([1, 5, 9, 13, 2, 6, 10], dtype=torch.int32, device="cuda")
+    key, value = rand((7, heads, dim), torch.float16), rand((7, heads, dim), torch.float16)
+    flashinfer.append_paged_kv_cache(key, value, bi, pos, cache, kv_indices, kv_indptr, last,
+                                     layout)
+    torch.cuda.synchronize()
+    # only token 0 (page 1, slot 1) and token 4 (page 2, slot 2) are placeable
+    want = before.clone()
+    if form == "tensor":
+        wk, wv = want[guard:guard + pages, 0], want[guard:guard + pages, 1]
+    else:
+        wk, wv = want[0, guard:guard + pages], want[1, guard:guard + pages]
+    for t, (pg, slot) in ((0, (1, 1)), (4, (2, 2))):
+        if layout == "NHD":
+            wk[pg, slot], wv[pg, slot] = key[t], value[t]
+        else:
+            wk[pg, :, slot], wv[pg, :, slot] = key[t], value[t]
+    assert torch.equal(full, want)  # the guards, every other slot, and the two rows
 
 
 @pytest.mark.gpu

@@ -23,6 +23,9 @@ void act_and_mul(TensorView out, TensorView input, bool enable_pdl, const char* 
   check_last_dim_contiguous(out, "out");
   TVM_FFI_CHECK(input.size(1) % 2 == 0, ValueError)
       << "input.shape[-1] must be even (2 * d), got shape " << shape_str(input);
+  // The Python layer's rule (FlashInfer's message): each row is a whole number of 16-byte words.
+  TVM_FFI_CHECK(input.size(1) * ((input.dtype().bits + 7) / 8) % 16 == 0, ValueError)
+      << "The pointers must be multiple of 16 bytes.";
   const int64_t d = input.size(1) / 2;
   check_size(out, "out", 0, input.size(0));
   check_size(out, "out", 1, d);

@@ -27,29 +27,46 @@ void check_int32_vector(const TensorView& ref, const TensorView& t, const char* 
   check_contiguous(t, name);
 }
 
+/// K or V of the paged cache as a 4-D view [P, page, H, D] (NHD) / [P, H, page, D] (HND): a
+/// 4-D tensor, or half `which` (0 = K, 1 = V) of a 5-D [P, 2, ...] tensor, which the Python
+/// layer's fast path passes whole (as both k_cache and v_cache) so that no view is made per call.
+struct CacheView {
+  const TensorView& t;
+  int which;
+  /// The tensor dim of view dim d (0..3).
+  int dim(int d) const { return t.ndim() == 5 && d > 0 ? d + 1 : d; }
+  int64_t size(int d) const { return t.size(dim(d)); }
+  int64_t stride(int d) const { return ::stride(t, dim(d)); }
+  template <typename U>
+  U* data() const {
+    return data_ptr<U>(t) + (t.ndim() == 5 ? which * t.stride(1) : 0);
+  }
+};
+
 /// Call `f(U{})` with U the unsigned integer of the element width: the append is a copy, so
-/// fp8 (1 byte), half (2) and float (4) caches share the kernels.
+/// fp8 (1 byte), half (2) and float (4) caches share the kernels. The dtypes are the Python
+/// layer's CACHE_DTYPES (float16, bfloat16, float32, float8_e4m3fn, float8_e5m2).
 template <typename F>
 void dispatch_element_width(DLDataType dt, F&& f) {
-  TVM_FFI_CHECK(dt.lanes == 1 && (dt.code == kDLFloat || dt.code == kDLBfloat ||
-                                  dt.code >= kDLFloat8_e3m4),
-                TypeError)
-      << "append_key must be a floating-point dtype, got " << dtype_name(dt);
+  const bool ok = is_dtype(dt, kDLFloat, 16) || is_dtype(dt, kDLBfloat, 16) ||
+                  is_dtype(dt, kDLFloat, 32) || is_dtype(dt, kDLFloat8_e4m3fn, 8) ||
+                  is_dtype(dt, kDLFloat8_e5m2, 8);
+  TVM_FFI_CHECK(ok, TypeError)
+      << "append_key must be float16, bfloat16, float32, float8_e4m3fn or float8_e5m2, got "
+      << dtype_name(dt);
   switch (dt.bits) {
     case 8: return f(uint8_t{});
     case 16: return f(uint16_t{});
-    case 32: return f(uint32_t{});
-    default:
-      TVM_FFI_THROW(TypeError) << "append_key must have 8, 16 or 32-bit elements, got "
-                               << dtype_name(dt);
+    default: return f(uint32_t{});
   }
 }
 
 }  // namespace
 
 // [append_paged_kv_cache_binding.begin]
-/// k_cache/v_cache: 4-D views [P, page, H, D] (layout 0, NHD) or [P, H, page, D] (1, HND);
-/// append_key/append_value (nnz, H, D); metadata int32.
+/// k_cache/v_cache: 4-D views [P, page, H, D] (layout 0, NHD) or [P, H, page, D] (1, HND), or
+/// one 5-D [P, 2, ...] tensor passed as both (CacheView); append_key/append_value (nnz, H, D);
+/// metadata int32.
 void append_paged_kv_cache(TensorView k_cache, TensorView v_cache, TensorView append_key,
                            TensorView append_value, TensorView batch_indices,
                            TensorView positions, TensorView kv_indices, TensorView kv_indptr,
@@ -68,17 +85,28 @@ void append_paged_kv_cache(TensorView k_cache, TensorView v_cache, TensorView ap
   check_last_dim_contiguous(append_value, "append_value");
   const int slot_dim = layout == kLayoutNHD ? 1 : 2;
   const int head_dim_of_cache = layout == kLayoutNHD ? 2 : 1;
-  for (const auto& [cache, name] :
-       {std::pair{k_cache, "k_cache"}, std::pair{v_cache, "v_cache"}}) {
-    check_same_device(append_key, "append_key", cache, name);
-    check_same_dtype(append_key, "append_key", cache, name);
-    check_ndim(cache, name, 4);
-    check_size(cache, name, head_dim_of_cache, heads);
-    check_size(cache, name, 3, dim);
-    check_last_dim_contiguous(cache, name);
+  if (k_cache.ndim() == 5 || v_cache.ndim() == 5) {  // one [P, 2, ...] tensor, passed twice
+    TVM_FFI_CHECK(k_cache.ndim() == 5 && v_cache.ndim() == 5 &&
+                      k_cache.data_ptr() == v_cache.data_ptr() &&
+                      k_cache.byte_offset() == v_cache.byte_offset(),
+                  ValueError)
+        << "a 5-D paged cache must be passed as both k_cache and v_cache";
+    check_size(k_cache, "paged_kv_cache", 1, 2);
   }
-  check_size(v_cache, "v_cache", slot_dim, k_cache.size(slot_dim));
-  const int64_t page_size = k_cache.size(slot_dim);
+  const CacheView k{k_cache, 0}, v{v_cache, 1};
+  for (const auto& [cache, name] : {std::pair{k, "k_cache"}, std::pair{v, "v_cache"}}) {
+    check_same_device(append_key, "append_key", cache.t, name);
+    check_same_dtype(append_key, "append_key", cache.t, name);
+    if (cache.t.ndim() != 5) check_ndim(cache.t, name, 4);
+    TVM_FFI_CHECK(cache.size(head_dim_of_cache) == heads && cache.size(3) == dim, ValueError)
+        << name << " must have num_heads " << heads << " and head_dim " << dim
+        << " (those of append_key), got shape " << shape_str(cache.t);
+    check_last_dim_contiguous(cache.t, name);
+  }
+  TVM_FFI_CHECK(v.size(slot_dim) == k.size(slot_dim) && v.size(0) == k.size(0), ValueError)
+      << "v_cache must have the page size and number of pages of k_cache, got shapes "
+      << shape_str(k_cache) << " and " << shape_str(v_cache);
+  const int64_t page_size = k.size(slot_dim);
   TVM_FFI_CHECK(page_size >= 1 && page_size < (int64_t{1} << 31), ValueError)
       << "the cache's page size must be in [1, 2^31), got " << page_size;
   check_int32_vector(append_key, batch_indices, "batch_indices");
@@ -100,18 +128,20 @@ void append_paged_kv_cache(TensorView k_cache, TensorView v_cache, TensorView ap
     a.value = data_ptr<U>(append_value);
     a.key_stride_n = stride(append_key, 0), a.key_stride_h = stride(append_key, 1);
     a.value_stride_n = stride(append_value, 0), a.value_stride_h = stride(append_value, 1);
-    a.k_cache = data_ptr<U>(k_cache);
-    a.v_cache = data_ptr<U>(v_cache);
-    a.k_stride_page = stride(k_cache, 0);
-    a.k_stride_slot = stride(k_cache, slot_dim);
-    a.k_stride_head = stride(k_cache, head_dim_of_cache);
-    a.v_stride_page = stride(v_cache, 0);
-    a.v_stride_slot = stride(v_cache, slot_dim);
-    a.v_stride_head = stride(v_cache, head_dim_of_cache);
+    a.k_cache = k.data<U>();
+    a.v_cache = v.data<U>();
+    a.k_stride_page = k.stride(0);
+    a.k_stride_slot = k.stride(slot_dim);
+    a.k_stride_head = k.stride(head_dim_of_cache);
+    a.v_stride_page = v.stride(0);
+    a.v_stride_slot = v.stride(slot_dim);
+    a.v_stride_head = v.stride(head_dim_of_cache);
     a.batch_indices = data_ptr<int32_t>(batch_indices);
     a.positions = data_ptr<int32_t>(positions);
     a.kv_indices = data_ptr<int32_t>(kv_indices);
     a.kv_indptr = data_ptr<int32_t>(kv_indptr);
+    a.num_indices = kv_indices.size(0);
+    a.num_pages = k.size(0);
     a.nnz = nnz;
     a.num_heads = heads;
     a.head_dim = dim;

@@ -7,7 +7,7 @@ tensors without a GPU, and nothing compiles before the arguments are known to be
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
 import torch
 
@@ -86,11 +86,46 @@ def check_out(
         raise ValueError(f"{name} must be on {device}, got {out.device}")
 
 
+#: torch.device -> PDL default, filled by resolve_pdl (a dict lookup is the whole per-call cost).
+_PDL_DEFAULT: Dict[torch.device, bool] = {}
+
+
 def resolve_pdl(enable_pdl: Optional[bool], device: torch.device) -> bool:
     """``None`` means on iff the device supports Programmatic Dependent Launch (SM90+)."""
     if enable_pdl is None:
-        return device_support_pdl(device)
+        pdl = _PDL_DEFAULT.get(device)
+        if pdl is None:
+            pdl = device_support_pdl(device)
+            if isinstance(device, torch.device) and device.index is not None:  # a tensor's
+                _PDL_DEFAULT[device] = pdl
+        return pdl
     return bool(enable_pdl)
+
+
+class ModuleFunctions:
+    """The FFI functions of one JIT module, each looked up once.
+
+    ``fns(name)`` (the checked path) loads the module through ``get_module`` on first use and
+    remembers the function; ``fns.loaded`` holds only what such calls have fetched, so a fast
+    path that finds its function there never compiles or loads anything.
+
+    The fast paths of the small ops rest on one rule: **the binding checks everything the
+    Python checks do** (every check is repeated in ``csrc/<op>.cu`` with a typed error). A fast
+    path calls the binding directly with the arguments as given; if anything raises, the op
+    runs its checked path from the start, which raises the same error as before (or, for input
+    the fast path does not take, e.g. int64 metadata or a non-viewable output, does the
+    conversion). Nothing is launched before the binding's checks pass, so the retry is safe.
+    """
+
+    def __init__(self, get_module: Callable[[], Any]) -> None:
+        self._get_module = get_module
+        self.loaded: Dict[str, Any] = {}
+
+    def __call__(self, name: str) -> Any:
+        fn = self.loaded.get(name)
+        if fn is None:
+            fn = self.loaded[name] = getattr(self._get_module(), name)
+        return fn
 
 
 def check_backend(backend: str) -> None:

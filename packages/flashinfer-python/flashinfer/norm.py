@@ -15,6 +15,7 @@ import torch
 
 from ._checks import (
     FLOAT_DTYPES,
+    ModuleFunctions,
     check_backend,
     check_cuda,
     check_dtype,
@@ -42,6 +43,9 @@ __all__ = [
 @functools.cache
 def get_norm_module():
     return gen_norm_module().build_and_load()
+
+
+_fns = ModuleFunctions(lambda: get_norm_module())
 
 
 # Gemma's variants apply the weight as (1 + w): the same kernels with an offset of 1.
@@ -87,6 +91,14 @@ def _rmsnorm(
     op: str,
     backend: str = "auto",
 ) -> torch.Tensor:
+    fn = _fns.loaded.get(op)
+    if fn is not None and backend == "auto":  # fast path: the binding's checks (ModuleFunctions)
+        try:
+            o = torch.empty_like(input) if out is None else out
+            fn(o, input, weight, float(eps), resolve_pdl(enable_pdl, input.device))
+            return o
+        except Exception:
+            pass  # the checked path raises the error
     check_backend(backend)
     _check_rows(input, "input", (2, 3))
     check_dtype(input, "input", FLOAT_DTYPES)
@@ -103,7 +115,7 @@ def _rmsnorm(
 
         cubin.rmsnorm(out, input, weight, float(eps), _WEIGHT_OFFSET[op], pdl)
     else:
-        getattr(get_norm_module(), op)(out, input, weight, float(eps), pdl)
+        _fns(op)(out, input, weight, float(eps), pdl)
     return out
 
 
@@ -116,6 +128,13 @@ def _fused_add_rmsnorm(
     op: str,
     backend: str = "auto",
 ) -> None:
+    fn = _fns.loaded.get(op)
+    if fn is not None and backend == "auto":  # fast path: the binding's checks (ModuleFunctions)
+        try:
+            fn(input, residual, weight, float(eps), resolve_pdl(enable_pdl, input.device))
+            return
+        except Exception:
+            pass  # the checked path raises the error
     check_backend(backend)
     _check_rows(input, "input", (2,))
     check_dtype(input, "input", FLOAT_DTYPES)
@@ -128,7 +147,7 @@ def _fused_add_rmsnorm(
 
         cubin.fused_add_rmsnorm(input, residual, weight, float(eps), _WEIGHT_OFFSET[op], pdl)
     else:
-        getattr(get_norm_module(), op)(input, residual, weight, float(eps), pdl)
+        _fns(op)(input, residual, weight, float(eps), pdl)
 
 
 # [rmsnorm_api.begin]

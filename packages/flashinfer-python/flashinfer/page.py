@@ -19,6 +19,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from ._checks import (
+    ModuleFunctions,
     check_cuda,
     check_dtype,
     check_last_dim_contiguous,
@@ -53,6 +54,9 @@ PagedKVCache = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
 @functools.cache
 def get_page_module():
     return gen_page_module().build_and_load()
+
+
+_fns = ModuleFunctions(lambda: get_page_module())
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,6 +183,19 @@ def _indptr(x: torch.Tensor, name: str, like: torch.Tensor, like_name: str) -> t
     return _index(x, name, None, like, like_name)
 
 
+def _int_arg(value: object, name: str, minimum: int, what: str) -> int:
+    """``value`` as an int (any integer type but bool) of at least ``minimum``, else ValueError."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None
+    if n < minimum:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return n
+
+
 def _check_out_index(x: torch.Tensor, name: str, nnz: int, device: torch.device) -> None:
     check_tensor(x, name)
     check_shape(x, name, (nnz,))
@@ -200,7 +217,9 @@ def get_seq_lens(
 ) -> torch.Tensor:
     """Sequence lengths of a paged cache: ``clamp(pages_b - 1, 0) * page_size + last_page_len_b``.
 
-    Plain torch arithmetic: works on CPU and GPU tensors, in their dtype.
+    Plain torch arithmetic: works on CPU and GPU tensors, in their dtype. The values are
+    checked where they are host data (CPU tensors): reading GPU values would synchronize the
+    device, so GPU metadata is trusted (the append kernel skips rows it cannot place).
 
     Parameters
     ----------
@@ -209,12 +228,18 @@ def get_seq_lens(
     kv_last_page_len : torch.Tensor
         ``(batch_size,)``: entries in the last page of each request.
     page_size : int
-        Slots per page.
+        Slots per page, positive.
 
     Returns
     -------
     torch.Tensor
         ``(batch_size,)`` sequence lengths.
+
+    Raises
+    ------
+    ValueError
+        A bad shape, ``page_size < 1``; on CPU tensors also a decreasing ``kv_indptr`` or a
+        ``kv_last_page_len`` outside ``[0, page_size]``.
 
     Examples
     --------
@@ -227,8 +252,29 @@ def get_seq_lens(
     check_tensor(kv_last_page_len, "kv_last_page_len")
     check_ndim(kv_indptr, "kv_indptr", (1,))
     check_shape(kv_last_page_len, "kv_last_page_len", (kv_indptr.shape[0] - 1,))
+    page_size = _int_arg(page_size, "page_size", 1, "a positive int")
     pages = kv_indptr[1:] - kv_indptr[:-1]
+    if pages.device.type == "cpu":
+        _check_host_page_table(kv_indptr, pages, kv_last_page_len, page_size)
     return torch.clamp(pages - 1, min=0) * page_size + kv_last_page_len
+
+
+def _check_host_page_table(kv_indptr: torch.Tensor, pages: torch.Tensor,
+                           kv_last_page_len: torch.Tensor, page_size: int) -> None:
+    """Values of CPU page-table metadata: indptr non-decreasing, last_page_len in [0, page_size]."""
+    if pages.numel() and bool((pages < 0).any()):
+        b = int((pages < 0).nonzero()[0, 0])
+        raise ValueError(
+            f"kv_indptr must be non-decreasing, got kv_indptr[{b}] = {int(kv_indptr[b])} > "
+            f"kv_indptr[{b + 1}] = {int(kv_indptr[b + 1])}"
+        )
+    bad = (kv_last_page_len < 0) | (kv_last_page_len > page_size)
+    if bad.numel() and bool(bad.any()):
+        b = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"kv_last_page_len must be in [0, page_size={page_size}], got "
+            f"kv_last_page_len[{b}] = {int(kv_last_page_len[b])}"
+        )
 
 
 @flashinfer_api
@@ -275,15 +321,7 @@ def get_batch_indices_positions(
     append_indptr = _indptr(append_indptr, "append_indptr", append_indptr, "append_indptr")
     batch_size = append_indptr.shape[0] - 1
     seq_lens = _index(seq_lens, "seq_lens", batch_size, append_indptr, "append_indptr")
-    try:
-        if isinstance(nnz, bool):
-            raise TypeError
-        nnz_int = operator.index(nnz)
-    except TypeError:
-        raise ValueError(f"nnz must be a non-negative int, got {nnz!r}") from None
-    if nnz_int < 0:
-        raise ValueError(f"nnz must be a non-negative int, got {nnz!r}")
-    nnz = nnz_int
+    nnz = _int_arg(nnz, "nnz", 0, "a non-negative int")
     device = append_indptr.device
     if batch_indices is not None:
         _check_out_index(batch_indices, "batch_indices", nnz, device)
@@ -388,6 +426,23 @@ def append_paged_kv_cache(
     >>> flashinfer.append_paged_kv_cache(k, v, bi, pos, cache, kv_indices, kv_indptr,
     ...                                  kv_last_page_len)
     """
+    fn = _fns.loaded.get("append_paged_kv_cache")
+    if fn is not None:  # fast path: the binding's checks (ModuleFunctions)
+        try:
+            if isinstance(paged_kv_cache, torch.Tensor):
+                if paged_kv_cache.dim() != 5:  # 4-D [P, 2, H, D]: page size 1, needs a view
+                    raise TypeError
+                k_cache = v_cache = paged_kv_cache  # the binding takes [:, 0] and [:, 1] itself
+            elif isinstance(paged_kv_cache, (tuple, list)):
+                k_cache, v_cache = paged_kv_cache
+            else:
+                raise TypeError
+            fn(k_cache, v_cache, append_key, append_value, batch_indices, positions, kv_indices,
+               kv_indptr, kv_last_page_len, KV_LAYOUTS[kv_layout],
+               resolve_pdl(None, append_key.device))
+            return
+        except Exception:
+            pass  # the checked path raises the error (or converts int64 / strided metadata)
     layout = _check_kv_layout(kv_layout)
     _check_append_rows(append_key, append_value)
     k_cache, v_cache = _unpack_paged_kv_cache(paged_kv_cache, kv_layout)
@@ -402,7 +457,7 @@ def append_paged_kv_cache(
     check_cuda(append_key, "append_key")
     if nnz == 0:
         return
-    get_page_module().append_paged_kv_cache(
+    _fns("append_paged_kv_cache")(
         k_cache, v_cache, append_key, append_value, batch_indices, positions, kv_indices,
         kv_indptr, kv_last_page_len, layout, resolve_pdl(None, append_key.device),
     )

@@ -31,6 +31,7 @@ import torch
 from ._checks import (
     HALF_DTYPES,
     INDEX_DTYPES,
+    ModuleFunctions,
     check_cuda,
     check_dtype,
     check_last_dim_contiguous,
@@ -64,6 +65,9 @@ __all__ = [
 @functools.cache
 def get_rope_module():
     return gen_rope_module().build_and_load()
+
+
+_fns = ModuleFunctions(lambda: get_rope_module())
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,15 +158,36 @@ def _outputs(
 _NO_LLAMA31 = (False, 1.0, 4.0, 8192.0)
 
 
+def _fast_rope(name, q, k, index, rotary_dim, interleave, rope_scale, rope_theta, llama31,
+               inplace):
+    """The fast path of the q/k entry points (``ModuleFunctions``): the binding checks every
+    argument. Returns False (nothing launched) when the checked path must run."""
+    fn = _fns.loaded.get(name)
+    if fn is None or not (rotary_dim is None or type(rotary_dim) is int):
+        return False
+    try:
+        q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
+        fn(q, k, q_out, k_out, *index, q.shape[2] if rotary_dim is None else rotary_dim,
+           bool(interleave), float(rope_scale), float(rope_theta), *llama31,
+           resolve_pdl(None, q.device))
+    except Exception:
+        return False  # the checked path raises the error
+    return None if inplace else (q_out, k_out)
+
+
 def _rope_indptr(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, llama31,
                  inplace):
+    out = _fast_rope("apply_rope_indptr", q, k, (indptr, offsets), rotary_dim, interleave,
+                     rope_scale, rope_theta, llama31, inplace)
+    if out is not False:
+        return out
     _check_qk(q, k)
     rotary_dim = _resolve_rotary_dim(rotary_dim, q.shape[2])
     indptr, offsets = _check_indptr_offsets(indptr, offsets, q)
     rope_scale, rope_theta = _check_freq(rope_scale, rope_theta)
     check_cuda(q, "q")
     q_out, k_out = _outputs(q, k, inplace)
-    get_rope_module().apply_rope_indptr(
+    _fns("apply_rope_indptr")(
         q, k, q_out, k_out, indptr, offsets, rotary_dim, bool(interleave), rope_scale,
         rope_theta, *llama31, resolve_pdl(None, q.device),
     )
@@ -171,13 +196,17 @@ def _rope_indptr(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope
 
 def _rope_pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, llama31,
                   inplace):
+    out = _fast_rope("apply_rope_pos_ids", q, k, (pos_ids,), rotary_dim, interleave, rope_scale,
+                     rope_theta, llama31, inplace)
+    if out is not False:
+        return out
     _check_qk(q, k)
     rotary_dim = _resolve_rotary_dim(rotary_dim, q.shape[2])
     pos_ids = _check_index(pos_ids, "pos_ids", q.shape[0], q)
     rope_scale, rope_theta = _check_freq(rope_scale, rope_theta)
     check_cuda(q, "q")
     q_out, k_out = _outputs(q, k, inplace)
-    get_rope_module().apply_rope_pos_ids(
+    _fns("apply_rope_pos_ids")(
         q, k, q_out, k_out, pos_ids, rotary_dim, bool(interleave), rope_scale, rope_theta,
         *llama31, resolve_pdl(None, q.device),
     )

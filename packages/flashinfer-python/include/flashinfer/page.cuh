@@ -18,7 +18,11 @@
 // fp8, half and float caches share the kernels.
 //
 // Tokens whose batch index is negative (padding) or whose position falls outside the request's
-// pages are skipped rather than written out of bounds.
+// pages are skipped rather than written out of bounds, and so are page-table entries outside
+// kv_indices and page ids outside [0, num_pages): the page table lives on the device, so the
+// host cannot check it without a synchronization, and a bad id must never write outside the
+// cache. Skipped rows are not reported (a report would need a device flag the host reads back,
+// which a CUDA-graph-captured append cannot do); the appended rows simply do not appear.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -49,6 +53,8 @@ struct AppendArgs {
   const int32_t* positions = nullptr;      ///< (nnz,)
   const int32_t* kv_indices = nullptr;     ///< (kv_indptr[batch_size],)
   const int32_t* kv_indptr = nullptr;      ///< (batch_size + 1,)
+  int64_t num_indices = 0;                 ///< length of kv_indices
+  int64_t num_pages = 0;                   ///< pages of k_cache and v_cache: ids in [0, num_pages)
   int64_t nnz = 0, num_heads = 0, head_dim = 0, page_size = 0, batch_size = 0;
 };
 
@@ -82,6 +88,7 @@ struct AppendParams {
   const int32_t* positions;
   const int32_t* kv_indices;
   const int32_t* kv_indptr;
+  int64_t num_indices, num_pages;
   int64_t nnz, batch_size;
   FastDiv items_per_token;  // 2 * heads * vph: the K rows, then the V rows
   uint32_t k_items;         // heads * vph
@@ -136,7 +143,9 @@ __global__ void __launch_bounds__(kThreads) AppendPagedKVCacheKernel(
     p.page_size.divmod(static_cast<uint32_t>(pos), page_of_req, slot);  // pos < 2^31
     const int64_t entry = p.kv_indptr[b] + page_of_req;
     if (entry >= p.kv_indptr[b + 1]) continue;  // position beyond the request's pages
+    if (entry < 0 || entry >= p.num_indices) continue;  // an indptr past kv_indices
     const int64_t page = p.kv_indices[entry];
+    if (page < 0 || page >= p.num_pages) continue;  // a page id outside the cache
     T* dst = it.is_v ? p.v_cache + page * p.v_sp + int64_t{slot} * p.v_ss + it.head * p.v_sh
                      : p.k_cache + page * p.k_sp + int64_t{slot} * p.k_ss + it.head * p.k_sh;
     c[k].store(dst + int64_t{it.chunk} * N);
@@ -223,6 +232,8 @@ cudaError_t AppendPagedKVCache(const AppendArgs<T>& a, bool enable_pdl, cudaStre
                     a.positions,
                     a.kv_indices,
                     a.kv_indptr,
+                    a.num_indices,
+                    a.num_pages,
                     a.nnz,
                     a.batch_size,
                     FastDiv(static_cast<uint32_t>(items_per_token)),

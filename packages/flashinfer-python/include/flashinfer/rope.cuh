@@ -540,6 +540,32 @@ inline double pair_frequency(const FreqConfig& f, int64_t i, int64_t rotary_dim)
   return (1.0 - smooth) * freq / f.rope_scale + smooth * freq;
 }
 
+/// The frequency table of `f` for `rotary_dim` (rotary_dim / 2 floats), kept for the calling
+/// thread's last configuration: up to 256 std::pow calls were the largest host cost of a small
+/// launch, and a model calls RoPE with one configuration.
+inline const float* frequency_table(const FreqConfig& f, int64_t rotary_dim) {
+  struct Table {
+    FreqConfig f;
+    int64_t rotary_dim = -1;
+    float freq[kMaxRotaryDim / 2];
+  };
+  thread_local Table t;
+  const bool same = t.rotary_dim == rotary_dim && t.f.rope_scale == f.rope_scale &&
+                    t.f.rope_theta == f.rope_theta && t.f.llama31 == f.llama31 &&
+                    t.f.low_freq_factor == f.low_freq_factor &&
+                    t.f.high_freq_factor == f.high_freq_factor &&
+                    t.f.old_context_len == f.old_context_len;
+  if (!same) {
+    t.rotary_dim = -1;  // not valid while it is rewritten
+    for (int64_t i = 0; i < rotary_dim / 2; ++i) {
+      t.freq[i] = static_cast<float>(pair_frequency(f, i, rotary_dim));
+    }
+    t.f = f;
+    t.rotary_dim = rotary_dim;
+  }
+  return t.freq;
+}
+
 inline int64_t norm_stride(int64_t size, int64_t stride) { return size <= 1 ? 0 : stride; }
 
 template <typename T, typename IdType, int N, bool kInterleave, PosMode kMode>
@@ -563,9 +589,8 @@ cudaError_t Launch(const RopeArgs<T, IdType>& a, bool enable_pdl, cudaStream_t s
   p.nnz = a.nnz;
   p.half_rotary = static_cast<int>(a.rotary_dim / 2);
   if constexpr (kMode != PosMode::kCosSinCache) {
-    for (int64_t i = 0; i < a.rotary_dim / 2; ++i) {
-      p.freq[i] = static_cast<float>(pair_frequency(a.freq, i, a.rotary_dim));
-    }
+    const float* freq = frequency_table(a.freq, a.rotary_dim);
+    std::copy(freq, freq + a.rotary_dim / 2, p.freq);
   }
   const bool in_place = a.q_out == a.q && a.k_out == a.k;
   p.num_rot_units = (kInterleave && N == 1) ? p.half_rotary : p.half_rotary / N;
