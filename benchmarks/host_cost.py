@@ -21,7 +21,6 @@ the first runs, and CUDA events around them see only the GPU's work (launch gaps
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import platform
 import statistics
@@ -33,6 +32,9 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import schema  # noqa: E402  (benchmarks/schema.py: the results record)
 
 N, REPS, WARMUP, N_GPU = 1000, 7, 100, 50
 N_PLAN = 100  # plans are slower: fewer calls per repetition
@@ -323,6 +325,18 @@ def _load_rows(paths: list[str]) -> tuple[dict, list[dict]]:
     return head, list(rows.values())
 
 
+def _schema_case(c: dict) -> dict:
+    """One merged row as a results-schema case: host time is the case's time."""
+    case = {"name": c["name"], "group": "host", "median_us": c["host_us"],
+            "timing": "host wall time per call, back-to-back calls, median of repetitions"}
+    if c.get("peer_host_us"):
+        case["peer_us"] = c["peer_host_us"]
+        case["speedup_vs_peer"] = round(c["peer_host_us"] / c["host_us"], 3)
+    case["extra"] = {k: v for k, v in c.items()
+                     if k not in ("name", "host_us", "peer_host_us") and v is not None}
+    return case
+
+
 def merge(args) -> int:
     ours, our_rows = _load_rows(args.ours)
     peer, peer_rows = _load_rows(args.peer)
@@ -344,19 +358,16 @@ def merge(args) -> int:
         if r.get("reference"):
             case["reference"] = True
         cases.append(case)
-    result = {
-        "schema": "host-cost/1",
-        "device": ours["device"],
-        "commit": args.commit or _commit(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "peer": {"flashinfer_version": peer.get("flashinfer_version")},
-        "method": ours.get("method", {}) | {
-            "what": "wall time per call of back-to-back calls (median of reps); gpu_us: CUDA "
-                    "events around calls queued behind a spin kernel",
-            "same_run": "ours and the peer in two processes of one device call"},
-        "cases": cases,
-    }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    method = ours.get("method", {}) | {
+        "what": "wall time per call of back-to-back calls (median of reps); gpu_us: CUDA "
+                "events around calls queued behind a spin kernel",
+        "same_run": "ours and the peer in two processes of one device call"}
+    schema.write(args.out, schema.record(
+        "benchmark", "host-cost", ours["device"], commit=args.commit or _commit(),
+        cases=[_schema_case(c) for c in cases if c.get("host_us")],
+        note="host time per call (not GPU time): ceilings do not apply",
+        peer={"flashinfer_version": peer.get("flashinfer_version")}, method=method,
+        failed=[c for c in cases if not c.get("host_us")]))
     for c in cases:
         print(f"{c['name']:52s} ours {c['host_us']!s:>8}  peer {c['peer_host_us']!s:>8}  "
               f"ratio {c.get('host_ratio_ours_over_peer', '-')}")
