@@ -171,7 +171,12 @@ def test_a_wheel_of_another_release_is_ignored_with_one_warning(monkeypatch, tmp
 def test_an_installed_wheel_of_another_release_never_breaks_the_ops(cubin_wheel, tmp_path):
     """The real wheel (release 7.7.7) installed, flashinfer pinned to 7.7.8: import is silent,
     get_cubin warns once, names both versions and the fix, and serves the file from the
-    repository instead; FLASHINFER_DISABLE_VERSION_CHECK=1 silences the warning."""
+    repository instead; FLASHINFER_DISABLE_VERSION_CHECK=1 silences the warning.
+
+    The child pins 7.7.8 the way a built wheel does (its ``_artifact_pin``), so the test holds
+    whether the flashinfer under test pins a release of its own (a release build, or CI once a
+    lock is committed) or none (a development build): FLASHINFER_CUBIN_MANIFEST_SHA256 would
+    only count in the latter."""
     _, _, site = cubin_wheel
     nxt = make_release(tmp_path / "next", "7.7.8", FILES)
     code = f"""
@@ -179,7 +184,10 @@ import json, warnings
 warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as at_import:
     import flashinfer, flashinfer.artifacts
-from flashinfer.artifacts import Release, get_cubin
+from types import SimpleNamespace
+from flashinfer.artifacts import Release, get_cubin, resolve
+resolve._build_pin = lambda: SimpleNamespace(
+    RELEASE_VERSION="7.7.8", MANIFEST_SHA256="{nxt.sha256}", REPOSITORIES=())
 with warnings.catch_warnings(record=True) as caught:
     sources = [get_cubin(p, Release("7.7.8", "{nxt.sha256}")).source for p in {sorted(FILES)!r}]
 print("RESULT " + json.dumps({{"import": len(at_import), "sources": sources,
@@ -188,7 +196,7 @@ print("RESULT " + json.dumps({{"import": len(at_import), "sources": sources,
     import flashinfer
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
-    base.update(FLASHINFER_CUBIN_MANIFEST_SHA256=nxt.sha256, FLASHINFER_CUBINS_REPOSITORY=str(nxt.root),
+    base.update(FLASHINFER_CUBINS_REPOSITORY=str(nxt.root),
                 PYTHONPATH=os.pathsep.join([str(site), str(Path(flashinfer.__file__).parents[1])]))
     for disabled in (False, True):
         env = dict(base, FLASHINFER_CUBIN_DIR=str(tmp_path / f"store-{disabled}"))

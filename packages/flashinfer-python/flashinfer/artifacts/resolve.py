@@ -131,6 +131,13 @@ def repository_urls(release: Release) -> list[str]:
     return parse_repository_list(knobs.artifacts.repository) or list(release.repositories)
 
 
+def _no_repository_remedy() -> str:
+    """What to do when no repository is configured; a local-only release's wheel says why."""
+    note = getattr(_build_pin(), "LOCAL_ONLY", None)
+    return (f"this build pins a {note}; " if note else "") + (
+        "remedy: set FLASHINFER_CUBINS_REPOSITORY (https://, s3:// or a directory)")
+
+
 def _repositories(release: Release, urls: Optional[Sequence[str]] = None) -> list[Repository]:
     return [open_repository(u) for u in (urls if urls is not None else repository_urls(release))]
 
@@ -296,10 +303,7 @@ def load_manifest(
             )
         repos = _repositories(release, repositories)
         if not repos:
-            raise DownloadError(
-                manifest_path(release.version), [],
-                "remedy: set FLASHINFER_CUBINS_REPOSITORY (https://, s3:// or a directory)",
-            )
+            raise DownloadError(manifest_path(release.version), [], _no_repository_remedy())
         with store.lock(f"manifest-{release.version}"):
             manifest = _local_manifest(release, store)
             if manifest is None:
@@ -471,10 +475,7 @@ def ensure_object(
     if not repos and knobs.artifacts.no_download:
         raise _offline_missing(entry, store)
     if not repos:
-        raise DownloadError(
-            entry.path, [], "remedy: set FLASHINFER_CUBINS_REPOSITORY (https://, s3:// or a "
-            "directory)"
-        )
+        raise DownloadError(entry.path, [], _no_repository_remedy())
     with store.lock(entry.sha256):
         if _present(store, entry, False):  # another process just finished it
             return "present"
