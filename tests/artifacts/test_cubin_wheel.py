@@ -279,7 +279,20 @@ def test_flashinfer_python_build_pins_the_lock(tmp_path, monkeypatch):
     ns: dict = {}
     exec((pkg / "flashinfer/_artifact_pin.py").read_text(), ns)
     assert ns["MANIFEST_SHA256"] == "c" * 64 and ns["RELEASE_VERSION"] == "3.2.1"
-    assert ns["REPOSITORIES"] == ("https://example.invalid/r",)
+    assert ns["REPOSITORIES"] == ("https://example.invalid/r",) and ns["LOCAL_ONLY"] is None
+    # A local-only release: no repository, and the pin says so.
+    lock.write_text(json.dumps({"release": "3.2.1", "manifest_sha256": "c" * 64,
+                                "repositories": [], "local_only": "local-only release: ..."}))
+    hook.write_artifact_pin(pkg, "3.2.1")
+    ns = {}
+    exec((pkg / "flashinfer/_artifact_pin.py").read_text(), ns)
+    assert ns["REPOSITORIES"] == () and ns["LOCAL_ONLY"] == "local-only release: ..."
+    # A path of the build machine is never recorded as where users download from.
+    for where in (str(tmp_path / "dist" / "artifacts"), "file:///srv/dist/artifacts"):
+        lock.write_text(json.dumps({"release": "3.2.1", "manifest_sha256": "c" * 64,
+                                    "repositories": [where]}))
+        with pytest.raises(ValueError, match="a path of the machine that built it"):
+            hook.write_artifact_pin(pkg, "3.2.1")
     lock.write_text(json.dumps({"release": "3.2.0", "manifest_sha256": "c" * 64}))
     with pytest.raises(ValueError, match="3.2.0"):
         hook.write_artifact_pin(pkg, "3.2.1")
@@ -345,3 +358,22 @@ def test_a_wheel_of_the_pinned_release_does_not_block_another_release(monkeypatc
     monkeypatch.setattr(resolve, "_WARNED", set())
     with pytest.warns(_versions.VersionMismatchWarning, match="flashinfer-cubin 7.7.6"):
         assert cubin_wheel_for(current.release) is None
+
+
+def test_a_local_only_release_says_so_when_nothing_can_be_downloaded(monkeypatch, tmp_path):
+    """The wheel of a local-only release names no repository; a download without
+    FLASHINFER_CUBINS_REPOSITORY says why and what to set."""
+    from types import SimpleNamespace
+
+    from flashinfer.artifacts import DownloadError
+
+    rel = make_release(tmp_path / "repo", "7.7.7", FILES)
+    monkeypatch.setattr(resolve, "_build_pin", lambda: SimpleNamespace(
+        RELEASE_VERSION="7.7.7", MANIFEST_SHA256=rel.sha256, REPOSITORIES=(),
+        LOCAL_ONLY="local-only release: published to a directory of the machine that built it"))
+    with pytest.raises(DownloadError) as caught:
+        get_cubin("sm_90a/norm/a.cubin")
+    assert "this build pins a local-only release" in str(caught.value)
+    assert "set FLASHINFER_CUBINS_REPOSITORY" in str(caught.value)
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", str(rel.root))  # the explicit setting
+    assert get_cubin("sm_90a/norm/a.cubin").source.startswith(str(tmp_path))
