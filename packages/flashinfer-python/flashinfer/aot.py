@@ -12,13 +12,25 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from .jit.core import JitSpec, get_module
 
 
+def custom_mask_variants() -> list:
+    """Custom (packed bit) masks at head_dim 64 and 256, both dtypes, paged and ragged: tree
+    masks of speculative decoding on models of those head dims (Gemma: 256; small Llamas: 64).
+    head_dim 128 is among ``extra_variants``. In-kernel RoPE and ALiBi stay at head_dim 128
+    (docs/wheels.md, "What the released set covers without nvcc")."""
+    from .jit.attention import AttentionVariant
+
+    return [AttentionVariant(dtype, dtype, head_dim, "custom", "NONE", paged)
+            for dtype in ("float16", "bfloat16") for head_dim in (64, 256)
+            for paged in (True, False)]
+
+
 def registered_specs() -> list[JitSpec]:
-    """Every module the package has, in a stable order."""
+    """Every module the package has, in a stable order: what the jit-cache wheel precompiles."""
     from .jit.activation import gen_activation_module
     from .jit.attention import common_variants, extra_variants
     from .jit.cascade import gen_cascade_module
@@ -36,8 +48,49 @@ def registered_specs() -> list[JitSpec]:
         gen_quantization_module(),
         gen_page_module(),
         gen_cascade_module(),
-        *(v.spec() for v in common_variants() + extra_variants()),
+        *(v.spec() for v in common_variants() + extra_variants() + custom_mask_variants()),
     ]
+
+
+#: The archs a release's jit-cache wheel holds (RELEASE_ARCHS in noxfile.py; docs/wheels.md).
+RELEASE_ARCHS = ("8.0", "9.0a", "10.0a", "12.0a")
+
+
+def missing_module_message(spec: JitSpec, uri: str, archs: Sequence[Any]) -> str:
+    """What :class:`~flashinfer.exceptions.MissingJITCacheError` says: the module, and each way
+    to get it, one a line. Called on that error path only (it reads the registry and the
+    installed jit-cache)."""
+    from . import __version__, _versions
+    from .jit import jit_cache
+
+    targets = " ".join(map(str, archs))
+    version = _versions.public_version(__version__)
+    lines = [f"JIT module {spec.name!r} (uri {uri}, archs {targets}) is not in any cache, and "
+             "FLASHINFER_DISABLE_JIT is set, so it is not compiled. Ways to get it:"]
+    wheel = jit_cache.installed()
+    if spec.name not in {s.name for s in registered_specs()}:
+        lines.append("- no flashinfer-jit-cache wheel precompiles this variant (docs/wheels.md, "
+                     "'What the released set covers without nvcc'): it is compiled once, below")
+    elif wheel is None:
+        cuda = jit_cache._runtime_cuda()
+        label = _versions.cuda_label(cuda) if cuda else "cu130"
+        lines.append(f"- install flashinfer-jit-cache {version}, which precompiles it for "
+                     f"{' '.join(RELEASE_ARCHS)}: pip install 'flashinfer-jit-cache=={version}' "
+                     f"--extra-index-url {_versions.WHEEL_INDEX_BASE}/{label}/")
+    elif not wheel.usable:
+        lines.append(f"- make the installed flashinfer-jit-cache usable: {wheel.problem}")
+    else:
+        lines.append(f"- the installed flashinfer-jit-cache {wheel.version} holds it for "
+                     f"{' '.join(wheel.arch_list)}, none of which serves {targets} (docs/wheels.md"
+                     ", 'Which GPUs a wheel serves'): it is compiled once, below")
+    lines.append("- compile it here: install the CUDA toolkit (nvcc, found through "
+                 "FLASHINFER_NVCC, CUDA_HOME or PATH) and unset FLASHINFER_DISABLE_JIT; it is "
+                 "cached for every later process")
+    lines.append(f"- or compile it where nvcc is, with FLASHINFER_CUDA_ARCH_LIST=\"{targets}\" "
+                 "and the same flashinfer version (python -m flashinfer.aot --only "
+                 f"{spec.name} for a registered module, else call the op once), and copy "
+                 "$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/ to this machine's")
+    return "\n".join(lines)
 
 
 def _minutes(s: float) -> str:
@@ -60,7 +113,7 @@ class Progress:
     their contention). Until a module of every kind still to build is done there is no basis,
     and no number is printed. The old estimate, the mean of *all* modules so far times the
     number left, ran 20-40% low: the small modules finished first and made the mean small,
-    while the attention variants, 44 of 51 modules and most of the time, came last.
+    while the attention variants, most of the modules and of the time, came last.
     """
 
     def __init__(self, names: Sequence[str], jobs: int):
