@@ -217,19 +217,22 @@ def _release_check(session: nox.Session) -> None:
     shutil.rmtree(clone, ignore_errors=True)
     session.run("git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone), external=True)
     version = CHECK_VERSION
-    base = ["nox", "-f", str(clone / "noxfile.py"), "-s", "release", "--", version]
+
+    def nox_release(*flags: str) -> list[str]:
+        return ["nox", "-f", str(clone / "noxfile.py"), "-s", "release", *flags, "--", version]
+
     env = {"FLASHINFER_CUDA_ARCH_LIST": TEST_ARCHS, "FLASHINFER_CUBIN_ARCHS": TEST_ARCHS,
            "FLASHINFER_PUBLIC_REPOSITORIES": "", "FLASHINFER_PUBLISH_REPOSITORY": "",
            "FLASHINFER_WORKSPACE_BASE": str(clone / "build" / "aot-cache")}
     session.log(f"release check: releasing {version} in {clone} (a failed attempt, then a retry)")
-    failed = session.run(*base, env={**env, "FLASHINFER_AOT_MODULES": "no_such_module"},
+    failed = session.run(*nox_release(), env={**env, "FLASHINFER_AOT_MODULES": "no_such_module"},
                          success_codes=[1], silent=True)
     if "no_such_module" not in failed:
         session.error(f"the failing release did not fail where expected:\n{failed[-3000:]}")
-    log = session.run(*base, "-r", env={**env, "FLASHINFER_AOT_MODULES": TEST_MODULES},
+    log = session.run(*nox_release("-r"), env={**env, "FLASHINFER_AOT_MODULES": TEST_MODULES},
                       silent=True)
     problems = release_check_problems(clone, version, log)
-    again = session.run(*base, "-r", env={**env, "FLASHINFER_AOT_MODULES": TEST_MODULES},
+    again = session.run(*nox_release("-r"), env={**env, "FLASHINFER_AOT_MODULES": TEST_MODULES},
                         success_codes=[1], silent=True)
     if "never overwritten" not in again or "bump the version" not in again:
         problems.append(f"a second release of {version} was not refused with what to do")

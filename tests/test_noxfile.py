@@ -353,3 +353,37 @@ def test_version_argument_accepts_releases_and_pre_releases():
     assert noxfile._version_arg(FakeSession(["1.2.3rc1"])) == "1.2.3rc1"
     with pytest.raises(Refused, match="usage: nox -s release -- X.Y.Z"):
         noxfile._version_arg(FakeSession([]))
+
+
+def test_the_release_check_runs_a_failing_release_its_retry_and_a_refused_repeat(
+        monkeypatch, tmp_path):
+    """``nox -s tests``' release check, its nox runs answered: the order, the flags (``-r``
+    before ``--``: after it, it would be a second version argument) and what it checks."""
+    calls = []
+
+    class CheckSession(ReleaseSession):
+        def run(self, *args, env=None, success_codes=None, silent=False, external=False):
+            if args[:2] == ("git", "clone"):
+                Path(args[-1]).mkdir(parents=True)
+                return ""
+            calls.append((args, env, success_codes))
+            assert args[-2:] == ("--", noxfile.CHECK_VERSION) and args[:2] == ("nox", "-f")
+            if env["FLASHINFER_AOT_MODULES"] == "no_such_module":
+                return "FLASHINFER_AOT_MODULES names unknown modules ['no_such_module']"
+            if len(calls) == 2:
+                return "released"
+            return "dist/ already holds 0.0.1 (...): a published release is never overwritten. " \
+                   "To release again, bump the version (...)"
+
+    judged = []
+    monkeypatch.setattr(noxfile, "release_check_problems",
+                        lambda clone, version, log: judged.append((version, log)) or [])
+    session = CheckSession(noxfile.CHECK_VERSION, tmp_path / "t")
+    noxfile._release_check(session)
+    assert [c[0][5:-2] for c in calls] == [(), ("-r",), ("-r",)]
+    assert [c[2] for c in calls] == [[1], None, [1]]
+    assert all(c[1]["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a" and c[1]["FLASHINFER_CUBIN_ARCHS"] ==
+               "9.0a" and c[1]["FLASHINFER_PUBLIC_REPOSITORIES"] == "" for c in calls)
+    assert [c[1]["FLASHINFER_AOT_MODULES"] for c in calls] == ["no_such_module", "scale", "scale"]
+    assert judged == [(noxfile.CHECK_VERSION, "released")]
+    assert session.logged[-1].startswith("release check: 0.0.1 released after a failed attempt")
