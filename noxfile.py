@@ -131,9 +131,19 @@ def build(session: nox.Session) -> None:
     version = _version()
     _install_torch(session)
     session.install(*BUILD_REQUIREMENTS)
-    # A rebuild replaces this version's files; other versions in dist/ (releases) stay.
+    # A rebuild replaces this version's files; other versions in dist/ (releases) stay, and
+    # so does a release of this version.
+    _refuse_released(session, version)
     _remove_version(DIST, version)
     _build_dist(session, version)
+
+
+def _refuse_released(session: nox.Session, version: str) -> None:
+    wheels, tars = wheel_check.files_of(DIST, version) if DIST.is_dir() else ([], [])
+    if (wheels or tars) and (ROOT / "artifacts" / "releases" / f"{version}.json").is_file():
+        session.error(f"dist/ holds the release of {version} (its lock is artifacts/releases/"
+                      f"{version}.json), which a build never replaces: build the next version "
+                      "(nox -s pin -- <next X.Y.Z>, e.g. X.Y.Z.dev0), or move dist/ away first")
 
 
 def _build_dist(session: nox.Session, version: str) -> None:

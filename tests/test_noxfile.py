@@ -110,6 +110,18 @@ def test_release_refuses_a_version_already_in_dist_and_says_what_to_do(repo):
     assert msg.endswith(f"rm dist/{name}")
 
 
+def test_build_never_replaces_a_release_of_its_version(repo):
+    noxfile._refuse_released(FakeSession(), "1.2.3")  # nothing there
+    (repo / "dist").mkdir()
+    (repo / "dist" / "flashinfer_python-1.2.3-py3-none-any.whl").write_bytes(b"")
+    noxfile._refuse_released(FakeSession(), "1.2.3")  # a development build: replaced
+    lock = repo / "artifacts" / "releases" / "1.2.3.json"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("{}")
+    with pytest.raises(Refused, match=r"dist/ holds the release of 1\.2\.3 .* nox -s pin"):
+        noxfile._refuse_released(FakeSession(), "1.2.3")
+
+
 # ----------------------------------------------------------------------------------------------
 # The whole release session, its expensive steps replaced
 
