@@ -118,7 +118,7 @@ def test_build_never_replaces_a_release_of_its_version(repo):
     lock = repo / "artifacts" / "releases" / "1.2.3.json"
     lock.parent.mkdir(parents=True)
     lock.write_text("{}")
-    with pytest.raises(Refused, match=r"dist/ holds the release of 1\.2\.3 .* nox -s pin"):
+    with pytest.raises(Refused, match=r"dist/ holds the release of 1\.2\.3 .*nox -s pin"):
         noxfile._refuse_released(FakeSession(), "1.2.3")
 
 
