@@ -10,7 +10,6 @@ import argparse
 import sys
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Optional, Sequence
 
@@ -97,30 +96,40 @@ def _minutes(s: float) -> str:
     return f"{int(s) // 60}m{int(s) % 60:02d}s"
 
 
-def module_kind(name: str) -> str:
-    """Modules of one kind take about the same time to compile: every attention variant is one
-    instantiation of the same source (13-25 s of nvcc per arch on the 2-core build machine,
-    whatever the head_dim), the others are small sources of a few kernels each."""
-    return "attention" if name.startswith("attention_") else "other"
+#: Seconds of nvcc per arch for each module, measured on the 2-core build machine (nvcc 13.0,
+#: one module at a time, ``benchmarks/results/2026-11-26-cpu-5ab6b7e-aot-module-times.json``): the
+#: weights of :class:`Progress`. Only their ratios matter (the machine's speed is measured as the
+#: build goes); a module missing here weighs the mean of those listed.
+COMPILE_WEIGHTS = {"scale": 5.4, "norm": 12.3, "activation": 9.7, "rope": 24.1,
+                   "quantization": 9.8, "page": 7.2, "cascade": 10.1}
+#: Every attention variant is one instantiation of the same source: 13-25 s per arch in the same
+#: measurements, whatever the head_dim, mask or position encoding (the spread is the machine's).
+ATTENTION_WEIGHT = 18.0
+
+
+def compile_weight(name: str) -> float:
+    """The expected compile time of module ``name``, relative to the others."""
+    if name.startswith("attention_"):
+        return ATTENTION_WEIGHT
+    return COMPILE_WEIGHTS.get(name, sum(COMPILE_WEIGHTS.values()) / len(COMPILE_WEIGHTS))
 
 
 class Progress:
     """The progress lines of an AOT build and their estimate of what is left.
 
-    The basis: an unfinished module takes the mean time of the finished modules of its kind
-    (:func:`module_kind`), less what it has run already if it is building, and ``jobs`` of them
-    run at once (each module's time is measured while the others run, so the mean includes
-    their contention). Until a module of every kind still to build is done there is no basis,
-    and no number is printed. The old estimate, the mean of *all* modules so far times the
-    number left, ran 20-40% low: the small modules finished first and made the mean small,
-    while the attention variants, most of the modules and of the time, came last.
+    The basis: each module's expected compile time (:func:`compile_weight`, measured per module
+    on the build machine) times this build's speed, the seconds the finished modules took per
+    unit of their weights; less what running modules have done; ``jobs`` at a time (each
+    module's time is measured while the others run, so the speed includes their contention).
+    The old estimate, the mean of the modules so far times the number left, ran 20-40% low: the
+    small modules came first, and the slowest ones (``rope``, the attention variants) last.
     """
 
     def __init__(self, names: Sequence[str], jobs: int):
         self.total = len(names)
         self.jobs = max(1, jobs)
-        self.pending = Counter(module_kind(n) for n in names)
-        self.done: dict[str, list[float]] = {}
+        self.pending = {n: compile_weight(n) for n in names}
+        self.seconds = self.weights = 0.0  # of the finished modules
         self.running: dict[str, float] = {}  # name -> start time
         self._lock = threading.Lock()
 
@@ -128,48 +137,34 @@ class Progress:
         with self._lock:
             self.running[name] = at
 
-    def unmeasured(self) -> list[str]:
-        """Kinds with unfinished modules and no finished one: no basis for an estimate yet."""
-        return sorted(k for k, n in self.pending.items() if n and not self.done.get(k))
-
     def left(self, now: float) -> Optional[float]:
-        """Seconds the unfinished modules are expected to take from ``now``; None without a
-        basis."""
-        if self.unmeasured():
+        """Seconds the unfinished modules are expected to take from ``now``; None before the
+        first module is done (no measured speed yet)."""
+        if not self.weights:
             return None
-        mean = {k: sum(ts) / len(ts) for k, ts in self.done.items()}
-        work = sum(n * mean[k] for k, n in self.pending.items() if n)
+        speed = self.seconds / self.weights
+        work = speed * sum(self.pending.values())
         with self._lock:
-            work -= sum(min(now - at, mean[module_kind(name)])
+            work -= sum(min(now - at, speed * self.pending[name])
                         for name, at in self.running.items())
-        unfinished = sum(self.pending.values())
-        return max(work, 0.0) / min(self.jobs, unfinished) if unfinished else 0.0
+        return max(work, 0.0) / min(self.jobs, len(self.pending)) if self.pending else 0.0
 
     def finished(self, name: str, seconds: float, elapsed: float) -> str:
         """Record a finished module (``elapsed`` since the start, the clock of ``started``) and
         return its progress line."""
-        kind = module_kind(name)
         with self._lock:
             self.running.pop(name, None)
-        self.pending[kind] -= 1
-        self.done.setdefault(kind, []).append(seconds)
-        i = sum(len(ts) for ts in self.done.values())
+            self.weights += self.pending.pop(name)
+            self.seconds += seconds
         left = self.left(elapsed)
-        estimate = (f"~{_minutes(left)} left" if left is not None else
-                    f"estimate once an {' and an '.join(self.unmeasured())} module is done")
-        return (f"[{i}/{self.total}] {name}: {seconds:.1f} s (elapsed {_minutes(elapsed)}, "
-                f"{estimate})")
+        return (f"[{self.total - len(self.pending)}/{self.total}] {name}: {seconds:.1f} s "
+                f"(elapsed {_minutes(elapsed)}, ~{_minutes(left)} left)")
 
 
 def build_order(specs: Sequence[JitSpec]) -> list[JitSpec]:
-    """One module of each kind first (so that every kind has a measured time early: the basis
-    of :class:`Progress`), then the attention variants (the long builds), then the small
-    modules (they fill the last gaps of a parallel build); each in registry order."""
-    firsts: dict[str, JitSpec] = {}
-    for spec in specs:
-        firsts.setdefault(module_kind(spec.name), spec)
-    rest = [s for s in specs if s not in firsts.values()]
-    return [*firsts.values(), *sorted(rest, key=lambda s: module_kind(s.name) != "attention")]
+    """The longest builds first (the short ones fill the last gaps of a parallel build); equal
+    weights in registry order."""
+    return sorted(specs, key=lambda s: -compile_weight(s.name))
 
 
 def build_all(specs: Sequence[JitSpec], jobs: int = 4) -> dict[str, float]:
@@ -177,12 +172,13 @@ def build_all(specs: Sequence[JitSpec], jobs: int = 4) -> dict[str, float]:
     per module.
 
     Prints one progress line per finished module on stderr: ``[i/N] name: seconds``, the time
-    since the start and what is left, estimated per module kind (:class:`Progress`)."""
+    since the start and what is left (:class:`Progress`)."""
     seconds: dict[str, float] = {}
     start = time.monotonic()
     progress = Progress([s.name for s in specs], jobs)
-    print("AOT: ~left = each unfinished module at its kind's mean time so far (attention / "
-          f"other), {jobs} at a time", file=sys.stderr, flush=True)
+    print("AOT: ~left = the modules left, each at its measured share of compile time "
+          "(flashinfer.aot.COMPILE_WEIGHTS), at the speed of those done, "
+          f"{jobs} at a time", file=sys.stderr, flush=True)
 
     def one(spec: JitSpec) -> tuple[str, float]:
         began = time.monotonic()
