@@ -137,7 +137,8 @@ def public_repositories(value: Optional[str]) -> list[str]:
 
 
 def _source_knobs():
-    """flashinfer.knobs from the source tree (the one place FLASHINFER_* variables are read)."""
+    """flashinfer.knobs from the source tree, where the settings users set for a release are
+    declared (FLASHINFER_PUBLIC_REPOSITORIES: ``flashinfer show-config`` lists it)."""
     src = str(ROOT / "packages" / "flashinfer-python")
     if src not in sys.path:
         sys.path.insert(0, src)
