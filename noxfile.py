@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import nox
@@ -195,7 +196,8 @@ print(f'flashinfer {flashinfer.__version__} + flashinfer-jit-cache {jc.__version
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Build the set (jit-cache: scale for sm_90a), install the built wheels, run the tests."""
+    """Build the set (jit-cache: scale for sm_90a), install the built wheels, run the tests;
+    then (a whole run, no pytest arguments) the release check on a fresh clone of HEAD."""
     version = _version()
     _install_torch(session)
     session.install(*BUILD_REQUIREMENTS)
@@ -234,7 +236,8 @@ def _release_check(session: nox.Session) -> None:
     env = {"FLASHINFER_CUDA_ARCH_LIST": TEST_ARCHS, "FLASHINFER_CUBIN_ARCHS": TEST_ARCHS,
            "FLASHINFER_PUBLIC_REPOSITORIES": "", "FLASHINFER_PUBLISH_REPOSITORY": "",
            "FLASHINFER_WORKSPACE_BASE": str(clone / "build" / "aot-cache")}
-    session.log(f"release check: releasing {version} in {clone} (a failed attempt, then a retry)")
+    session.log(f"release check: releasing {version} in {clone}, a clone of HEAD (uncommitted "
+                "edits are not part of it): a failed attempt, its retry, a refused repeat")
     failed = session.run(*nox_release(), env={**env, "FLASHINFER_AOT_MODULES": "no_such_module"},
                          success_codes=[1], silent=True)
     if "no_such_module" not in failed:
@@ -279,8 +282,6 @@ def release_check_problems(clone: Path, version: str, log: str) -> list[str]:
     if len(core) != 1:
         problems.append(f"dist/ holds {[w.name for w in wheels]}, no single core wheel")
     else:
-        import zipfile
-
         with zipfile.ZipFile(core[0]) as zf:
             pin = zf.read("flashinfer/_artifact_pin.py").decode()
         if str(clone) in pin or "REPOSITORIES = ()" not in pin or "LOCAL_ONLY = None" in pin:
