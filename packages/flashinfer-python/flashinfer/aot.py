@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Optional, Sequence
 
+from .jit.archs import parse_arch_list
 from .jit.core import JitSpec, get_module
 
 
@@ -67,7 +68,8 @@ def missing_module_message(spec: JitSpec, uri: str, archs: Sequence[Any]) -> str
     lines = [f"JIT module {spec.name!r} (uri {uri}, archs {targets}) is not in any cache, and "
              "FLASHINFER_DISABLE_JIT is set, so it is not compiled. Ways to get it:"]
     wheel = jit_cache.installed()
-    if spec.name not in {s.name for s in registered_specs()}:
+    registered = spec.name in {s.name for s in registered_specs()}
+    if not registered:
         lines.append("- no flashinfer-jit-cache wheel precompiles this variant (docs/wheels.md, "
                      "'What the released set covers without nvcc'): it is compiled once, below")
     elif wheel is None:
@@ -78,6 +80,11 @@ def missing_module_message(spec: JitSpec, uri: str, archs: Sequence[Any]) -> str
                      f"--extra-index-url {_versions.WHEEL_INDEX_BASE}/{label}/")
     elif not wheel.usable:
         lines.append(f"- make the installed flashinfer-jit-cache usable: {wheel.problem}")
+    elif all(any(jit_cache.covers(b, t) for b in parse_arch_list(" ".join(wheel.arch_list)))
+             for t in archs):
+        lines.append(f"- the installed flashinfer-jit-cache {wheel.version} has it for these archs"
+                     ", but built from other sources or flags (a source checkout, "
+                     "FLASHINFER_EXTRA_CUDAFLAGS; docs/wheels.md, 'At run time'): build it, below")
     else:
         lines.append(f"- the installed flashinfer-jit-cache {wheel.version} holds it for "
                      f"{' '.join(wheel.arch_list)}, none of which serves {targets} (docs/wheels.md"
@@ -85,9 +92,9 @@ def missing_module_message(spec: JitSpec, uri: str, archs: Sequence[Any]) -> str
     lines.append("- compile it here: install the CUDA toolkit (nvcc, found through "
                  "FLASHINFER_NVCC, CUDA_HOME or PATH) and unset FLASHINFER_DISABLE_JIT; it is "
                  "cached for every later process")
-    lines.append(f"- or compile it where nvcc is, with FLASHINFER_CUDA_ARCH_LIST=\"{targets}\" "
-                 "and the same flashinfer version (python -m flashinfer.aot --only "
-                 f"{spec.name} for a registered module, else call the op once), and copy "
+    how = (f"python -m flashinfer.aot --only {spec.name}" if registered else "call the op once")
+    lines.append(f"- or compile it where nvcc is ({how}, with FLASHINFER_CUDA_ARCH_LIST="
+                 f"\"{targets}\" and flashinfer {__version__}) and copy "
                  "$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/ to this machine's")
     return "\n".join(lines)
 
