@@ -35,9 +35,6 @@ TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 RELEASE_ARCHS = "8.0 9.0a 10.0a 12.0a"
 #: CI's jit-cache wheel: one small module for the H100 arch (a full build takes long).
 TEST_ARCHS, TEST_MODULES = "9.0a", "scale"
-#: The version the release check (part of ``tests``) releases in a throwaway clone: never a real
-#: release's, so it never meets a committed lock (its cubins, one arch, differ from a release's).
-CHECK_VERSION = "0.0.1"
 BUILD_REQUIREMENTS = ["build", "hatchling>=1.25", "apache-tvm-ffi>=0.1.15,<0.2", "ninja"]
 #: What the tests need besides the set; moto[server] (with boto3): the S3-compatible server the
 #: artifact tests start on loopback; hatchling: the cubin-wheel tests build that wheel (also in
@@ -218,6 +215,18 @@ def tests(session: nox.Session) -> None:
         _release_check(session)
 
 
+def check_version(version: str) -> str:
+    """The version the release check releases in its clone: version.txt's with 100 added to the
+    major. Not version.txt's, whose lock may be committed (the check's cubins, one arch, differ
+    from a release's); none PyPI has (pip must find only ours), and plain (no pre-release
+    paths); computed, not written down: the release's pin refuses a version a tracked file
+    spells."""
+    from packaging.version import Version
+
+    major, minor, patch = Version(version).release[:3]
+    return f"{major + 100}.{minor}.{patch}"
+
+
 def _release_check(session: nox.Session) -> None:
     """The release flow, CI-sized, on a fresh clone of this checkout's HEAD (``git clone``, so
     uncommitted edits are not part of it): a release that fails (an unknown AOT module) and is
@@ -228,7 +237,7 @@ def _release_check(session: nox.Session) -> None:
     clone = Path(session.create_tmp()).resolve() / "release-check"
     shutil.rmtree(clone, ignore_errors=True)
     session.run("git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone), external=True)
-    version = CHECK_VERSION
+    version = check_version((clone / "version.txt").read_text().strip())
 
     def nox_release(*flags: str) -> list[str]:
         return ["nox", "-f", str(clone / "noxfile.py"), "-s", "release", *flags, "--", version]
@@ -319,6 +328,16 @@ def _tracked_files() -> list[Path]:
 def _pin(session: nox.Session, version: str) -> None:
     """Verify the set reads the version from version.txt and nothing else spells ``version``,
     then write it there (a refused pin leaves the tree as it was)."""
+    spelled = _spelled_elsewhere(version)
+    if spelled:
+        session.error(f"{version} must live in version.txt only; also in: {', '.join(spelled)}")
+    (ROOT / "version.txt").write_text(version + "\n")
+    session.log(f"version.txt = {version}; no other file spells it")
+
+
+def _spelled_elsewhere(version: str) -> list[str]:
+    """Where a tracked file other than version.txt (and _PIN_EXEMPT) spells ``version``, and
+    which pyproject.toml does not read it from there."""
     # X.Y.Z as a whole: not inside 10.X.Y.Z, X.Y.Z1 or X.Y.Z.post1
     pattern = re.compile(rf"(?<![\w.]){re.escape(version)}(?!\w|\.\w)")
     spelled = []
@@ -335,10 +354,7 @@ def _pin(session: nox.Session, version: str) -> None:
     for pyproject in sorted(ROOT.glob("packages/*/pyproject.toml")):
         if not re.search(r'^dynamic = \[[^\]]*"version"', pyproject.read_text(), re.M):
             spelled.append(f"{pyproject.relative_to(ROOT)}: version is not dynamic")
-    if spelled:
-        session.error(f"{version} must live in version.txt only; also in: {', '.join(spelled)}")
-    (ROOT / "version.txt").write_text(version + "\n")
-    session.log(f"version.txt = {version}; no other file spells it")
+    return spelled
 
 
 @nox.session(python=False)

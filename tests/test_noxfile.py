@@ -377,25 +377,35 @@ def test_the_release_check_runs_a_failing_release_its_retry_and_a_refused_repeat
         def run(self, *args, env=None, success_codes=None, silent=False, external=False):
             if args[:2] == ("git", "clone"):
                 Path(args[-1]).mkdir(parents=True)
+                (Path(args[-1]) / "version.txt").write_text("1.0.0\n")
                 return ""
             calls.append((args, env, success_codes))
-            assert args[-2:] == ("--", noxfile.CHECK_VERSION) and args[:2] == ("nox", "-f")
+            assert args[-2:] == ("--", "101.0.0") and args[:2] == ("nox", "-f")
             if env["FLASHINFER_AOT_MODULES"] == "no_such_module":
                 return "FLASHINFER_AOT_MODULES names unknown modules ['no_such_module']"
             if len(calls) == 2:
                 return "released"
-            return "dist/ already holds 0.0.1 (...): a published release is never overwritten. " \
+            return "dist/ already holds 101.0.0 (...): a published release is never overwritten. " \
                    "To release again, bump the version (...)"
 
     judged = []
     monkeypatch.setattr(noxfile, "release_check_problems",
                         lambda clone, version, log: judged.append((version, log)) or [])
-    session = CheckSession(noxfile.CHECK_VERSION, tmp_path / "t")
+    session = CheckSession("1.0.0", tmp_path / "t")
     noxfile._release_check(session)
     assert [c[0][5:-2] for c in calls] == [(), ("-r",), ("-r",)]
     assert [c[2] for c in calls] == [[1], None, [1]]
     assert all(c[1]["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a" and c[1]["FLASHINFER_CUBIN_ARCHS"] ==
                "9.0a" and c[1]["FLASHINFER_PUBLIC_REPOSITORIES"] == "" for c in calls)
     assert [c[1]["FLASHINFER_AOT_MODULES"] for c in calls] == ["no_such_module", "scale", "scale"]
-    assert judged == [(noxfile.CHECK_VERSION, "released")]
-    assert session.logged[-1].startswith("release check: 0.0.1 released after a failed attempt")
+    assert judged == [("101.0.0", "released")]
+    assert session.logged[-1].startswith("release check: 101.0.0 released after a failed attempt")
+
+
+def test_the_release_checks_version_is_one_its_pin_accepts():
+    """In this repository: the release check's version is spelled by no tracked file (else its
+    release would be refused at the pin), and is not version.txt's (whose lock may exist)."""
+    version = (ROOT / "version.txt").read_text().strip()
+    check = noxfile.check_version(version)
+    assert check != version and noxfile._spelled_elsewhere(check) == []
+    assert noxfile.check_version("1.2.3rc1") == "101.2.3" and noxfile.check_version("0.1.0") == "100.1.0"
