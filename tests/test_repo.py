@@ -56,3 +56,14 @@ def test_tuning_switches_exist():
     read = set(re.findall(r"#\s*(?:ifndef|ifdef|if|elif)\b[^\n]*?FLASHINFER_ATTENTION_(\w+)",
                           sources))
     assert switches <= read, f"not read by any source: {sorted(switches - read)}"
+
+
+def test_release_section_says_where_users_download_from():
+    """The public repositories are configured once, in a declared knob, and documented where
+    the release is; without them the release is local-only, and the README says so."""
+    from flashinfer import knobs
+
+    release = (ROOT / "README.md").read_text().split("## Release", 1)[1].split("\n## ", 1)[0]
+    assert "FLASHINFER_PUBLIC_REPOSITORIES" in release and "local-only" in release
+    assert "FLASHINFER_PUBLIC_REPOSITORIES" in knobs.all_env_vars()
+    assert "git add artifacts/releases/X.Y.Z.json version.txt" in release

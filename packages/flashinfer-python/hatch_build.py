@@ -32,6 +32,9 @@ def git_commit(root: Path) -> str:
     return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
+#: What a lock may name as the repositories users download from (tools/nox_artifacts.py).
+PUBLIC_SCHEMES = ("https://", "http://", "s3://")
+
 #: extra name -> sibling distribution; each extra pins its sibling to exactly our version.
 SIBLING_EXTRAS = {"jit-cache": "flashinfer-jit-cache", "cubin": "flashinfer-cubin"}
 
@@ -83,6 +86,10 @@ def write_artifact_pin(root: Path, version: str) -> None:
     written when the sdist was made is kept. No lock: no pin (a development build), and the
     cubin backend then asks for one (FLASHINFER_CUBIN_MANIFEST_SHA256) instead of trusting any
     manifest a repository serves.
+
+    The repositories recorded are where users download the release from: URLs, never a path of
+    the machine that built it (refused). A lock without any is a local-only release, and the
+    pin says so (``LOCAL_ONLY``: the lock's note; users set FLASHINFER_CUBINS_REPOSITORY).
     """
     import json
     import os
@@ -95,13 +102,23 @@ def write_artifact_pin(root: Path, version: str) -> None:
         if data.get("release") != version:
             raise ValueError(f"{path} is the artifact lock of {data.get('release')}, not {version}")
         pin, repos = str(data["manifest_sha256"]), list(data.get("repositories", []))
+        local = [r for r in repos if not str(r).startswith(PUBLIC_SCHEMES)]
+        if local:
+            raise ValueError(
+                f"{path} names {local} as where users download release {version} from: a "
+                "path of the machine that built it. A lock names public URLs "
+                f"({', '.join(PUBLIC_SCHEMES)}; FLASHINFER_PUBLIC_REPOSITORIES), or none "
+                "(a local-only release)"
+            )
+        local_only = None if repos else str(data.get("local_only") or "local-only release")
     elif (root / "PKG-INFO").is_file() and target.is_file():
         return
     else:
-        pin, repos = None, []
+        pin, repos, local_only = None, [], None
     target.write_text(
         '"""Written by hatch_build.py at build time: the artifact release this build trusts."""\n'
         f"RELEASE_VERSION = {json.dumps(version)}\n"
         f"MANIFEST_SHA256 = {json.dumps(pin) if pin else 'None'}\n"
         f"REPOSITORIES = {tuple(repos)!r}\n"
+        f"LOCAL_ONLY = {local_only!r}\n"
     )

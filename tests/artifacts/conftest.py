@@ -19,8 +19,10 @@ from flashinfer.artifacts import resolve  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, monkeypatch):
-    """Every test: its own store, no configured repository, no pin from the environment, fast
-    retries and timeouts, an empty manifest cache, and no installed flashinfer-cubin."""
+    """Every test: its own store, no configured repository, no pin (neither from the
+    environment nor from the build: the flashinfer under test may be a release build that pins
+    one; tests that need a pin call ``pin``), fast retries and timeouts, an empty manifest
+    cache, and no installed flashinfer-cubin."""
     for name in ("FLASHINFER_CUBINS_REPOSITORY", "FLASHINFER_NO_DOWNLOAD",
                  "FLASHINFER_CUBIN_MANIFEST_SHA256", "FLASHINFER_DISABLE_VERSION_CHECK",
                  "FLASHINFER_ARTIFACT_LOCK", "FLASHINFER_CUBIN_RELEASE"):
@@ -30,6 +32,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHINFER_DOWNLOAD_RETRIES", "3")
     monkeypatch.setenv("FLASHINFER_DOWNLOAD_TIMEOUT", "5")
     monkeypatch.setattr(resolve, "installed_cubin_wheel", lambda: None)
+    monkeypatch.setattr(resolve, "_build_pin", lambda: None)
     resolve.clear_manifest_cache()
     yield
     resolve.clear_manifest_cache()

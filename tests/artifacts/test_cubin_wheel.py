@@ -171,7 +171,12 @@ def test_a_wheel_of_another_release_is_ignored_with_one_warning(monkeypatch, tmp
 def test_an_installed_wheel_of_another_release_never_breaks_the_ops(cubin_wheel, tmp_path):
     """The real wheel (release 7.7.7) installed, flashinfer pinned to 7.7.8: import is silent,
     get_cubin warns once, names both versions and the fix, and serves the file from the
-    repository instead; FLASHINFER_DISABLE_VERSION_CHECK=1 silences the warning."""
+    repository instead; FLASHINFER_DISABLE_VERSION_CHECK=1 silences the warning.
+
+    The child pins 7.7.8 the way a built wheel does (its ``_artifact_pin``), so the test holds
+    whether the flashinfer under test pins a release of its own (a release build, or CI once a
+    lock is committed) or none (a development build): FLASHINFER_CUBIN_MANIFEST_SHA256 would
+    only count in the latter."""
     _, _, site = cubin_wheel
     nxt = make_release(tmp_path / "next", "7.7.8", FILES)
     code = f"""
@@ -179,7 +184,10 @@ import json, warnings
 warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as at_import:
     import flashinfer, flashinfer.artifacts
-from flashinfer.artifacts import Release, get_cubin
+from types import SimpleNamespace
+from flashinfer.artifacts import Release, get_cubin, resolve
+resolve._build_pin = lambda: SimpleNamespace(
+    RELEASE_VERSION="7.7.8", MANIFEST_SHA256="{nxt.sha256}", REPOSITORIES=())
 with warnings.catch_warnings(record=True) as caught:
     sources = [get_cubin(p, Release("7.7.8", "{nxt.sha256}")).source for p in {sorted(FILES)!r}]
 print("RESULT " + json.dumps({{"import": len(at_import), "sources": sources,
@@ -188,7 +196,7 @@ print("RESULT " + json.dumps({{"import": len(at_import), "sources": sources,
     import flashinfer
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
-    base.update(FLASHINFER_CUBIN_MANIFEST_SHA256=nxt.sha256, FLASHINFER_CUBINS_REPOSITORY=str(nxt.root),
+    base.update(FLASHINFER_CUBINS_REPOSITORY=str(nxt.root),
                 PYTHONPATH=os.pathsep.join([str(site), str(Path(flashinfer.__file__).parents[1])]))
     for disabled in (False, True):
         env = dict(base, FLASHINFER_CUBIN_DIR=str(tmp_path / f"store-{disabled}"))
@@ -271,7 +279,20 @@ def test_flashinfer_python_build_pins_the_lock(tmp_path, monkeypatch):
     ns: dict = {}
     exec((pkg / "flashinfer/_artifact_pin.py").read_text(), ns)
     assert ns["MANIFEST_SHA256"] == "c" * 64 and ns["RELEASE_VERSION"] == "3.2.1"
-    assert ns["REPOSITORIES"] == ("https://example.invalid/r",)
+    assert ns["REPOSITORIES"] == ("https://example.invalid/r",) and ns["LOCAL_ONLY"] is None
+    # A local-only release: no repository, and the pin says so.
+    lock.write_text(json.dumps({"release": "3.2.1", "manifest_sha256": "c" * 64,
+                                "repositories": [], "local_only": "local-only release: ..."}))
+    hook.write_artifact_pin(pkg, "3.2.1")
+    ns = {}
+    exec((pkg / "flashinfer/_artifact_pin.py").read_text(), ns)
+    assert ns["REPOSITORIES"] == () and ns["LOCAL_ONLY"] == "local-only release: ..."
+    # A path of the build machine is never recorded as where users download from.
+    for where in (str(tmp_path / "dist" / "artifacts"), "file:///srv/dist/artifacts"):
+        lock.write_text(json.dumps({"release": "3.2.1", "manifest_sha256": "c" * 64,
+                                    "repositories": [where]}))
+        with pytest.raises(ValueError, match="a path of the machine that built it"):
+            hook.write_artifact_pin(pkg, "3.2.1")
     lock.write_text(json.dumps({"release": "3.2.0", "manifest_sha256": "c" * 64}))
     with pytest.raises(ValueError, match="3.2.0"):
         hook.write_artifact_pin(pkg, "3.2.1")
@@ -337,3 +358,22 @@ def test_a_wheel_of_the_pinned_release_does_not_block_another_release(monkeypatc
     monkeypatch.setattr(resolve, "_WARNED", set())
     with pytest.warns(_versions.VersionMismatchWarning, match="flashinfer-cubin 7.7.6"):
         assert cubin_wheel_for(current.release) is None
+
+
+def test_a_local_only_release_says_so_when_nothing_can_be_downloaded(monkeypatch, tmp_path):
+    """The wheel of a local-only release names no repository; a download without
+    FLASHINFER_CUBINS_REPOSITORY says why and what to set."""
+    from types import SimpleNamespace
+
+    from flashinfer.artifacts import DownloadError
+
+    rel = make_release(tmp_path / "repo", "7.7.7", FILES)
+    monkeypatch.setattr(resolve, "_build_pin", lambda: SimpleNamespace(
+        RELEASE_VERSION="7.7.7", MANIFEST_SHA256=rel.sha256, REPOSITORIES=(),
+        LOCAL_ONLY="local-only release: published to a directory of the machine that built it"))
+    with pytest.raises(DownloadError) as caught:
+        get_cubin("sm_90a/norm/a.cubin")
+    assert "this build pins a local-only release" in str(caught.value)
+    assert "set FLASHINFER_CUBINS_REPOSITORY" in str(caught.value)
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", str(rel.root))  # the explicit setting
+    assert get_cubin("sm_90a/norm/a.cubin").source.startswith(str(tmp_path))

@@ -8,15 +8,29 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
+from .jit.archs import parse_arch_list
 from .jit.core import JitSpec, get_module
 
 
+def custom_mask_variants() -> list:
+    """Custom (packed bit) masks at head_dim 64 and 256, both dtypes, paged and ragged: tree
+    masks of speculative decoding on models of those head dims (Gemma: 256; small Llamas: 64).
+    head_dim 128 is among ``extra_variants``. In-kernel RoPE and ALiBi stay at head_dim 128
+    (docs/wheels.md, "What the released set covers without nvcc")."""
+    from .jit.attention import AttentionVariant
+
+    return [AttentionVariant(dtype, dtype, head_dim, "custom", "NONE", paged)
+            for dtype in ("float16", "bfloat16") for head_dim in (64, 256)
+            for paged in (True, False)]
+
+
 def registered_specs() -> list[JitSpec]:
-    """Every module the package has, in a stable order."""
+    """Every module the package has, in a stable order: what the jit-cache wheel precompiles."""
     from .jit.activation import gen_activation_module
     from .jit.attention import common_variants, extra_variants
     from .jit.cascade import gen_cascade_module
@@ -34,36 +48,158 @@ def registered_specs() -> list[JitSpec]:
         gen_quantization_module(),
         gen_page_module(),
         gen_cascade_module(),
-        *(v.spec() for v in common_variants() + extra_variants()),
+        *(v.spec() for v in common_variants() + extra_variants() + custom_mask_variants()),
     ]
+
+
+#: The archs a release's jit-cache wheel holds (RELEASE_ARCHS in noxfile.py; docs/wheels.md).
+RELEASE_ARCHS = ("8.0", "9.0a", "10.0a", "12.0a")
+
+
+def missing_module_message(spec: JitSpec, uri: str, archs: Sequence[Any]) -> str:
+    """What :class:`~flashinfer.exceptions.MissingJITCacheError` says: the module, and each way
+    to get it, one a line. Called on that error path only (it reads the registry and the
+    installed jit-cache)."""
+    from . import __version__, _versions
+    from .jit import jit_cache
+
+    targets = " ".join(map(str, archs))
+    version = _versions.public_version(__version__)
+    lines = [f"JIT module {spec.name!r} (uri {uri}, archs {targets}) is not in any cache, and "
+             "FLASHINFER_DISABLE_JIT is set, so it is not compiled. Ways to get it:"]
+    wheel = jit_cache.installed()
+    registered = spec.name in {s.name for s in registered_specs()}
+    if not registered:
+        lines.append("- no flashinfer-jit-cache wheel precompiles this variant (docs/wheels.md, "
+                     "'What the released set covers without nvcc'): it is compiled once, below")
+    elif wheel is None:
+        cuda = jit_cache._runtime_cuda()
+        label = _versions.cuda_label(cuda) if cuda else "cu130"
+        lines.append(f"- install flashinfer-jit-cache {version}, which precompiles it for "
+                     f"{' '.join(RELEASE_ARCHS)}: pip install 'flashinfer-jit-cache=={version}' "
+                     f"--extra-index-url {_versions.WHEEL_INDEX_BASE}/{label}/")
+    elif not wheel.usable:
+        lines.append(f"- make the installed flashinfer-jit-cache usable: {wheel.problem}")
+    elif all(any(jit_cache.covers(b, t) for b in parse_arch_list(" ".join(wheel.arch_list)))
+             for t in archs):
+        lines.append(f"- the installed flashinfer-jit-cache {wheel.version} has it for these archs"
+                     ", but built from other sources or flags (a source checkout, "
+                     "FLASHINFER_EXTRA_CUDAFLAGS; docs/wheels.md, 'At run time'): build it, below")
+    else:
+        lines.append(f"- the installed flashinfer-jit-cache {wheel.version} holds it for "
+                     f"{' '.join(wheel.arch_list)}, none of which serves {targets} (docs/wheels.md"
+                     ", 'Which GPUs a wheel serves'): it is compiled once, below")
+    lines.append("- compile it here: install the CUDA toolkit (nvcc, found through "
+                 "FLASHINFER_NVCC, CUDA_HOME or PATH) and unset FLASHINFER_DISABLE_JIT; it is "
+                 "cached for every later process")
+    how = (f"python -m flashinfer.aot --only {spec.name}" if registered else "call the op once")
+    lines.append(f"- or compile it where nvcc is ({how}, with FLASHINFER_CUDA_ARCH_LIST="
+                 f"\"{targets}\" and flashinfer {__version__}) and copy "
+                 "$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/ to this machine's")
+    return "\n".join(lines)
 
 
 def _minutes(s: float) -> str:
     return f"{int(s) // 60}m{int(s) % 60:02d}s"
 
 
+#: Seconds of nvcc per arch for each module, measured on the 2-core build machine (nvcc 13.0,
+#: one module at a time, ``benchmarks/results/2026-11-26-cpu-5ab6b7e-aot-module-times.json``): the
+#: weights of :class:`Progress`. Only their ratios matter (the machine's speed is measured as the
+#: build goes); a module missing here weighs the mean of those listed.
+COMPILE_WEIGHTS = {"scale": 5.4, "norm": 12.3, "activation": 9.7, "rope": 24.1,
+                   "quantization": 9.8, "page": 7.2, "cascade": 10.1}
+#: Every attention variant is one instantiation of the same source: 13-25 s per arch in the same
+#: measurements, whatever the head_dim, mask or position encoding (the spread is the machine's).
+ATTENTION_WEIGHT = 18.0
+
+
+def compile_weight(name: str) -> float:
+    """The expected compile time of module ``name``, relative to the others."""
+    if name.startswith("attention_"):
+        return ATTENTION_WEIGHT
+    return COMPILE_WEIGHTS.get(name, sum(COMPILE_WEIGHTS.values()) / len(COMPILE_WEIGHTS))
+
+
+class Progress:
+    """The progress lines of an AOT build and their estimate of what is left.
+
+    The basis: each module's expected compile time (:func:`compile_weight`, measured per module
+    on the build machine) times this build's speed, the seconds the finished modules took per
+    unit of their weights; less what running modules have done; ``jobs`` at a time (each
+    module's time is measured while the others run, so the speed includes their contention).
+    The old estimate, the mean of the modules so far times the number left, ran 20-40% low: the
+    small modules came first, and the slowest ones (``rope``, the attention variants) last.
+    """
+
+    def __init__(self, names: Sequence[str], jobs: int):
+        self.total = len(names)
+        self.jobs = max(1, jobs)
+        self.pending = {n: compile_weight(n) for n in names}
+        self.seconds = self.weights = 0.0  # of the finished modules
+        self.running: dict[str, float] = {}  # name -> start time
+        self._lock = threading.Lock()
+
+    def started(self, name: str, at: float) -> None:
+        with self._lock:
+            self.running[name] = at
+
+    def left(self, now: float) -> Optional[float]:
+        """Seconds the unfinished modules are expected to take from ``now``; None before the
+        first module is done (no measured speed yet)."""
+        if not self.weights:
+            return None
+        speed = self.seconds / self.weights
+        work = speed * sum(self.pending.values())
+        with self._lock:
+            work -= sum(min(now - at, speed * self.pending[name])
+                        for name, at in self.running.items())
+        return max(work, 0.0) / min(self.jobs, len(self.pending)) if self.pending else 0.0
+
+    def finished(self, name: str, seconds: float, elapsed: float) -> str:
+        """Record a finished module (``elapsed`` since the start, the clock of ``started``) and
+        return its progress line."""
+        with self._lock:
+            self.running.pop(name, None)
+            self.weights += self.pending.pop(name)
+            self.seconds += seconds
+        left = self.left(elapsed)
+        return (f"[{self.total - len(self.pending)}/{self.total}] {name}: {seconds:.1f} s "
+                f"(elapsed {_minutes(elapsed)}, ~{_minutes(left)} left)")
+
+
+def build_order(specs: Sequence[JitSpec]) -> list[JitSpec]:
+    """The longest builds first (the short ones fill the last gaps of a parallel build); equal
+    weights in registry order."""
+    return sorted(specs, key=lambda s: -compile_weight(s.name))
+
+
 def build_all(specs: Sequence[JitSpec], jobs: int = 4) -> dict[str, float]:
-    """Build (or load) every spec, ``jobs`` at a time; returns seconds per module.
+    """Build (or load) every spec, ``jobs`` at a time (:func:`build_order`); returns seconds
+    per module.
 
     Prints one progress line per finished module on stderr: ``[i/N] name: seconds``, the time
-    since the start and a naive estimate of what is left (the mean so far times what remains)."""
+    since the start and what is left (:class:`Progress`)."""
     seconds: dict[str, float] = {}
     start = time.monotonic()
+    progress = Progress([s.name for s in specs], jobs)
+    print("AOT: ~left = the modules left, each at its measured share of compile time "
+          "(flashinfer.aot.COMPILE_WEIGHTS), at the speed of those done, "
+          f"{jobs} at a time", file=sys.stderr, flush=True)
 
     def one(spec: JitSpec) -> tuple[str, float]:
-        start = time.monotonic()
+        began = time.monotonic()
+        progress.started(spec.name, began - start)
         get_module(spec)
-        return spec.name, time.monotonic() - start
+        return spec.name, time.monotonic() - began
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(one, s) for s in specs]
-        for i, fut in enumerate(as_completed(futures), 1):
+        futures = [pool.submit(one, s) for s in build_order(specs)]
+        for fut in as_completed(futures):
             name, secs = fut.result()
             seconds[name] = secs
-            elapsed = time.monotonic() - start
-            left = elapsed / i * (len(specs) - i)
-            print(f"[{i}/{len(specs)}] {name}: {secs:.1f} s (elapsed {_minutes(elapsed)}, "
-                  f"~{_minutes(left)} left)", file=sys.stderr, flush=True)
+            print(progress.finished(name, secs, time.monotonic() - start), file=sys.stderr,
+                  flush=True)
     return seconds
 
 

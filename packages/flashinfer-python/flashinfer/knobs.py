@@ -217,6 +217,12 @@ class ArtifactKnobs(KnobGroup):
         "Local store of downloaded kernel binaries.",
     )
     repository = env_str("FLASHINFER_CUBINS_REPOSITORY", None, "Ordered artifact repositories.")
+    public_repositories = env_str(
+        "FLASHINFER_PUBLIC_REPOSITORIES",
+        None,
+        "Release builds (nox -s release): the https:// or s3:// repositories users download the "
+        "release's kernel binaries from, recorded in its lock and core wheel; unset: local-only.",
+    )
     no_download = env_bool("FLASHINFER_NO_DOWNLOAD", doc="Never download kernel binaries.")
     checksum_disabled = env_bool(
         "FLASHINFER_CUBIN_CHECKSUM_DISABLED",

@@ -139,6 +139,13 @@ def repository_urls(release: Release) -> list[str]:
     return parse_repository_list(knobs.artifacts.repository) or list(release.repositories)
 
 
+def _no_repository_remedy() -> str:
+    """What to do when no repository is configured; a local-only release's wheel says why."""
+    note = getattr(_build_pin(), "LOCAL_ONLY", None)
+    return (f"this build pins a {note}; " if note else "") + (
+        "remedy: set FLASHINFER_CUBINS_REPOSITORY (https://, s3:// or a directory)")
+
+
 def _repositories(
     release: Release, urls: Optional[Sequence[str]] = None, local_only: bool = False
 ) -> list[Repository]:
@@ -322,10 +329,7 @@ def load_manifest(
                 "FLASHINFER_CUBIN_DIR), or point --dest at the store that holds the release"
             )
         if not repos:
-            raise DownloadError(
-                manifest_path(release.version), [],
-                "remedy: set FLASHINFER_CUBINS_REPOSITORY (https://, s3:// or a directory)",
-            )
+            raise DownloadError(manifest_path(release.version), [], _no_repository_remedy())
         with store.lock(f"manifest-{release.version}"):
             manifest = _local_manifest(release, store)
             if manifest is None:
@@ -505,10 +509,7 @@ def ensure_object(
     if not repos and knobs.artifacts.no_download:
         raise _offline_missing(entry, store)
     if not repos:
-        raise DownloadError(
-            entry.path, [], "remedy: set FLASHINFER_CUBINS_REPOSITORY (https://, s3:// or a "
-            "directory)"
-        )
+        raise DownloadError(entry.path, [], _no_repository_remedy())
     with store.lock(entry.sha256):
         if _present(store, entry, False):  # another process just finished it
             return "present"

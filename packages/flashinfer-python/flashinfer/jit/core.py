@@ -439,14 +439,10 @@ def _disk_or_build(plan: BuildPlan) -> Path:
         stats["loaded_disk"] += 1
         return plan.so_path
     if knobs.jit.disable_jit:
-        raise MissingJITCacheError(
-            f"JIT module {plan.spec.name!r} (uri {plan.uri}, archs "
-            f"{' '.join(map(str, plan.archs))}) is not in any cache and FLASHINFER_DISABLE_JIT "
-            "is set. Install the wheel that provides it: pip install "
-            "'flashinfer-python[jit-cache]' (flashinfer-jit-cache of the same version), or "
-            "unset FLASHINFER_DISABLE_JIT to compile it.",
-            plan.spec,
-        )
+        from ..aot import missing_module_message  # the error path only (aot imports core)
+
+        raise MissingJITCacheError(missing_module_message(plan.spec, plan.uri, plan.archs),
+                                   plan.spec)
     with file_lock(plan.build_dir.with_name(plan.build_dir.name + ".lock")):
         if plan.so_path.is_file():  # another process built it while we waited
             stats["loaded_disk"] += 1
