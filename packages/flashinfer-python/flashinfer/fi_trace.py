@@ -142,6 +142,8 @@ def describe(template: TraceTemplate, qualname: str, module: str, named: Dict[st
     if template.extra_inputs is not None:
         named = {**named, **template.extra_inputs(named)}
     sizes: Dict[str, int] = {}
+    scalars: Dict[str, Any] = {}
+    used: set = set()
     inputs: Dict[str, dict] = {}
     dtypes: Dict[str, str] = {}
     for key, spec in template.inputs.items():
@@ -151,7 +153,10 @@ def describe(template: TraceTemplate, qualname: str, module: str, named: Dict[st
                 continue
             raise TraceError(f"{qualname}: input {key!r} is missing")
         shape = _pick_shape(spec, value, key)
-        if shape is not None:
+        if shape is None:
+            scalars[key] = value
+        else:
+            used.update(shape)
             dims = tuple(value.shape) if isinstance(value, torch.Tensor) else ()
             if len(dims) != len(shape):
                 raise TraceError(f"{qualname}: {key} has shape {dims}, described as {list(shape)}")
@@ -163,9 +168,6 @@ def describe(template: TraceTemplate, qualname: str, module: str, named: Dict[st
         dtype = spec.dtype or _dtype_name(value)
         dtypes[key] = dtype
         inputs[key] = _tensor_json(shape, dtype, spec.description)
-    for axis, kind in template.axes.items():
-        if isinstance(kind, Const) and kind.derive is not None and axis not in sizes:
-            sizes[axis] = int(kind.derive(sizes))
     outputs: Dict[str, dict] = {}
     for key, spec in template.outputs.items():
         shape = spec.shape
@@ -175,9 +177,16 @@ def describe(template: TraceTemplate, qualname: str, module: str, named: Dict[st
         dtype = spec.dtype or "float32"
         if dtype.startswith("="):
             dtype = dtypes[dtype[1:]]
+        used.update(shape or ())
         outputs[key] = _tensor_json(shape, dtype, spec.description)
+    for axis, kind in template.axes.items():
+        if isinstance(kind, Const) and kind.derive is not None and axis not in sizes \
+                and axis in used:
+            sizes[axis] = int(kind.derive({**scalars, **sizes}))
     axes: Dict[str, dict] = {}
     for axis, kind in template.axes.items():
+        if axis not in used:  # an axis of another rank of the op (3-D QK-norm, say)
+            continue
         entry: Dict[str, Any] = {"type": "var" if isinstance(kind, Var) else "const"}
         if isinstance(kind, Const):
             if axis not in sizes:
@@ -186,10 +195,11 @@ def describe(template: TraceTemplate, qualname: str, module: str, named: Dict[st
         if kind.description:
             entry["description"] = kind.description
         axes[axis] = entry
-    first = next(iter(dtypes.values()), "")
+    floats = [d for d in dtypes.values() if "float" in d]
+    first = floats[0] if floats else next(iter(dtypes.values()), "")
     suffix = "".join(
         f"_{template.abbrev.get(a, a)}{sizes[a]}" for a, k in template.axes.items()
-        if isinstance(k, Const)
+        if isinstance(k, Const) and a in used
     )
     short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(first, first)
     return {
