@@ -29,14 +29,14 @@ import routines  # noqa: E402
 
 CSV_COLUMNS = [
     "routine", "backend", "case_tag", "median_time_ms", "std_time_ms", "p10_time_ms",
-    "p90_time_ms", "tflops", "tb_per_sec", "timing", "refcheck", "max_abs_err", "ceiling",
+    "p90_time_ms", "tflops", "tb_per_sec", "bytes", "flops", "timing", "refcheck", "max_abs_err", "ceiling",
     "ceiling_value", "pct_of_ceiling", "copy_GBps", "read_GBps", "bf16_matmul_TFLOPs", "shape",
     "dtype", "gpu_name", "note", "args", "repro_command",
 ]
 
 # flags the repro command never repeats
 _NOT_CASE = {"testlist", "output_path", "generate_repro_command", "list_routines", "plan_only",
-             "verbose"}
+             "verbose", "record", "commit"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-v", "--verbose", action="count", default=0)
     g.add_argument("--enable_pdl", action="store_true")
     g.add_argument("--list_routines", action="store_true", help="print the routines and exit")
+    g.add_argument("--record", default=None,
+                   help="also write a results record (benchmarks/schema.py) to this path")
+    g.add_argument("--commit", default=None, help="the record's commit (default: git's)")
     g.add_argument("--plan_only", action="store_true",
                    help="parse every case and print its repro command; run nothing")
     a = p.add_argument_group("attention / paged cache")
@@ -201,9 +204,9 @@ def ceilings() -> Dict[str, Any]:
 
 def run_case(args: argparse.Namespace, cupti: Optional[bool] = None) -> List[Dict[str, Any]]:
     """Time every backend of one case; one CSV row per backend."""
-    import harness
     import torch
 
+    import harness
     from flashinfer.testing import set_seed
 
     routine = routines.ROUTINES[args.routine]
@@ -297,6 +300,7 @@ def _timed_row(args, backend, times, timing, built, ceil, refcheck, err, note, r
                std_time_ms=round(statistics.pstdev(times), 5) if len(times) > 1 else 0.0,
                p10_time_ms=round(pick(0.1), 5), p90_time_ms=round(pick(0.9), 5),
                tflops=round(tflops, 3), tb_per_sec=round(tbps, 4), timing=timing,
+               bytes=built.bytes or "", flops=built.flops or "",
                refcheck=refcheck, max_abs_err=err, ceiling=built.ceiling,
                ceiling_value=round(ceil[key], 1),
                pct_of_ceiling=round(100 * achieved / ceil[key], 1),
@@ -315,6 +319,51 @@ def write_csv(path: Path, rows: List[Dict[str, Any]]) -> None:
         writer.writeheader()
         for row in rows:
             writer.writerow(row)
+
+
+def record_cases(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The timed rows as results-schema cases (benchmarks/schema.py): group = the routine's
+    group, name = routine, backend and shape."""
+    cases = []
+    for row in rows:
+        if row["median_time_ms"] in ("", None):
+            continue
+        med_us = float(row["median_time_ms"]) * 1e3
+        case: Dict[str, Any] = {
+            "name": f"{row['routine']} [{row['backend']}] {row['shape']} {row['dtype']}".strip()
+                    + (f" ({row['case_tag']})" if row["case_tag"] else ""),
+            "group": routines.ROUTINES[row["routine"]].group,
+            "median_us": round(med_us, 3), "p10_us": round(float(row["p10_time_ms"]) * 1e3, 3),
+            "p90_us": round(float(row["p90_time_ms"]) * 1e3, 3),
+            "timing": f"{row['timing']} (flashinfer_benchmark.py)",
+            "extra": {"backend": row["backend"], "refcheck": row["refcheck"] or "not run",
+                      "max_abs_err": row["max_abs_err"], "repro_command": row["repro_command"]},
+        }
+        if row["bytes"]:
+            gbps = float(row["bytes"]) / (med_us * 1e-6) / 1e9
+            case.update(bytes=int(row["bytes"]), GBps=round(gbps, 1),
+                        pct_of_copy=round(100 * gbps / float(row["copy_GBps"]), 1),
+                        pct_of_read=round(100 * gbps / float(row["read_GBps"]), 1))
+        if row["flops"]:
+            tflops = float(row["flops"]) / (med_us * 1e-6) / 1e12
+            case.update(flops=float(row["flops"]), TFLOPs=round(tflops, 1),
+                        pct_of_matmul=round(100 * tflops / float(row["bf16_matmul_TFLOPs"]), 1))
+        if f"pct_of_{row['ceiling']}" in case:
+            case["ceiling"] = row["ceiling"]
+        cases.append(case)
+    return cases
+
+
+def write_record(path: Path, rows: List[Dict[str, Any]], commit: Optional[str],
+                 topic: Optional[str] = None) -> None:
+    import harness
+
+    topic = topic or Path(path).stem.split("-", 5)[-1]
+    rec = harness.record("benchmark", topic, commit=commit, ceilings=dict(_CEILINGS),
+                         cases=record_cases(rows),
+                         note="benchmarks/flashinfer_benchmark.py: one case per routine and "
+                              "backend; ours against PyTorch baselines in the same run")
+    harness.write(Path(path), rec)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -350,6 +399,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise
         if args.output_path:  # after every case, so a crash keeps what was measured
             write_csv(Path(args.output_path), rows)
+        if args.record and rows:
+            write_record(Path(args.record), rows, args.commit)
     return 1 if failed else 0
 
 

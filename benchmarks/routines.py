@@ -65,6 +65,9 @@ def _register(name, group, ops, backends, default, build, needs=()):
 # --------------------------------------------------------------------------------------------
 
 
+DEVICE = "cuda"  # tests build the routines' baselines and references on "cpu"
+
+
 def _torch():
     import torch
 
@@ -180,19 +183,19 @@ def _norm(op: str):
         dt = dtype_of(a.input_dtype)
         shape = (a.batch_size, a.num_heads, a.hidden_size) if a.num_heads else \
             (a.batch_size, a.hidden_size)
-        x = torch.randn(shape, device="cuda").to(dt)
+        x = torch.randn(shape, device=DEVICE).to(dt)
         ref_fn = _template_ref(op)
         check_fns: Dict[str, Callable[[], Any]] = {}
         if op == "layernorm":
-            g = torch.randn(a.hidden_size, device="cuda")
-            b = torch.randn(a.hidden_size, device="cuda")
+            g = torch.randn(a.hidden_size, device=DEVICE)
+            b = torch.randn(a.hidden_size, device=DEVICE)
             call = lambda: flashinfer.layernorm(x, g, b, a.eps)  # noqa: E731
             fns = {"cuda": call, "auto": call, "torch": lambda: ref_fn(x, g, b, a.eps)}
             moved, reference = 2 * _nbytes([x]) + _nbytes([g, b]), (lambda: ref_fn(x, g, b, a.eps))
         elif "fused" in op:
             fn = getattr(flashinfer, op)
-            r = torch.randn(shape, device="cuda").to(dt)
-            w = torch.randn(a.hidden_size, device="cuda").to(dt)
+            r = torch.randn(shape, device=DEVICE).to(dt)
+            w = torch.randn(a.hidden_size, device=DEVICE).to(dt)
             x0, r0 = x.clone(), r.clone()
             fns = {name: (lambda be: lambda: fn(x, r, w, a.eps, enable_pdl=a.enable_pdl,
                                                 backend=be))(be)  # noqa: B023 (bound by the outer lambda)
@@ -212,7 +215,7 @@ def _norm(op: str):
             moved, reference = 4 * _nbytes([x]) + _nbytes([w]), (lambda: ref_fn(x0, r0, w, a.eps))
         else:
             fn = getattr(flashinfer, op)
-            w = torch.randn(a.hidden_size, device="cuda").to(dt)
+            w = torch.randn(a.hidden_size, device=DEVICE).to(dt)
             out = torch.empty_like(x)
             fns = {name: (lambda be: lambda: fn(x, w, a.eps, out=out, enable_pdl=a.enable_pdl,
                                                 backend=be))(be)  # noqa: B023 (bound by the outer lambda)
@@ -244,8 +247,8 @@ def _activation(op: str):
         import flashinfer
 
         dt = dtype_of(a.input_dtype)
-        x = torch.randn(a.batch_size, 2 * a.hidden_size, device="cuda").to(dt)
-        out = torch.empty(a.batch_size, a.hidden_size, device="cuda", dtype=dt)
+        x = torch.randn(a.batch_size, 2 * a.hidden_size, device=DEVICE).to(dt)
+        out = torch.empty(a.batch_size, a.hidden_size, device=DEVICE, dtype=dt)
         fn = getattr(flashinfer, op)
         fns, ref = _from_template(
             op, {"input": x}, lambda: fn(x, out=out, enable_pdl=a.enable_pdl),
@@ -264,7 +267,7 @@ def _scale(a, backends) -> Built:
     torch = _torch()
     import flashinfer
 
-    x = torch.randn(a.batch_size, a.hidden_size, device="cuda").to(dtype_of(a.input_dtype))
+    x = torch.randn(a.batch_size, a.hidden_size, device=DEVICE).to(dtype_of(a.input_dtype))
     out = torch.empty_like(x)
     fns, ref = _from_template("scale", {"input": x, "factor": 1.5},
                               lambda: flashinfer.scale(x, 1.5, out=out))
@@ -289,8 +292,8 @@ def _rope(op: str):
 
         dt = dtype_of(a.input_dtype)
         nnz = a.batch_size * a.seq_len
-        q = torch.randn(nnz, a.num_qo_heads, a.head_dim, device="cuda").to(dt)
-        k = torch.randn(nnz, a.num_kv_heads, a.head_dim, device="cuda").to(dt)
+        q = torch.randn(nnz, a.num_qo_heads, a.head_dim, device=DEVICE).to(dt)
+        k = torch.randn(nnz, a.num_kv_heads, a.head_dim, device=DEVICE).to(dt)
         fn = getattr(flashinfer, op)
         common = {"rotary_dim": a.rotary_dim, "interleave": a.interleave,
                   "rope_scale": a.rope_scale, "rope_theta": a.rope_theta}
@@ -299,8 +302,8 @@ def _rope(op: str):
                           old_context_len=a.old_context_len)
         if base == "apply_rope_with_cos_sin_cache":
             rd = a.rotary_dim or a.head_dim
-            pos = torch.randint(0, 4 * a.seq_len, (nnz,), device="cuda")
-            cache = torch.randn(4 * a.seq_len, rd, device="cuda")
+            pos = torch.randint(0, 4 * a.seq_len, (nnz,), device=DEVICE)
+            cache = torch.randn(4 * a.seq_len, rd, device=DEVICE)
             qf, kf = q.reshape(nnz, -1), k.reshape(nnz, -1)
             inputs = {"positions": pos, "query": qf, "key": kf, "head_size": a.head_dim,
                       "cos_sin_cache": cache, "is_neox": not a.interleave}
@@ -308,13 +311,13 @@ def _rope(op: str):
             call_args, call_kwargs = args, {}
             mutated = (qf, kf)
         elif "pos_ids" in base:
-            pos = torch.randint(0, 4 * a.seq_len, (nnz,), device="cuda", dtype=torch.int32)
+            pos = torch.randint(0, 4 * a.seq_len, (nnz,), device=DEVICE, dtype=torch.int32)
             inputs = {"q": q, "k": k, "pos_ids": pos, **common}
             call_args, call_kwargs = (q, k, pos), common
             mutated = (q, k)
         else:
-            indptr = torch.arange(0, nnz + 1, a.seq_len, device="cuda", dtype=torch.int32)
-            offsets = torch.randint(0, a.seq_len, (a.batch_size,), device="cuda",
+            indptr = torch.arange(0, nnz + 1, a.seq_len, device=DEVICE, dtype=torch.int32)
+            offsets = torch.randint(0, a.seq_len, (a.batch_size,), device=DEVICE,
                                     dtype=torch.int32)
             inputs = {"q": q, "k": k, "indptr": indptr, "offsets": offsets, **common}
             call_args, call_kwargs = (q, k, indptr, offsets), common
@@ -364,13 +367,13 @@ def _merge(op: str):
         dt = dtype_of(a.input_dtype)
         L, H, D = a.seq_len, a.num_qo_heads, a.head_dim
         if op == "merge_states":
-            v = torch.randn(L, a.num_states, H, D, device="cuda").to(dt)
-            s = torch.randn(L, a.num_states, H, device="cuda")
+            v = torch.randn(L, a.num_states, H, D, device=DEVICE).to(dt)
+            s = torch.randn(L, a.num_states, H, device=DEVICE)
             inputs, call = {"v": v, "s": s}, (lambda: flashinfer.merge_states(v, s))
             moved = _nbytes([v, s]) + L * H * (D * v.element_size() + 4)
         else:
-            va, vb = (torch.randn(L, H, D, device="cuda").to(dt) for _ in range(2))
-            sa, sb = (torch.randn(L, H, device="cuda") for _ in range(2))
+            va, vb = (torch.randn(L, H, D, device=DEVICE).to(dt) for _ in range(2))
+            sa, sb = (torch.randn(L, H, device=DEVICE) for _ in range(2))
             moved = _nbytes([va, sa, vb, sb]) + _nbytes([va, sa])
             if op == "merge_state":
                 inputs = {"v_a": va, "s_a": sa, "v_b": vb, "s_b": sb}
@@ -402,9 +405,10 @@ for _op in ("merge_state", "merge_state_in_place", "merge_states"):
     _register(_op, "cascade", [_op], PLAIN_BACKENDS, ["cuda"], _merge(_op))
 
 
-def _page_table(a, kv_lens, device="cuda"):
+def _page_table(a, kv_lens, device=None):
     """indptr, shuffled page ids, last-page lengths of requests with ``kv_lens`` tokens."""
     torch = _torch()
+    device = device or DEVICE
     pages = [max(1, math.ceil(n / a.page_size)) for n in kv_lens]
     indptr = torch.tensor([0] + list(_cumsum(pages)), dtype=torch.int32, device=device)
     total = int(indptr[-1])
@@ -430,13 +434,13 @@ def _append(a, backends) -> Built:
     indptr, indices, last, total = _page_table(a, kv_lens)
     append = min(a.s_qo, a.s_kv)
     cache = torch.randn(total, 2, a.page_size, a.num_kv_heads, a.head_dim_qk,
-                        device="cuda").to(dt)
+                        device=DEVICE).to(dt)
     nnz = append * a.batch_size
-    k = torch.randn(nnz, a.num_kv_heads, a.head_dim_qk, device="cuda").to(dt)
+    k = torch.randn(nnz, a.num_kv_heads, a.head_dim_qk, device=DEVICE).to(dt)
     v = torch.randn_like(k)
-    append_indptr = torch.arange(0, nnz + 1, append, dtype=torch.int32, device="cuda")
-    seq_lens = flashinfer.get_seq_lens(indptr, last, a.page_size)
-    batch, pos = flashinfer.get_batch_indices_positions(append_indptr, seq_lens, nnz)
+    append_indptr = torch.arange(0, nnz + 1, append, dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.full((a.batch_size,), a.s_kv, dtype=torch.int32, device=DEVICE)
+    batch, pos = _template_ref("get_batch_indices_positions")(append_indptr, seq_lens, nnz)
     call = lambda: flashinfer.append_paged_kv_cache(  # noqa: E731
         k, v, batch, pos, cache, indices, indptr, last)
     ref_fn = _template_ref("append_paged_kv_cache")
@@ -467,8 +471,8 @@ def _batch_positions(a, backends) -> Built:
 
     append = max(1, a.s_qo)
     nnz = append * a.batch_size
-    append_indptr = torch.arange(0, nnz + 1, append, dtype=torch.int32, device="cuda")
-    seq_lens = torch.full((a.batch_size,), a.s_kv, dtype=torch.int32, device="cuda")
+    append_indptr = torch.arange(0, nnz + 1, append, dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.full((a.batch_size,), a.s_kv, dtype=torch.int32, device=DEVICE)
     fns, ref = _from_template(
         "get_batch_indices_positions",
         {"append_indptr": append_indptr, "seq_lens": seq_lens, "nnz": nnz},
@@ -506,12 +510,12 @@ def _packbits(op: str):
         import flashinfer
 
         n = a.batch_size * a.hidden_size
-        x = torch.rand(n, device="cuda") < 0.5
+        x = torch.rand(n, device=DEVICE) < 0.5
         if op == "packbits":
             inputs = {"x": x}
             call = lambda: flashinfer.packbits(x)  # noqa: E731
         else:
-            seg = torch.arange(0, n + 1, a.hidden_size, dtype=torch.int32, device="cuda")
+            seg = torch.arange(0, n + 1, a.hidden_size, dtype=torch.int32, device=DEVICE)
             inputs = {"x": x, "indptr": seg}
             call = lambda: flashinfer.segment_packbits(x, seg)  # noqa: E731
         fns, ref = _from_template(op, inputs, call)
@@ -576,7 +580,7 @@ def _paged_cache(a, kv_lens, dt):
     torch = _torch()
     indptr, indices, last, total = _page_table(a, kv_lens)
     cache = torch.randn(total, 2, a.page_size, a.num_kv_heads, a.head_dim_qk,
-                        device="cuda").to(dt)
+                        device=DEVICE).to(dt)
     return indptr, indices, last, cache
 
 
@@ -598,7 +602,7 @@ def _attention_flops(a, qo_lens, kv_lens, causal, dqk, dvo) -> float:
 
 def _ws():
     torch = _torch()
-    return torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    return torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
 
 
 def _batch_attention(kind: str):
@@ -611,17 +615,20 @@ def _batch_attention(kind: str):
         qo_lens = [1] * a.batch_size if kind == "decode" else \
             [min(a.s_qo, n) if a.random_actual_seq_len else a.s_qo for n in kv_lens]
         dqk, dvo = a.head_dim_qk, a.head_dim_vo or a.head_dim_qk
+        if kind != "ragged" and dvo != dqk:
+            raise ValueError(f"--head_dim_vo {dvo}: a paged cache holds one head dim "
+                             f"(--head_dim_qk {dqk}); use the ragged routine for MLA shapes")
         causal = a.causal and kind != "decode"
         total_q = sum(qo_lens)
-        q = torch.randn(total_q, a.num_qo_heads, dqk, device="cuda").to(qdt)
-        qo_indptr = torch.tensor([0] + list(_cumsum(qo_lens)), dtype=torch.int32, device="cuda")
+        q = torch.randn(total_q, a.num_qo_heads, dqk, device=DEVICE).to(qdt)
+        qo_indptr = torch.tensor([0] + list(_cumsum(qo_lens)), dtype=torch.int32, device=DEVICE)
         fns: Dict[str, Callable[[], Any]] = {}
         attend = _attend_ref()
         if kind == "ragged":
             kv_indptr = torch.tensor([0] + list(_cumsum(kv_lens)), dtype=torch.int32,
-                                     device="cuda")
-            k = torch.randn(sum(kv_lens), a.num_kv_heads, dqk, device="cuda").to(kvdt)
-            v = torch.randn(sum(kv_lens), a.num_kv_heads, dvo, device="cuda").to(kvdt)
+                                     device=DEVICE)
+            k = torch.randn(sum(kv_lens), a.num_kv_heads, dqk, device=DEVICE).to(kvdt)
+            v = torch.randn(sum(kv_lens), a.num_kv_heads, dvo, device=DEVICE).to(kvdt)
             per_req = [(k[int(kv_indptr[b]):int(kv_indptr[b + 1])],
                         v[int(kv_indptr[b]):int(kv_indptr[b + 1])]) for b in range(a.batch_size)]
             for backend in ("fa2", "fa3", "auto", "cuda"):
@@ -707,9 +714,9 @@ def _single(kind: str):
         dqk, dvo = a.head_dim_qk, a.head_dim_vo or a.head_dim_qk
         qo = 1 if kind == "decode" else a.s_qo
         causal = a.causal and kind != "decode"
-        q = torch.randn(qo, a.num_qo_heads, dqk, device="cuda").to(qdt)
-        k = torch.randn(a.s_kv, a.num_kv_heads, dqk, device="cuda").to(kvdt)
-        v = torch.randn(a.s_kv, a.num_kv_heads, dvo, device="cuda").to(kvdt)
+        q = torch.randn(qo, a.num_qo_heads, dqk, device=DEVICE).to(qdt)
+        k = torch.randn(a.s_kv, a.num_kv_heads, dqk, device=DEVICE).to(kvdt)
+        v = torch.randn(a.s_kv, a.num_kv_heads, dvo, device=DEVICE).to(kvdt)
         fns: Dict[str, Callable[[], Any]] = {}
         for backend in ("fa2", "fa3", "auto", "cuda"):
             if backend not in backends:
@@ -767,17 +774,17 @@ def _sampling(op: str):
         torch = _torch()
         import importlib
 
-        sampling = importlib.import_module("flashinfer.sampling")
-        fn = getattr(sampling, op)
+        ours = any(b != "torch" for b in backends)
+        fn = getattr(importlib.import_module("flashinfer.sampling"), op) if ours else None
         ref_fn = _template_ref(op)
         B, V = a.batch_size, a.vocab_size
-        logits = (torch.randn(B, V, device="cuda") * 3).to(dtype_of(a.input_dtype))
+        logits = (torch.randn(B, V, device=DEVICE) * 3).to(dtype_of(a.input_dtype))
         probs = torch.softmax(logits.float(), -1)
         if op == "chain_speculative_sampling":
             n = a.num_speculate_tokens
-            draft = torch.softmax(torch.randn(B, n, V, device="cuda"), -1)
-            target = torch.softmax(torch.randn(B, n + 1, V, device="cuda"), -1)
-            ids = torch.randint(0, V, (B, n), device="cuda", dtype=torch.int32)
+            draft = torch.softmax(torch.randn(B, n, V, device=DEVICE), -1)
+            target = torch.softmax(torch.randn(B, n + 1, V, device=DEVICE), -1)
+            ids = torch.randint(0, V, (B, n), device=DEVICE, dtype=torch.int32)
             call = lambda: fn(draft, ids, target)  # noqa: E731
 
             def check(out, _ref):
@@ -839,14 +846,14 @@ def _topk(op: str):
         torch = _torch()
         import importlib
 
-        topk = importlib.import_module("flashinfer.topk")
-        fn = getattr(topk, op)
+        ours = any(b != "torch" for b in backends)
+        fn = getattr(importlib.import_module("flashinfer.topk"), op) if ours else None
         rows = a.num_rows or a.batch_size
         if op != "top_k":
             raise NotImplementedError(
                 f"{op}: the routine needs the page-table / ragged arguments of flashinfer.topk, "
                 "which this branch predates; time top_k instead")
-        x = torch.randn(rows, a.vocab_size, device="cuda").to(dtype_of(a.input_dtype))
+        x = torch.randn(rows, a.vocab_size, device=DEVICE).to(dtype_of(a.input_dtype))
         call = lambda: fn(x, a.top_k, sorted=True)  # noqa: E731
 
         def check(out, _ref):

@@ -114,3 +114,48 @@ def test_listing_and_plan_only_need_no_gpu(tmp_path):
                           str(ROOT / "benchmarks" / "testlists" / "all_routines.txt"),
                           "--plan_only"], capture_output=True, text=True, env=env, check=True)
     assert len(out.stdout.splitlines()) == len(routines.ROUTINES) + 3
+
+
+SMALL = ("--batch_size 3 --s_qo 8 --s_kv 40 --num_qo_heads 4 --num_kv_heads 2 --head_dim_qk 64 "
+         "--page_size 16 --hidden_size 64 --seq_len 8 --head_dim 64 --vocab_size 300 --top_k 10 "
+         "--num_speculate_tokens 3 --input_dtype float32 --num_states 3")
+
+
+@pytest.mark.parametrize("name", sorted(routines.ROUTINES))
+def test_torch_baseline_passes_the_refcheck_on_cpu(name, monkeypatch):
+    """Each routine's inputs, PyTorch baseline, reference and check, built on CPU (ours needs
+    the GPU): the baseline must pass the refcheck the GPU run applies to ours."""
+    monkeypatch.setattr(routines, "DEVICE", "cpu")
+    extra = " --causal --s_qo 40" if "Prefill" in name or "prefill" in name else ""
+    args = fb.parse_case(shlex.split(f"--routine {name} {SMALL}{extra}"))
+    if "torch" not in routines.ROUTINES[name].backends:
+        pytest.skip(f"{name} has no PyTorch baseline")
+    if name in ("top_k_page_table_transform", "top_k_ragged_transform"):
+        with pytest.raises(NotImplementedError):
+            routines.ROUTINES[name].build(args, ["torch"])
+        return
+    built = routines.ROUTINES[name].build(args, ["torch"])
+    assert built.bytes > 0 and built.ceiling in ("copy", "read", "matmul")
+    out = built.fns["torch"]()
+    ok, err, note = built.check(out, built.reference())
+    assert ok, (name, err, note)
+
+
+def test_rows_become_a_valid_results_record():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_schema", ROOT / "benchmarks" / "schema.py")
+    schema = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(schema)
+    args = fb.parse_case(["--routine", "BatchDecodeWithPagedKVCacheWrapper", "--case_tag", "x"])
+    row = fb._row(args, "fa2", repro="python3 benchmarks/flashinfer_benchmark.py --routine r")
+    row.update(median_time_ms=0.05, p10_time_ms=0.049, p90_time_ms=0.052, timing="cuda graph",
+               bytes=150_000_000, flops=2e9, ceiling="read", shape="b=32", dtype="bf16",
+               copy_GBps=3000.0, read_GBps=3300.0, bf16_matmul_TFLOPs=700.0, refcheck="pass")
+    (case,) = fb.record_cases([row, fb._row(args, "cudnn", note="skipped")])
+    assert case["ceiling"] == "read" and case["pct_of_read"] == round(100 * 3000 / 3300, 1)
+    assert case["group"] == "attention" and case["extra"]["refcheck"] == "pass"
+    rec = schema.record("benchmark", "cli-routines", {"name": "cpu"}, commit="abc1234",
+                        ceilings={"copy_GBps": 3000.0, "read_GBps": 3300.0,
+                                  "bf16_matmul_TFLOPs": 700.0}, cases=[case])
+    assert schema.validate(rec) == []
