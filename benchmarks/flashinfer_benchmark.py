@@ -206,7 +206,6 @@ def run_case(args: argparse.Namespace, cupti: Optional[bool] = None) -> List[Dic
     """Time every backend of one case; one CSV row per backend."""
     import torch
 
-    import harness
     from flashinfer.testing import set_seed
 
     routine = routines.ROUTINES[args.routine]
@@ -242,7 +241,7 @@ def run_case(args: argparse.Namespace, cupti: Optional[bool] = None) -> List[Dic
             continue
         fn = built.fns[backend]
         refcheck, err, note = "", "", ""
-        if args.refcheck and reference is not None:
+        if args.refcheck:
             check_fn = getattr(built, "check_fns", {}).get(backend, fn)
             try:
                 ok, worst, note = built.check(check_fn(), reference)
@@ -256,20 +255,37 @@ def run_case(args: argparse.Namespace, cupti: Optional[bool] = None) -> List[Dic
                     raise SystemExit(f"{args.routine}/{backend}: refcheck failed "
                                      "(--allow_output_mismatch to continue)")
         try:
-            times = harness.time_ms(fn, num_iters=args.num_iters,
-                                    dry_run_iters=args.dry_run_iters,
-                                    use_cuda_graph=not args.no_cuda_graph, use_cupti=cupti)
-            timing = "cupti" if cupti else ("cuda graph replay" if not args.no_cuda_graph
-                                            else "cuda events")
-        except Exception as e:  # not capturable: time it eagerly
-            times = harness.time_ms(fn, num_iters=args.num_iters,
-                                    dry_run_iters=args.dry_run_iters, use_cuda_graph=False,
-                                    use_cupti=False)
-            timing = f"cuda events (graph failed: {type(e).__name__})"
+            times, timing = _time(args, fn, cupti)
+        except Exception as e:  # e.g. a backend whose kernel cannot load here
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            print(f"[ERROR] {backend} for {args.routine} failed: {why}", flush=True)
+            rows.append(_row(args, backend, note=f"{note} {why}".strip(), repro=repro,
+                             built=built))
+            continue
         rows.append(_timed_row(args, backend, times, timing, built, ceil, refcheck, err, note,
                                repro))
         torch.cuda.empty_cache()
     return rows
+
+
+def _time(args, fn, cupti: bool):
+    """(per-call ms, how): CUPTI where asked and installed, else a CUDA graph of one call per
+    replay, else (--no_cuda_graph, or a call that cannot be captured) CUDA events."""
+    import harness
+
+    kw = dict(num_iters=args.num_iters, dry_run_iters=args.dry_run_iters)
+    if cupti:
+        return harness.time_ms(fn, use_cuda_graph=False, use_cupti=True, **kw), "cupti"
+    if not args.no_cuda_graph:
+        try:
+            return harness.time_ms(fn, use_cuda_graph=True, **kw), "cuda graph replay"
+        except Exception as e:  # not capturable: time it eagerly
+            import torch
+
+            torch.cuda.synchronize()
+            how = f"cuda events (graph capture failed: {type(e).__name__})"
+            return harness.time_ms(fn, use_cuda_graph=False, **kw), how
+    return harness.time_ms(fn, use_cuda_graph=False, **kw), "cuda events"
 
 
 def _row(args, backend, note="", repro="", built=None) -> Dict[str, Any]:

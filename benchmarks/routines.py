@@ -211,7 +211,7 @@ def _norm(op: str):
                 return run
 
             check_fns = {"cuda": restored("auto"), "auto": restored("auto"),
-                         "cubin": restored("cubin")}
+                         "cubin": restored("cubin"), "torch": lambda: ref_fn(x0, r0, w, a.eps)}
             moved, reference = 4 * _nbytes([x]) + _nbytes([w]), (lambda: ref_fn(x0, r0, w, a.eps))
         else:
             fn = getattr(flashinfer, op)
@@ -335,7 +335,8 @@ def _rope(op: str):
 
             timed = lambda: fn(*call_args, **call_kwargs)  # noqa: E731
             fns = {"cuda": timed, "auto": timed, "torch": lambda: ref_fn(**inputs)}
-            check_fns = {"cuda": ours, "auto": ours}
+            pristine = {key: (v.clone() if hasattr(v, "clone") else v) for key, v in inputs.items()}
+            check_fns = {"cuda": ours, "auto": ours, "torch": lambda: ref_fn(**pristine)}
         else:
             call = lambda: fn(*call_args, **call_kwargs)  # noqa: E731
             fns = {"cuda": call, "auto": call, "torch": lambda: ref_fn(**inputs)}

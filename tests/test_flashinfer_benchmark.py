@@ -2,6 +2,7 @@
 the routine registry's coverage of every public op, listing without a GPU."""
 
 import csv
+import json
 import shlex
 import subprocess
 import sys
@@ -159,3 +160,34 @@ def test_rows_become_a_valid_results_record():
                         ceilings={"copy_GBps": 3000.0, "read_GBps": 3300.0,
                                   "bf16_matmul_TFLOPs": 700.0}, cases=[case])
     assert schema.validate(rec) == []
+
+
+def test_run_case_plumbing_on_cpu(tmp_path, monkeypatch):
+    """run_case end to end with the timer and ceilings stubbed (no GPU): refcheck, rows, CSV,
+    skipped backends, and the results record."""
+    import torch
+
+    monkeypatch.setattr(routines, "DEVICE", "cpu")
+    monkeypatch.setattr(fb, "_time", lambda args, fn, cupti: ([0.1, 0.2, 0.3], "stub"))
+    monkeypatch.setitem(fb._CEILINGS, "copy_GBps", 3000.0)
+    monkeypatch.setitem(fb._CEILINGS, "read_GBps", 3300.0)
+    monkeypatch.setitem(fb._CEILINGS, "bf16_matmul_TFLOPs", 700.0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stub")
+    rows = []
+    for line in ("--routine fused_add_rmsnorm --backends torch --batch_size 4 --hidden_size 64 "
+                 "--refcheck --generate_repro_command --case_tag t",
+                 "--routine single_prefill_with_kv_cache --backends torch --s_qo 8 --s_kv 16 "
+                 "--num_qo_heads 4 --num_kv_heads 2 --head_dim_qk 64 --causal --refcheck"):
+        rows += fb.run_case(fb.parse_case(shlex.split(line)), cupti=False)
+    assert [r["refcheck"] for r in rows] == ["pass", ""]
+    assert rows[0]["median_time_ms"] == 0.2 and rows[0]["ceiling"] == "copy"
+    assert rows[0]["repro_command"].startswith("python3 benchmarks/flashinfer_benchmark.py")
+    assert "top-left" in rows[1]["note"]  # causal SDPA with s_qo != s_kv is not comparable
+    fb.write_csv(tmp_path / "o.csv", rows)
+    assert len((tmp_path / "o.csv").read_text().splitlines()) == 3
+    import harness
+
+    monkeypatch.setattr(harness, "device_info", lambda: {"name": "cpu"})
+    fb.write_record(tmp_path / "2026-01-01-cpu-abc1234-cli.json", rows, "abc1234")
+    record = json.loads((tmp_path / "2026-01-01-cpu-abc1234-cli.json").read_text())
+    assert record["topic"] == "cli" and len(record["cases"]) == 1
