@@ -167,3 +167,26 @@ def test_every_dump_knob_is_declared():
     for suffix in ("DIR", "MAX_SIZE_GB", "MAX_COUNT", "INCLUDE", "EXCLUDE", "SAFETENSORS"):
         assert f"FLASHINFER_DUMP_{suffix}" in names
     assert {"FLASHINFER_TRACE_DUMP", "FLASHINFER_TRACE_DUMP_DIR"} <= names
+
+
+def fake_tuple_write(pair, value):
+    pair[0].fill_(value)
+    pair[1].fill_(-value)
+
+
+fi_trace._explicit["fake_tuple_write"] = TraceTemplate(
+    op_type="fake", name_prefix="fake_tuple_write", description="writes a (k, v) pair",
+    axes={"n": Var()}, inputs={}, outputs={}, mutates=("pair",))
+
+
+def test_a_tuple_argument_written_in_place_is_dumped_and_replayed(level10):
+    op = _decorated(fake_tuple_write)
+    k, v = torch.zeros(3), torch.zeros(3)
+    op((k, v), 2.0)
+    (folder,) = list(level10.iterdir())
+    outputs = torch.load(folder / "outputs.pt")
+    assert set(outputs) == {"arg:pair.0", "arg:pair.1"}
+    assert torch.equal(outputs["arg:pair.1"], torch.full((3,), -2.0))
+    assert torch.equal(torch.load(folder / "inputs.pt")["pair.0"], torch.zeros(3))
+    (result,) = api_dump.replay_dir(level10)
+    assert result.status == "match" and "2 output(s)" in result.detail

@@ -198,6 +198,8 @@ def begin(qualname: str, module: str, named: Dict[str, Any]) -> Optional[_Pendin
             return None
         tensors: Dict[str, torch.Tensor] = {}
         arguments = {k: _encode(k, v, tensors) for k, v in named.items()}
+        if not _room_for(_nbytes(tensors)):  # before cloning anything
+            return None
         deferred = _capturing()
         if not deferred:  # an in-place op changes its inputs: keep them as they were
             tensors = {k: v.detach().clone() for k, v in tensors.items()}
@@ -216,9 +218,8 @@ def end(pending: Optional[_Pending], result: Any, named: Dict[str, Any],
         outputs: Dict[str, torch.Tensor] = {}
         pending.result = _encode("result", result, outputs)
         for param in _inplace_params(pending.qualname):
-            value = named.get(param)
-            if isinstance(value, torch.Tensor):
-                outputs[f"arg:{param}"] = value
+            if param in named:
+                _encode(f"arg:{param}", named[param], outputs)
         pending.status = "ok" if error is None else f"raised {type(error).__name__}: {error}"
         if pending.deferred:
             pending.outputs = outputs
@@ -247,23 +248,35 @@ def _inplace_params(qualname: str) -> List[str]:
     from .fi_trace import template_for
 
     template = template_for(qualname)
-    if template is None:
-        return []
-    return [o.source[4:] for o in template.outputs.values() if o.source.startswith("arg:")]
+    return template.mutated_params() if template is not None else []
+
+
+def _argument(named: Dict[str, Any], key: str) -> Any:
+    """``arg:<param>`` or ``arg:<param>.<i>`` (an item of a tuple argument) after a call."""
+    param, _, index = key[4:].partition(".")
+    value = named.get(param)
+    return value[int(index)] if index and isinstance(value, (list, tuple)) else value
+
+
+def _room_for(size: int) -> bool:
+    """Whether one more dump of ``size`` bytes stays within MAX_COUNT and MAX_SIZE_GB; the
+    first refusal stops dumping, with one warning."""
+    if _state.stopped:
+        return False
+    if _state.count + 1 > knobs.dump.max_count:
+        _stop(f"FLASHINFER_DUMP_MAX_COUNT={knobs.dump.max_count} calls reached")
+        return False
+    if _state.bytes + size > float(knobs.dump.max_size_gb) * 1e9:
+        _stop(f"FLASHINFER_DUMP_MAX_SIZE_GB={knobs.dump.max_size_gb} would be passed "
+              f"({_state.bytes + size} bytes)")
+        return False
+    return True
 
 
 def _write(p: _Pending) -> None:
     size = _nbytes(p.inputs) + _nbytes(p.outputs or {})
     with _state.lock:
-        if _state.stopped:
-            return
-        limit = float(knobs.dump.max_size_gb) * 1e9
-        if _state.count + 1 > knobs.dump.max_count:
-            _stop(f"FLASHINFER_DUMP_MAX_COUNT={knobs.dump.max_count} calls reached")
-            return
-        if _state.bytes + size > limit:
-            _stop(f"FLASHINFER_DUMP_MAX_SIZE_GB={knobs.dump.max_size_gb} would be passed "
-                  f"({_state.bytes + size} bytes)")
+        if not _room_for(size):
             return
         root = Path(knobs.dump.dir)
         root.mkdir(parents=True, exist_ok=True)
@@ -283,9 +296,16 @@ def _write(p: _Pending) -> None:
     (folder / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
+_warned: set = set()
+
+
 def _warn_error(e: Exception) -> None:
-    warnings.warn(f"FlashInfer level-10 dump failed: {type(e).__name__}: {e}", RuntimeWarning,
-                  stacklevel=4)
+    """One warning per kind of failure (a bad knob would otherwise warn at every call)."""
+    key = (type(e).__name__, str(e)[:100])
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"FlashInfer level-10 dump failed: {type(e).__name__}: {e}",
+                      RuntimeWarning, stacklevel=4)
 
 
 def reset() -> None:
@@ -295,6 +315,7 @@ def reset() -> None:
         _state.bytes = 0
         _state.stopped = None
         _state.pending = []
+    _warned.clear()
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,7 +401,7 @@ def replay_call(folder: Path, device: Optional[str] = None, rtol: float = 1e-2,
     _encode("result", result, got_result)
     for key, expected in want.items():
         if key.startswith("arg:"):
-            got = named.get(key[4:])
+            got = _argument(named, key)
         else:
             got = got_result.get(key)
         problem = _compare(key, got, expected, exact, rtol, atol)

@@ -93,6 +93,12 @@ class TraceTemplate:
     deterministic: bool = True  # outputs are reproducible bit for bit (replay compares exactly)
     example: Optional[Callable[[str], Tuple[tuple, dict]]] = None  # (args, kwargs) on a device
     extra_inputs: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None  # bound -> values
+    mutates: Tuple[str, ...] = ()  # parameters written in place beyond the "arg:" outputs
+
+    def mutated_params(self) -> List[str]:
+        """The op's parameters it writes in place (level-10 dumps save them after the call)."""
+        params = [o.source[4:] for o in self.outputs.values() if o.source.startswith("arg:")]
+        return params + [p for p in self.mutates if p not in params]
 
     def reference_fn(self) -> Optional[Callable[..., Any]]:
         """The reference's ``run``, compiled from its source (None without a reference)."""

@@ -426,7 +426,8 @@ _add("append_paged_kv_cache", TraceTemplate(
                                    "=k_cache", source="extra:k_cache"),
              "v_cache_out": Tensor(["num_pages", "page_size", "num_kv_heads", "head_dim"],
                                    "=v_cache", source="extra:v_cache")},
-    extra_inputs=_nhd_cache, abbrev={"page_size": "ps", "num_kv_heads": "kv", "head_dim": "d"},
+    extra_inputs=_nhd_cache, mutates=("paged_kv_cache",),
+    abbrev={"page_size": "ps", "num_kv_heads": "kv", "head_dim": "d"},
     reference='''import torch
 
 def run(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices,
