@@ -54,10 +54,11 @@ for fmt in pt safetensors; do
   FLASHINFER_LOGLEVEL=10 FLASHINFER_LOGDEST=$OUT/level10-$fmt.log FLASHINFER_DUMP_DIR=$dir \
     FLASHINFER_DUMP_SAFETENSORS=$st python3 tools/tooling_workload.py > $OUT/workload-$fmt.log 2>&1 || status=1
   tail -3 $OUT/workload-$fmt.log
-  echo "dumped calls ($fmt): $(ls $dir | wc -l), $(du -sh $dir | cut -f1)"
   python3 -m flashinfer replay --dir $dir > $OUT/replay-$fmt.log 2>&1 || status=1
   tail -4 $OUT/replay-$fmt.log
-  cp $dir/000001_*/metadata.json $OUT/dump-metadata-example-$fmt.json 2>/dev/null
+  cp "$(ls -d $dir/*/ | head -1)metadata.json" $OUT/dump-metadata-example-$fmt.json 2>/dev/null
+  cp $dir/session.jsonl $OUT/dump-session-$fmt.jsonl 2>/dev/null
+  echo "dumped calls ($fmt): $(ls -d $dir/*/ | wc -l), $(du -sh $dir | cut -f1)"
 done
 
 echo "== 4. trace dump of the workload"

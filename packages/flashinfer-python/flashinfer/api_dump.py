@@ -3,13 +3,14 @@
 At ``FLASHINFER_LOGLEVEL=10`` every ``@flashinfer_api`` call also writes, to
 ``FLASHINFER_DUMP_DIR`` (default ``./flashinfer_dumps``), one folder per call::
 
-    <dir>/000001_rmsnorm_pid1234/
+    <dir>/20261126T023912123456_pid1234_rmsnorm_call0001/
         metadata.json      what was called: module, qualname, each argument (tensors by
                            shape/dtype/stride/device, other values as JSON), status
         inputs.pt          the tensor arguments before the call (cloned: in-place ops
                            change them), by parameter name (``name.0`` for list items)
         outputs.pt         after the call: the result, and the arguments the op writes
                            in place (its trace template says which)
+    <dir>/session.jsonl    one line per dumped call (folder, API, status, bytes)
 
 ``FLASHINFER_DUMP_SAFETENSORS=1`` writes ``.safetensors`` instead of ``.pt`` (safetensors
 stores contiguous tensors only: strides are kept in metadata.json, the replay restores them).
@@ -30,6 +31,7 @@ outputs with the dumped ones: bit for bit for deterministic ops, with a toleranc
 
 from __future__ import annotations
 
+import datetime
 import fnmatch
 import importlib
 import json
@@ -285,7 +287,8 @@ def _write(p: _Pending) -> None:
             return
         _state.count += 1
         _state.bytes += size
-        folder = root / f"{_state.count:06d}_{p.qualname}_pid{os.getpid()}"
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        folder = root / f"{stamp}_pid{os.getpid()}_{p.qualname}_call{_state.count:04d}"
     folder.mkdir(parents=True, exist_ok=True)
     use_st = bool(knobs.dump.safetensors)
     _save(p.inputs, folder / "inputs", use_st)
@@ -294,6 +297,9 @@ def _write(p: _Pending) -> None:
             "result": p.result, "status": p.status, "deferred": p.deferred,
             "format": "safetensors" if use_st else "pt", "bytes": size}
     (folder / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+    with open(root / "session.jsonl", "a") as f:  # one line per call: a quick overview
+        f.write(json.dumps({"folder": folder.name, "api": f"{p.module}.{p.qualname}",
+                            "status": p.status, "bytes": size}) + "\n")
 
 
 _warned: set = set()
