@@ -39,6 +39,7 @@ class Built:
     shape: str = ""
     dtype: str = ""
     skipped: Dict[str, str] = field(default_factory=dict)  # backend -> why it cannot run
+    no_graph: Tuple[str, ...] = ()  # backends timed without CUDA graphs (their calls sync)
 
 
 @dataclass(frozen=True)
@@ -343,7 +344,9 @@ def _rope(op: str):
             check_fns = {}
         built = Built(fns, lambda: ref_fn(**fresh), close_check(), bytes=2 * _nbytes(mutated),
                       ceiling="copy", shape=f"nnz={nnz} h={a.num_qo_heads} kv={a.num_kv_heads} "
-                      f"d={a.head_dim}", dtype=a.input_dtype)
+                      f"d={a.head_dim}", dtype=a.input_dtype,
+                      # the reference's repeat_interleave over indptr syncs: no graph
+                      no_graph=("torch",) if "indptr" in inputs else ())
         built.check_fns = check_fns  # type: ignore[attr-defined]
         return built
 
@@ -479,7 +482,7 @@ def _batch_positions(a, backends) -> Built:
         {"append_indptr": append_indptr, "seq_lens": seq_lens, "nnz": nnz},
         lambda: flashinfer.get_batch_indices_positions(append_indptr, seq_lens, nnz))
     return Built(fns, ref, close_check((0, 0)), bytes=8 * nnz, ceiling="copy",
-                 shape=f"b={a.batch_size} nnz={nnz}", dtype="int32")
+                 shape=f"b={a.batch_size} nnz={nnz}", dtype="int32", no_graph=("torch",))
 
 
 _register("get_batch_indices_positions", "page", ["get_batch_indices_positions"], PLAIN_BACKENDS,
@@ -521,7 +524,7 @@ def _packbits(op: str):
             call = lambda: flashinfer.segment_packbits(x, seg)  # noqa: E731
         fns, ref = _from_template(op, inputs, call)
         return Built(fns, ref, close_check((0, 0)), bytes=n + n // 8, shape=f"n={n}",
-                     dtype="bool")
+                     dtype="bool", no_graph=("torch",) if op == "segment_packbits" else ())
 
     return build
 
@@ -797,7 +800,7 @@ def _sampling(op: str):
             return Built({"cuda": call, "auto": call,
                           "torch": lambda: ref_fn(draft, ids, target)},
                          lambda: None, check, bytes=_nbytes([draft, target, ids]),
-                         shape=f"b={B} n={n} v={V}", dtype="float32")
+                         shape=f"b={B} n={n} v={V}", dtype="float32", no_graph=("torch",))
         params = {"top_p": a.top_p, "top_k": a.top_k, "min_p": a.min_p}
         from flashinfer.trace_templates import TEMPLATES
 
@@ -830,7 +833,8 @@ def _sampling(op: str):
                 [masks[k]() for k in names] or [p > 0]).all(0)
             check = sample_check(support)
         return Built({"cuda": call, "auto": call, "torch": ref}, ref, check,
-                     bytes=_nbytes([first]), shape=f"b={B} v={V}", dtype=a.input_dtype)
+                     bytes=_nbytes([first]), shape=f"b={B} v={V}", dtype=a.input_dtype,
+                     no_graph=("torch",))
 
     return build
 

@@ -168,7 +168,7 @@ def test_run_case_plumbing_on_cpu(tmp_path, monkeypatch):
     import torch
 
     monkeypatch.setattr(routines, "DEVICE", "cpu")
-    monkeypatch.setattr(fb, "_time", lambda args, fn, cupti: ([0.1, 0.2, 0.3], "stub"))
+    monkeypatch.setattr(fb, "_time", lambda args, fn, cupti, graph=True: ([0.1, 0.2, 0.3], "stub"))
     monkeypatch.setitem(fb._CEILINGS, "copy_GBps", 3000.0)
     monkeypatch.setitem(fb._CEILINGS, "read_GBps", 3300.0)
     monkeypatch.setitem(fb._CEILINGS, "bf16_matmul_TFLOPs", 700.0)
