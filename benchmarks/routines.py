@@ -854,24 +854,36 @@ def _topk(op: str):
         ours = any(b != "torch" for b in backends)
         fn = getattr(importlib.import_module("flashinfer.topk"), op) if ours else None
         rows = a.num_rows or a.batch_size
-        if op != "top_k":
-            raise NotImplementedError(
-                f"{op}: the routine needs the page-table / ragged arguments of flashinfer.topk, "
-                "which this branch predates; time top_k instead")
-        x = torch.randn(rows, a.vocab_size, device=DEVICE).to(dtype_of(a.input_dtype))
-        call = lambda: fn(x, a.top_k, sorted=True)  # noqa: E731
+        width = a.vocab_size if op == "top_k" else a.max_len
+        x = torch.randn(rows, width, device=DEVICE).to(dtype_of(a.input_dtype))
+        ref_fn = _template_ref(op)
+        if op == "top_k":
+            args: tuple = (x, a.top_k)
+            call = lambda: fn(x, a.top_k, sorted=True)  # noqa: E731
 
-        def check(out, _ref):
-            values, indices = out
-            ref_vals = torch.topk(x.float(), a.top_k, -1).values
-            ok = torch.allclose(values.float(), ref_vals, rtol=1e-3, atol=1e-3) and bool(
-                torch.equal(x.gather(1, indices.long()).float(), values.float()))
-            return ok, 0.0, ""
+            def check(out, ref):
+                values, indices = out
+                ok = torch.allclose(values.float(), ref[0].float(), rtol=1e-3, atol=1e-3) and \
+                    bool(torch.equal(x.gather(1, indices.long()).float(), values.float()))
+                return ok, 0.0, "" if ok else "values or indices differ from torch.topk's"
+        else:
+            lengths = torch.full((rows,), width, dtype=torch.int32, device=DEVICE)
+            if op == "top_k_page_table_transform":
+                other = torch.randperm(rows * width, device=DEVICE).view(rows, width).to(
+                    torch.int32)
+            else:
+                other = torch.arange(rows, dtype=torch.int32, device=DEVICE) * width
+            args = (x, other, lengths, a.top_k)
+            call = lambda: fn(*args)  # noqa: E731
 
-        return Built({"cuda": call, "auto": call,
-                      "torch": lambda: torch.topk(x, a.top_k, -1)}, lambda: None, check,
-                     bytes=_nbytes([x]), shape=f"rows={rows} v={a.vocab_size} k={a.top_k}",
-                     dtype=a.input_dtype)
+            def check(out, ref):  # a set per row: compare sorted
+                ok = out.shape == ref.shape and bool(torch.equal(
+                    out.long().sort(-1).values, ref.long().sort(-1).values))
+                return ok, 0.0, "" if ok else "selected sets differ"
+        return Built({"cuda": call, "auto": call, "torch": lambda: ref_fn(*args)},
+                     lambda: ref_fn(*args), check, bytes=_nbytes([x]),
+                     shape=f"rows={rows} len={width} k={a.top_k}", dtype=a.input_dtype,
+                     no_graph=("torch",) if op != "top_k" else ())
 
     return build
 

@@ -94,6 +94,7 @@ class TraceTemplate:
     example: Optional[Callable[[str], Tuple[tuple, dict]]] = None  # (args, kwargs) on a device
     extra_inputs: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None  # bound -> values
     mutates: Tuple[str, ...] = ()  # parameters written in place beyond the "arg:" outputs
+    order_free: bool = False  # outputs' last dim is a set (top-k): compare rows sorted
 
     def mutated_params(self) -> List[str]:
         """The op's parameters it writes in place (level-10 dumps save them after the call)."""

@@ -806,28 +806,77 @@ _TOPK_REF = '''import torch
 
 def run(input, k):
     values, indices = torch.topk(input.float(), k, dim=-1, sorted=True)
-    return values.to(input.dtype), indices.to(torch.int32)
+    return values.to(input.dtype), indices
 '''
 _add("top_k", TraceTemplate(
     op_type="topk", name_prefix="top_k",
-    description="The k largest values of each row and their indices (unsorted unless sorted=True).",
-    axes={"batch_size": Var(), "vocab_size": Const(), "k_axis": Const()},
+    description="The k largest values of each row and their int64 indices (unsorted unless "
+                "sorted=True).",
+    axes={"batch_size": Var(), "vocab_size": Const(), "k_axis": Const("k", derive=lambda s: s["k"])},
     inputs={"input": Tensor(_BV), "k": Tensor(None, "int32")},
     outputs={"values": Tensor(["batch_size", "k_axis"], "=input", source="return[0]"),
-             "indices": Tensor(["batch_size", "k_axis"], "int32", source="return[1]")},
+             "indices": Tensor(["batch_size", "k_axis"], "int64", source="return[1]")},
     reference=_TOPK_REF, abbrev={"vocab_size": "v", "k_axis": "k"},
     example=lambda d: ((_randn(4, 1000, dtype=torch.float32, device=d), 16), {"sorted": True})))
-TEMPLATES["top_k"].axes["k_axis"] = Const("k", derive=lambda s: s["k"])
+
+_TOPK_ROWS = '''import torch
+
+def _rows_topk(input, lengths, k):
+    """Per row: the indices of the k largest of input[i, :lengths[i]] (-1 past the length)."""
+    out = torch.full((input.shape[0], k), -1, dtype=torch.int64, device=input.device)
+    for i in range(input.shape[0]):
+        n = min(int(lengths[i]), k)
+        out[i, :n] = torch.topk(input[i, : int(lengths[i])].float(), n).indices
+    return out
+'''
+_TOPK_AXES = {"num_rows": Var(), "max_len": Const(), "k_axis": Const("k", derive=lambda s: s["k"])}
 
 
-for _op, _desc in (("top_k_page_table_transform",
-                    "Top-k of each row mapped through its page table (sparse attention indices)."),
-                   ("top_k_ragged_transform",
-                    "Top-k of each row shifted by its ragged offset (sparse attention indices).")):
-    _add(_op, TraceTemplate(
-        op_type="topk", name_prefix=_op, description=_desc,
-        axes={"num_rows": Var(), "max_len": Const()},
-        inputs={"input": Tensor(["num_rows", "max_len"]),
-                "k": Tensor(None, "int32", optional=True)},
-        outputs={"indices": Tensor(["num_rows", "max_len"], "int32")},
-        abbrev={"max_len": "l"}))
+def _topk_rows_example(page_table: bool):
+    def example(device: str):
+        rows, length = 6, 512
+        x = _randn(rows, length, dtype=torch.float32, device=device)
+        lengths = torch.full((rows,), length, dtype=torch.int32, device=device)
+        if page_table:
+            table = torch.randperm(rows * length, generator=_gen(12))[: rows * length].view(
+                rows, length).to(torch.int32).to(device)
+            return (x, table, lengths, 32), {}
+        offsets = torch.arange(rows, dtype=torch.int32, device=device) * 1000
+        return (x, offsets, lengths, 32), {}
+    return example
+
+
+_add("top_k_page_table_transform", TraceTemplate(
+    op_type="topk", name_prefix="top_k_page_table_transform",
+    description="Top-k of each row's first lengths[i] scores, mapped through the page table: "
+                "out[i, j] = src_page_table[row_to_batch[i] or i, topk_j] (order unspecified).",
+    axes={**_TOPK_AXES, "num_batches": Var()},
+    inputs={"input": Tensor(["num_rows", "max_len"]),
+            "src_page_table": Tensor(["num_batches", "max_len"]),
+            "lengths": Tensor(["num_rows"]), "k": Tensor(None, "int32"),
+            "row_to_batch": Tensor(["num_rows"], optional=True)},
+    outputs={"output_page_table": Tensor(["num_rows", "k_axis"], "int32")},
+    abbrev={"max_len": "l", "k_axis": "k"}, order_free=True,
+    reference=_TOPK_ROWS + '''
+def run(input, src_page_table, lengths, k, row_to_batch=None):
+    idx = _rows_topk(input, lengths, k)
+    rows = torch.arange(input.shape[0], device=input.device)
+    batch = rows if row_to_batch is None else row_to_batch.long()
+    out = src_page_table.long()[batch[:, None], idx.clamp(min=0)]
+    return torch.where(idx >= 0, out, torch.full_like(out, -1)).to(torch.int32)
+''', example=_topk_rows_example(True)))
+_add("top_k_ragged_transform", TraceTemplate(
+    op_type="topk", name_prefix="top_k_ragged_transform",
+    description="Top-k of each row's first lengths[i] scores, shifted by the row's offset: "
+                "out[i, j] = topk_j + offsets[i] (order unspecified).",
+    axes=dict(_TOPK_AXES),
+    inputs={"input": Tensor(["num_rows", "max_len"]), "offsets": Tensor(["num_rows"]),
+            "lengths": Tensor(["num_rows"]), "k": Tensor(None, "int32")},
+    outputs={"output_indices": Tensor(["num_rows", "k_axis"], "int32")},
+    abbrev={"max_len": "l", "k_axis": "k"}, order_free=True,
+    reference=_TOPK_ROWS + '''
+def run(input, offsets, lengths, k):
+    idx = _rows_topk(input, lengths, k)
+    out = idx + offsets.long()[:, None]
+    return torch.where(idx >= 0, out, torch.full_like(out, -1)).to(torch.int32)
+''', example=_topk_rows_example(False)))
