@@ -227,3 +227,12 @@ def test_reference_agrees_with_the_op(qualname):
             assert torch.equal(g, w)
         else:
             torch.testing.assert_close(g.float(), w.float(), rtol=tol, atol=tol)
+
+
+def test_a_bad_trace_dump_value_warns_once(monkeypatch):
+    monkeypatch.setenv("FLASHINFER_TRACE_DUMP", "maybe")
+    monkeypatch.setattr(fi_trace, "_bad_knob_warned", False)
+    with pytest.warns(RuntimeWarning, match="FLASHINFER_TRACE_DUMP") as caught:
+        for _ in range(3):
+            assert fi_trace.requested_at_decoration() is False
+    assert len(caught) == 1

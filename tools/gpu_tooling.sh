@@ -32,7 +32,9 @@ python3 benchmarks/flashinfer_benchmark.py --testlist benchmarks/testlists/all_r
   > $OUT/cli.log 2>&1 || status=1
 grep -E "^\[(PERF|ERROR|WARNING)\]" $OUT/cli.log | cut -c1-150 | tail -60
 python3 - $OUT/cli_all_routines.csv <<'PY'
-import csv, sys
+import csv, os, sys
+if not os.path.exists(sys.argv[1]):
+    sys.exit("CLI: no CSV written (see cli.log)")
 rows = list(csv.DictReader(open(sys.argv[1])))
 timed = [r for r in rows if r["median_time_ms"]]
 fails = [f"{r['routine']}/{r['backend']}" for r in rows if r["refcheck"] == "FAIL"]

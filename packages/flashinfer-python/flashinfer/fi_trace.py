@@ -270,12 +270,19 @@ def attach(func: Callable, trace: Optional[TraceTemplate] = None) -> Callable:
     return func
 
 
+_bad_knob_warned = False
+
+
 def requested_at_decoration() -> bool:
-    """Whether decorated ops must be wrapped so their calls can be traced."""
+    """Whether decorated ops must be wrapped so their calls can be traced (a value of
+    FLASHINFER_TRACE_DUMP that does not parse warns once and disables the dump)."""
+    global _bad_knob_warned
     try:
         return bool(knobs.trace.dump)
     except ValueError as e:
-        warnings.warn(f"trace dump disabled: {e}", RuntimeWarning, stacklevel=3)
+        if not _bad_knob_warned:
+            _bad_knob_warned = True
+            warnings.warn(f"trace dump disabled: {e}", RuntimeWarning, stacklevel=3)
         return False
 
 
