@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -252,6 +253,15 @@ def template_for(qualname: str) -> Optional[TraceTemplate]:
     return TEMPLATES.get(qualname)
 
 
+def public_module(qualname: str, module: str) -> str:
+    """The submodule users import the op from (``flashinfer.prefill``), which stays the same
+    when its code moves (``flashinfer.attention...``): the tag ``fi_api:<module>.<name>``."""
+    package = sys.modules.get(module.split(".")[0])
+    lazy = getattr(package, "_LAZY_NAMES", {})
+    head = qualname.split(".")[0]
+    return f"flashinfer.{lazy[head]}" if head in lazy else module
+
+
 def attach(func: Callable, trace: Optional[TraceTemplate] = None) -> Callable:
     """Record ``func`` as a public op and give it ``.fi_trace``; returns ``func`` itself."""
     qualname, module = func.__qualname__, func.__module__
@@ -263,7 +273,8 @@ def attach(func: Callable, trace: Optional[TraceTemplate] = None) -> Callable:
         template = template_for(qualname)
         if template is None:
             raise NotImplementedError(f"{module}.{qualname} has no trace template")
-        return describe(template, qualname, module, bind_arguments(func, args, kwargs))
+        return describe(template, qualname, public_module(qualname, module),
+                        bind_arguments(func, args, kwargs))
 
     fi_trace.__doc__ = f"The trace JSON of a call of {qualname} (the kernel does not run)."
     func.fi_trace = fi_trace  # type: ignore[attr-defined]
