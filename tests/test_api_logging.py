@@ -63,12 +63,31 @@ def test_level_0_is_the_default(monkeypatch):
 
 def test_unparsable_level_warns_and_disables(monkeypatch):
     monkeypatch.setenv("FLASHINFER_LOGLEVEL", "verbose")
+    monkeypatch.setattr(api_logging, "_WARNED_LEVELS", set())
 
     def op():
         pass
 
     with pytest.warns(RuntimeWarning, match="FLASHINFER_LOGLEVEL"):
         assert flashinfer_api(op) is op
+
+
+def test_unparsable_level_warns_once_per_process(tmp_path):
+    """Every ops module decorates its functions on import: a bad value warns once, not once
+    per decorated function (27 warnings before), even with every warning shown."""
+    code = textwrap.dedent("""
+        import warnings
+        warnings.simplefilter("always")
+        import flashinfer
+        from flashinfer import activation, cascade, decode, norm, page, prefill, rope  # noqa: F401
+    """)
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE_ROOT), "FLASHINFER_LOGLEVEL": "loud",
+           "FLASHINFER_WORKSPACE_BASE": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("API logging disabled") == 1, proc.stderr
+    assert "FLASHINFER_LOGLEVEL" in proc.stderr
 
 
 @pytest.mark.parametrize("env, level", [("-1", 0), ("1", 1), ("2", 1), ("4", 3), ("7", 5), ("10", 10), ("12", 10)])

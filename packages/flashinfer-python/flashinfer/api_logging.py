@@ -114,12 +114,23 @@ def _dump_begin(func: Callable, sig: Optional[inspect.Signature], args: tuple, k
         return None
 
 
+#: The bad FLASHINFER_LOGLEVEL values this process has warned about (each ops module decorates
+#: its functions on import: one warning per value, not one per decorated function).
+_WARNED_LEVELS: set = set()
+_WARNED_LOCK = threading.Lock()
+
+
 def _decoration_level() -> int:
-    """The effective level (0, 1, 3, 5 or 10); a bad value warns and disables logging."""
+    """The effective level (0, 1, 3, 5 or 10); a bad value warns (once per process) and
+    disables logging."""
     try:
         level = knobs.logging.level
     except ValueError as e:  # KnobError: the variable does not parse
-        warnings.warn(f"API logging disabled: {e}", RuntimeWarning, stacklevel=3)
+        with _WARNED_LOCK:
+            first = str(e) not in _WARNED_LEVELS
+            _WARNED_LEVELS.add(str(e))
+        if first:
+            warnings.warn(f"API logging disabled: {e}", RuntimeWarning, stacklevel=3)
         return 0
     for step in (10, 5, 3, 1):
         if level >= step:
