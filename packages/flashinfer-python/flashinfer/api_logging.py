@@ -101,19 +101,6 @@ def flashinfer_api(func: Optional[F] = None, *, trace: Any = None) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _dump_begin(func: Callable, sig: Optional[inspect.Signature], args: tuple, kwargs: dict):
-    """Level 10: (api_dump, pending dump, named arguments), or None; never raises."""
-    try:
-        from . import api_dump
-
-        bound = sig.bind(*args, **kwargs)  # type: ignore[union-attr]
-        bound.apply_defaults()
-        named = dict(bound.arguments)
-        return api_dump, api_dump.begin(func.__qualname__, func.__module__, named), named
-    except Exception:
-        return None
-
-
 #: The bad FLASHINFER_LOGLEVEL values this process has warned about (each ops module decorates
 #: its functions on import: one warning per value, not one per decorated function).
 _WARNED_LEVELS: set = set()
@@ -121,8 +108,8 @@ _WARNED_LOCK = threading.Lock()
 
 
 def _decoration_level() -> int:
-    """The effective level (0, 1, 3, 5 or 10); a bad value warns (once per process) and
-    disables logging."""
+    """The effective level (0, 1, 3 or 5); a bad value warns (once per process) and disables
+    logging."""
     try:
         level = knobs.logging.level
     except ValueError as e:  # KnobError: the variable does not parse
@@ -236,6 +223,19 @@ def _capturing() -> bool:
         return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     except Exception:  # CPU-only builds raise from the capture query
         return False
+
+
+def _dump_begin(func: Callable, sig: Optional[inspect.Signature], args: tuple, kwargs: dict):
+    """Level 10: (api_dump, pending dump, named arguments), or None; never raises."""
+    try:
+        from . import api_dump
+
+        bound = sig.bind(*args, **kwargs)  # type: ignore[union-attr]
+        bound.apply_defaults()
+        named = dict(bound.arguments)
+        return api_dump, api_dump.begin(func.__qualname__, func.__module__, named), named
+    except Exception:
+        return None
 
 
 # --------------------------------------------------------------------------------------------
