@@ -236,3 +236,43 @@ def test_a_bad_trace_dump_value_warns_once(monkeypatch):
         for _ in range(3):
             assert fi_trace.requested_at_decoration() is False
     assert len(caught) == 1
+
+
+def test_wrapper_references_agree_with_the_single_request_one():
+    """The batch wrappers' references (paged decode, paged and ragged prefill) over a page
+    table built from contiguous K/V equal the single-request reference per request."""
+    torch.manual_seed(0)
+    single = TEMPLATES["single_prefill_with_kv_cache"].reference_fn()
+    decode = TEMPLATES["BatchDecodeWithPagedKVCacheWrapper.run"].reference_fn()
+    paged = TEMPLATES["BatchPrefillWithPagedKVCacheWrapper.run"].reference_fn()
+    ragged = TEMPLATES["BatchPrefillWithRaggedKVCacheWrapper.run"].reference_fn()
+    ps, hq, hk, d, kv_lens, qo_lens = 4, 4, 2, 16, [5, 0, 9], [3, 0, 2]
+    ks = [torch.randn(n, hk, d) for n in kv_lens]
+    vs = [torch.randn(n, hk, d) for n in kv_lens]
+    pages = [max(0, -(-n // ps)) for n in kv_lens]
+    perm = torch.randperm(sum(pages))
+    k_cache, v_cache = torch.zeros(sum(pages), ps, hk, d), torch.zeros(sum(pages), ps, hk, d)
+    indptr, start = [0], 0
+    for n, p, k, v in zip(kv_lens, pages, ks, vs):
+        for i in range(p):
+            rows = slice(i * ps, min(n, (i + 1) * ps))
+            page = perm[start + i]
+            k_cache[page, : rows.stop - rows.start] = k[rows]
+            v_cache[page, : rows.stop - rows.start] = v[rows]
+        start += p
+        indptr.append(start)
+    kv_indptr = torch.tensor(indptr)
+    last = torch.tensor([n - (p - 1) * ps if p else 0 for n, p in zip(kv_lens, pages)])
+    q = torch.randn(sum(qo_lens), hq, d)
+    qo_indptr = torch.tensor([0, 3, 3, 5])
+    want = torch.cat([single(q[int(qo_indptr[b]):int(qo_indptr[b + 1])], ks[b], vs[b], True)
+                      for b in range(3)])
+    got = paged(q, qo_indptr, k_cache, v_cache, kv_indptr, perm, last, causal=True)
+    torch.testing.assert_close(got, want)
+    kv_flat = torch.tensor([0, 5, 5, 14])
+    got = ragged(q, torch.cat(ks), torch.cat(vs), qo_indptr, kv_flat, causal=True)
+    torch.testing.assert_close(got, want)
+    qd = torch.randn(3, hq, d)
+    want = torch.stack([single(qd[b:b + 1], ks[b], vs[b])[0] for b in range(3)])
+    torch.testing.assert_close(decode(qd, k_cache, v_cache, kv_indptr, perm, last), want)
+    assert torch.equal(want[1], torch.zeros(hq, d))  # an empty request: zeros

@@ -532,13 +532,28 @@ def run(q, k, v, causal=False, sm_scale=None):
 
 
 def _wrapper_inputs(named: Dict[str, Any]) -> Dict[str, Any]:
-    """The planned page table of the wrapper (``self``) and the cache as NHD views."""
+    """The planned page table, scale and mask of the wrapper (``self``), and the cache as NHD
+    views (attribute names of our wrappers; a missing one leaves its optional input out)."""
     self = named.get("self")
     out = {name: getattr(self, f"_{name}", None)
-           for name in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len")}
+           for name in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale")}
+    causal = getattr(self, "_causal", None)
+    if causal is None and getattr(self, "_variant", None) is not None:
+        causal = getattr(self._variant, "mask_mode", "none") == "causal"
+    out["causal"] = causal
     layout = getattr(self, "_kv_layout", "NHD")
     out.update(_nhd_cache({"paged_kv_cache": named.get("paged_kv_cache"), "kv_layout": layout}))
     return out
+
+
+_PAGED_REF = _ATTN_REF + '''
+def _request_kv(k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, b):
+    pages = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])].long()
+    n = (pages.numel() - 1) * k_cache.shape[1] + int(kv_last_page_len[b]) if pages.numel() else 0
+    k = k_cache[pages].reshape(-1, *k_cache.shape[2:])[:n]
+    v = v_cache[pages].reshape(-1, *v_cache.shape[2:])[:n]
+    return k, v
+'''
 
 
 _PAGED_IN = {"k_cache": Tensor(["num_pages", "page_size", "num_kv_heads", "head_dim"]),
@@ -554,17 +569,38 @@ _add("BatchDecodeWithPagedKVCacheWrapper.run", TraceTemplate(
     op_type="gqa_paged_decode", name_prefix="gqa_paged_decode",
     description="Batch decode over a paged KV cache (the page table is the planned one).",
     axes=dict(_PAGED_AXES),
-    inputs={"q": Tensor(["batch_size", "num_qo_heads", "head_dim"]), **_PAGED_IN},
+    inputs={"q": Tensor(["batch_size", "num_qo_heads", "head_dim"]), **_PAGED_IN,
+            "sm_scale": Tensor(None, "float32", optional=True)},
     outputs={"output": Tensor(["batch_size", "num_qo_heads", "head_dim"], "=q")},
-    extra_inputs=_wrapper_inputs, abbrev=_ATTN_ABBREV))
+    extra_inputs=_wrapper_inputs, abbrev=_ATTN_ABBREV,
+    reference=_PAGED_REF + '''
+def run(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale=None):
+    outs = []
+    for b in range(q.shape[0]):
+        k, v = _request_kv(k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, b)
+        outs.append(_attend(q[b:b + 1], k, v, sm_scale, False)[0])
+    return torch.stack(outs).to(q.dtype)
+'''))
 _add("BatchPrefillWithPagedKVCacheWrapper.run", TraceTemplate(
     op_type="gqa_paged_prefill", name_prefix="gqa_paged_prefill",
     description="Batch prefill over a paged KV cache (the page table is the planned one).",
     axes={**_PAGED_AXES, "total_q": Var()},
     inputs={"q": Tensor(["total_q", "num_qo_heads", "head_dim"]),
-            "qo_indptr": Tensor(["batch_size_plus_1"], optional=True), **_PAGED_IN},
+            "qo_indptr": Tensor(["batch_size_plus_1"], optional=True), **_PAGED_IN,
+            "causal": Tensor(None, "bool", optional=True),
+            "sm_scale": Tensor(None, "float32", optional=True)},
     outputs={"output": Tensor(["total_q", "num_qo_heads", "head_dim"], "=q")},
-    extra_inputs=_wrapper_inputs, abbrev=_ATTN_ABBREV))
+    extra_inputs=_wrapper_inputs, abbrev=_ATTN_ABBREV,
+    reference=_PAGED_REF + '''
+def run(q, qo_indptr, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, causal=False,
+        sm_scale=None):
+    outs = []
+    for b in range(qo_indptr.numel() - 1):
+        k, v = _request_kv(k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, b)
+        qb = q[int(qo_indptr[b]):int(qo_indptr[b + 1])]
+        outs.append(_attend(qb, k, v, sm_scale, causal))
+    return torch.cat(outs).to(q.dtype)
+'''))
 _add("BatchPrefillWithRaggedKVCacheWrapper.run", TraceTemplate(
     op_type="gqa_ragged_prefill", name_prefix="gqa_ragged_prefill",
     description="Batch prefill over ragged K/V (the indptrs are the planned ones).",
@@ -575,11 +611,22 @@ _add("BatchPrefillWithRaggedKVCacheWrapper.run", TraceTemplate(
             "k": Tensor(["total_kv", "num_kv_heads", "head_dim_qk"]),
             "v": Tensor(["total_kv", "num_kv_heads", "head_dim_vo"]),
             "qo_indptr": Tensor(["batch_size_plus_1"], optional=True),
-            "kv_indptr": Tensor(["batch_size_plus_1"], optional=True)},
+            "kv_indptr": Tensor(["batch_size_plus_1"], optional=True),
+            "causal": Tensor(None, "bool", optional=True),
+            "sm_scale": Tensor(None, "float32", optional=True)},
     outputs={"output": Tensor(["total_q", "num_qo_heads", "head_dim_vo"], "=q")},
     extra_inputs=lambda n: {k: v for k, v in _wrapper_inputs(n).items()
-                            if k in ("qo_indptr", "kv_indptr")},
-    abbrev=_ATTN_ABBREV))
+                            if k in ("qo_indptr", "kv_indptr", "causal", "sm_scale")},
+    abbrev=_ATTN_ABBREV,
+    reference=_ATTN_REF + '''
+def run(q, k, v, qo_indptr, kv_indptr, causal=False, sm_scale=None):
+    outs = []
+    for b in range(qo_indptr.numel() - 1):
+        qb = q[int(qo_indptr[b]):int(qo_indptr[b + 1])]
+        kb, vb = (x[int(kv_indptr[b]):int(kv_indptr[b + 1])] for x in (k, v))
+        outs.append(_attend(qb, kb, vb, sm_scale, causal))
+    return torch.cat(outs).to(q.dtype)
+'''))
 _add("MultiLevelCascadeAttentionWrapper.run", TraceTemplate(
     op_type="gqa_cascade", name_prefix="gqa_cascade",
     description="Multi-level cascade attention over a paged cache (planned per level).",
