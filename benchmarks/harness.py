@@ -68,6 +68,16 @@ def _median_ms(
     return statistics.median(times), pick(0.1), pick(0.9)
 
 
+def time_ms(fn: Callable[[], Any], *, num_iters: int, dry_run_iters: int, use_cuda_graph: bool,
+            use_cupti: bool = False, l2_flush: str = "read") -> list[float]:
+    """Per-call milliseconds of ``num_iters`` timed calls after ``dry_run_iters`` warm-ups (the
+    benchmark CLI's counts; the record's cases use :func:`_median_ms`'s time budgets)."""
+    times = bench_gpu_time(fn, dry_run_iters=dry_run_iters, repeat_iters=num_iters,
+                           cold_l2_cache=l2_flush, use_cuda_graph=use_cuda_graph,
+                           enable_cupti=use_cupti, num_iters_within_graph=1)
+    return [t for t in times if t > 0]
+
+
 def _copy_ms(n: int) -> float:
     """After a write flush: the copy starts with an L2 full of dirty lines and leaves its own,
     the steady state of a stream of copies (and the ceiling's definition in earlier records)."""

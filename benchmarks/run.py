@@ -4,6 +4,11 @@ the commit, the ceilings measured first, every case of every module.
     python benchmarks/run.py --commit SHA --ops norm,activation,rope \
         --out benchmarks/results/<date>-<device>-<commit>-<topic>.json
 
+    python benchmarks/run.py --commit SHA --testlist benchmarks/testlists/all_routines.txt \
+        --out benchmarks/results/<date>-<device>-<commit>-cli-routines.json
+
+`--testlist` runs the benchmark CLI's routines (benchmarks/routines.py, the same definitions
+`flashinfer_benchmark.py` times) instead of the bench_<op>.py modules, into the same record.
 Then `python benchmarks/index.py` regenerates benchmarks/results/INDEX.md.
 """
 
@@ -26,7 +31,14 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--topic", default=None,
                         help="the record's topic (default: the ops joined by '-')")
+    parser.add_argument("--testlist", default=None,
+                        help="run these flashinfer_benchmark.py cases instead of --ops")
     args = parser.parse_args()
+    if args.testlist:
+        import flashinfer_benchmark
+
+        return flashinfer_benchmark.main(["--testlist", args.testlist, "--record", args.out,
+                                          "--commit", args.commit])
     import torch
 
     if not torch.cuda.is_available():

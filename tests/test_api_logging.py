@@ -90,7 +90,7 @@ def test_unparsable_level_warns_once_per_process(tmp_path):
     assert "FLASHINFER_LOGLEVEL" in proc.stderr
 
 
-@pytest.mark.parametrize("env, level", [("-1", 0), ("1", 1), ("2", 1), ("4", 3), ("10", 5)])
+@pytest.mark.parametrize("env, level", [("-1", 0), ("1", 1), ("2", 1), ("4", 3), ("7", 5), ("10", 10), ("12", 10)])
 def test_in_between_levels_round_down(monkeypatch, env, level):
     monkeypatch.setenv("FLASHINFER_LOGLEVEL", env)
     assert api_logging._decoration_level() == level

@@ -634,6 +634,28 @@ cli.add_command(_artifacts_cli().list_cmd, "list-cubins")
 cli.add_command(_artifacts_cli().clear, "clear-cubin")
 
 
+# --- `flashinfer replay`: re-run level-10 dumps (flashinfer/api_dump.py) ---
+@cli.command("replay")
+@click.option("--dir", "dump_dir", required=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A FLASHINFER_DUMP_DIR written at FLASHINFER_LOGLEVEL=10.")
+@click.option("--device", default=None, help="Run on this device (default: where dumped).")
+@click.option("--rtol", type=float, default=1e-2, show_default=True)
+@click.option("--atol", type=float, default=1e-2, show_default=True)
+def replay(dump_dir: Path, device: Optional[str], rtol: float, atol: float) -> None:
+    """Re-run each dumped call and report whether its outputs match the dumped ones."""
+    from .api_dump import replay_dir, summary
+
+    results = replay_dir(dump_dir, device=device, rtol=rtol, atol=atol)
+    for r in results:
+        click.echo(f"{r.status.upper():<9} {Path(r.folder).name}  {r.api}  {r.detail}")
+    match, mismatch, error, skipped = summary(results)
+    click.echo(f"{len(results)} calls: {match} match, {mismatch} mismatch, {error} error, "
+               f"{skipped} skipped")
+    if mismatch or error or not results:
+        raise SystemExit(1)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     cli.main(args=argv, prog_name="flashinfer")
 

@@ -10,10 +10,11 @@
 5  also tensor statistics (NaN and Inf counts; min, max, mean of the finite values). They
    synchronize the device, so they are skipped while the current CUDA stream is being
    captured into a CUDA graph (``"stats skipped: graph capture"``).
+10 also writes each call's input and output tensors to ``FLASHINFER_DUMP_DIR``
+   (:mod:`flashinfer.api_dump`; ``flashinfer replay --dir D`` re-runs them).
 == ==========================================================================================
 
-Levels in between act as the level below them; levels above 5 (FlashInfer's 10 dumps tensors
-to disk, which we do not do) act as 5.
+Levels in between act as the level below them.
 
 The level is read **once, when the op is decorated**, i.e. when its submodule is first imported
 (``flashinfer`` imports its submodules lazily, on first use of a name). Set the variable before
@@ -50,15 +51,25 @@ _MAX_ITEMS = 8  # list/tuple/dict entries shown before "..."
 _MAX_REPR = 200  # characters of a non-tensor repr shown
 
 
-def flashinfer_api(func: F) -> F:
+def flashinfer_api(func: Optional[F] = None, *, trace: Any = None) -> F:
     """Log calls of a public API at ``FLASHINFER_LOGLEVEL`` >= 1; identity at level 0.
 
     Works on functions and methods (the logged name is the ``__qualname__``, e.g.
     ``BatchDecodeWithPagedKVCacheWrapper.run``). Combined with
     :func:`flashinfer.utils.backend_requirement`, put this decorator below it.
+    ``@flashinfer_api(trace=template)`` gives the op its :class:`~flashinfer.fi_trace.TraceTemplate`
+    (default: the one named after the op in :mod:`flashinfer.trace_templates`).
     """
+    if func is None:  # @flashinfer_api(trace=...)
+        return functools.partial(flashinfer_api, trace=trace)  # type: ignore[return-value]
+    # -- tooling hooks (fi_trace, level-10 dumps): flashinfer/fi_trace.py, api_dump.py --
+    from . import fi_trace
+
+    fi_trace.attach(func, trace)
+    tracing = fi_trace.requested_at_decoration()
+    # -- end of tooling hooks --
     level = _decoration_level()
-    if level == 0:
+    if level == 0 and not tracing:
         return func
     name = func.__qualname__
     try:
@@ -68,14 +79,23 @@ def flashinfer_api(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        if tracing:
+            fi_trace.dump_call(func, args, kwargs)
+        if level == 0:
+            return func(*args, **kwargs)
         _log(_format_call, name, level, sig, args, kwargs)
+        dump = _dump_begin(func, sig, args, kwargs) if level >= 10 else None
         try:
             result = func(*args, **kwargs)
         except Exception as e:
             _log(_format_error, name, e)
+            if dump is not None:
+                dump[0].end(dump[1], None, dump[2], e)
             raise
         if level >= 3:
             _log(_format_result, name, level, result)
+        if dump is not None:
+            dump[0].end(dump[1], result, dump[2])
         return result
 
     return wrapper  # type: ignore[return-value]
@@ -99,7 +119,7 @@ def _decoration_level() -> int:
         if first:
             warnings.warn(f"API logging disabled: {e}", RuntimeWarning, stacklevel=3)
         return 0
-    for step in (5, 3, 1):
+    for step in (10, 5, 3, 1):
         if level >= step:
             return step
     return 0
@@ -203,6 +223,19 @@ def _capturing() -> bool:
         return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     except Exception:  # CPU-only builds raise from the capture query
         return False
+
+
+def _dump_begin(func: Callable, sig: Optional[inspect.Signature], args: tuple, kwargs: dict):
+    """Level 10: (api_dump, pending dump, named arguments), or None; never raises."""
+    try:
+        from . import api_dump
+
+        bound = sig.bind(*args, **kwargs)  # type: ignore[union-attr]
+        bound.apply_defaults()
+        named = dict(bound.arguments)
+        return api_dump, api_dump.begin(func.__qualname__, func.__module__, named), named
+    except Exception:
+        return None
 
 
 # --------------------------------------------------------------------------------------------

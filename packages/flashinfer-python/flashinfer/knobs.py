@@ -205,7 +205,8 @@ class CacheKnobs(KnobGroup):
 
 
 class LoggingKnobs(KnobGroup):
-    level = env_int("FLASHINFER_LOGLEVEL", 0, "API logging: 0 off, 1 names, 3 args, 5 stats.")
+    level = env_int("FLASHINFER_LOGLEVEL", 0,
+                    "API logging: 0 off, 1 names, 3 args, 5 stats, 10 also dump tensors.")
     dest = env_str("FLASHINFER_LOGDEST", "stdout", "stdout, stderr, or a path (%i = pid).")
     python_level = env_str("FLASHINFER_LOGGING_LEVEL", None, "Python logger level name.")
 
@@ -265,11 +266,40 @@ class NormKnobs(KnobGroup):
     )
 
 
+# -- debugging tools (flashinfer.api_dump: level-10 dumps; flashinfer.fi_trace: trace JSON) --
+class DumpKnobs(KnobGroup):
+    """``FLASHINFER_LOGLEVEL=10``: each decorated call's inputs and outputs, written to disk.
+    Read at each call, so they may change while a process runs."""
+
+    dir = env_path("FLASHINFER_DUMP_DIR", lambda: Path("flashinfer_dumps"),
+                   "Where level-10 dumps go (one folder per call).")
+    max_size_gb = env_float("FLASHINFER_DUMP_MAX_SIZE_GB", 20.0,
+                            "Stop dumping (one warning) once this many GB were written.")
+    max_count = env_int("FLASHINFER_DUMP_MAX_COUNT", 1000,
+                        "Stop dumping (one warning) after this many calls.", positive=True)
+    include = env_str("FLASHINFER_DUMP_INCLUDE", None,
+                      "Comma list of API names to dump (`*` globs); default: all.")
+    exclude = env_str("FLASHINFER_DUMP_EXCLUDE", None,
+                      "Comma list of API names never dumped (`*` globs).")
+    safetensors = env_bool("FLASHINFER_DUMP_SAFETENSORS",
+                           doc="Write .safetensors instead of .pt (tensors only).")
+
+
+class TraceKnobs(KnobGroup):
+    """fi_trace: one JSON description per unique (op, shapes) while a workload runs."""
+
+    dump = env_bool("FLASHINFER_TRACE_DUMP", doc="Write a trace JSON for each new (op, shapes).")
+    dump_dir = env_path("FLASHINFER_TRACE_DUMP_DIR", lambda: Path("fi_trace_out"),
+                        "Where trace JSON files go.")
+
+
 jit = JitKnobs()
 cache = CacheKnobs()
 logging = LoggingKnobs()
 artifacts = ArtifactKnobs()
 norm = NormKnobs()
+dump = DumpKnobs()
+trace = TraceKnobs()
 
 GROUPS: dict[str, KnobGroup] = {
     "jit": jit,
@@ -277,6 +307,8 @@ GROUPS: dict[str, KnobGroup] = {
     "logging": logging,
     "artifacts": artifacts,
     "norm": norm,
+    "dump": dump,
+    "trace": trace,
 }
 
 
