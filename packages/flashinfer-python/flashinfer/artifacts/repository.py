@@ -14,8 +14,10 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import tempfile
 import threading
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -30,6 +32,29 @@ CHUNK = 1 << 20
 #: dropped 5 GB PUT restarts from zero; 64 MB parts retry on their own).
 MULTIPART_THRESHOLD = 64 << 20
 MULTIPART_CHUNK = 64 << 20
+
+
+class DeadlineExceeded(Exception):
+    """A read went past the deadline it was given (``fetch.py`` turns it into a
+    :class:`~flashinfer.artifacts.errors.DownloadError` naming FLASHINFER_DOWNLOAD_DEADLINE)."""
+
+
+def remaining(deadline: Optional[float], where: str) -> Optional[float]:
+    """Seconds left until ``deadline`` (a ``time.monotonic()`` value; None: no deadline)."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceeded(where)
+    return left
+
+
+def until(chunks: Iterator[bytes], deadline: Optional[float], where: str) -> Iterator[bytes]:
+    """``chunks``, cut with :class:`DeadlineExceeded` once ``deadline`` has passed (checked as
+    each chunk arrives: a server that trickles a byte at a time never trips a read timeout)."""
+    for chunk in chunks:
+        remaining(deadline, where)
+        yield chunk
 
 
 class Stream:
@@ -52,16 +77,18 @@ class Repository:
 
     url: str
 
-    def open(self, path: str, offset: int = 0) -> Stream:
-        """Open ``path`` for reading from byte ``offset``."""
+    def open(self, path: str, offset: int = 0, deadline: Optional[float] = None) -> Stream:
+        """Open ``path`` for reading from byte ``offset``; a backend that waits on the network
+        waits no longer than ``deadline`` (a ``time.monotonic()`` value) for an answer."""
         raise NotImplementedError
 
-    def read(self, path: str, limit: int = 64 << 20) -> bytes:
-        """A small file (manifest, index), whole, in one attempt."""
-        stream = self.open(path)
+    def read(self, path: str, limit: int = 64 << 20, deadline: Optional[float] = None) -> bytes:
+        """A small file (manifest, index), whole, in one attempt, by ``deadline`` (raises
+        :class:`DeadlineExceeded` after it)."""
+        stream = self.open(path, 0, deadline)
         try:
             out = bytearray()
-            for chunk in stream.chunks:
+            for chunk in until(stream.chunks, deadline, f"{self.shown}/{path}"):
                 out += chunk
                 if len(out) > limit:
                     raise RepositoryError(f"{self.shown}/{path} is larger than {limit} bytes")
@@ -104,6 +131,17 @@ class Repository:
 # ---------------------------------------------------------------------------------------------
 
 
+def _regular(file: Path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+        raise RepositoryError(
+            f"{file} is not a regular file ({kind}); a directory repository serves regular "
+            "files only"
+        )
+
+
 class DirectoryRepository(Repository):
     """A repository in a local directory (an offline mirror, or the staging area)."""
 
@@ -114,16 +152,27 @@ class DirectoryRepository(Repository):
     def file(self, path: str) -> Path:
         return self.root / path
 
-    def open(self, path: str, offset: int = 0) -> Stream:
+    def open(self, path: str, offset: int = 0, deadline: Optional[float] = None) -> Stream:
+        """Only a regular file is read (after following symlinks): opening a FIFO blocks until
+        a writer comes, a device may never end, so both are refused before being opened. The
+        open itself is non-blocking and checked again, in case the name changed in between."""
+        file = self.file(path)
         try:
-            f = open(self.file(path), "rb")
+            _regular(file, os.stat(file).st_mode)
+            fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
-            raise NotFoundError(f"{self.file(path)} does not exist") from None
-        except IsADirectoryError:
-            raise NotFoundError(f"{self.file(path)} is a directory") from None
+            raise NotFoundError(f"{file} does not exist") from None
         except OSError as e:
-            raise RepositoryError(f"cannot read {self.file(path)}: {e}") from None
-        size = os.fstat(f.fileno()).st_size
+            raise RepositoryError(f"cannot read {file}: {e}") from None
+        try:
+            st = os.fstat(fd)
+            _regular(file, st.st_mode)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        f = os.fdopen(fd, "rb")
+        size = st.st_size
         f.seek(offset)
 
         def chunks() -> Iterator[bytes]:
@@ -213,13 +262,17 @@ class HttpRepository(Repository):
         where = f"{self.shown}/{urllib.parse.quote(path)}"
         return f"{where}: {type(error).__name__}: {knobs.redact(str(error))}" if error else where
 
-    def _request(self, path: str, offset: int, method: str = "GET"):
+    def _request(self, path: str, offset: int, method: str = "GET",
+                 deadline: Optional[float] = None):
         import requests
 
         headers = {"Accept-Encoding": "identity"}  # sizes and ranges are of the stored bytes
         if offset:
             headers["Range"] = f"bytes={offset}-"
         timeout = knobs.artifacts.download_timeout
+        left = remaining(deadline, self._shown(path))
+        if left is not None:  # a silent server is cut at the deadline, not a timeout later
+            timeout = min(timeout, left)
         ca = knobs.artifacts.ca_bundle
         try:
             resp = _http_session().request(
@@ -249,11 +302,11 @@ class HttpRepository(Repository):
             raise RepositoryError(f"{where} (its copy is shorter than the bytes already received)")
         raise RepositoryError(where)
 
-    def open(self, path: str, offset: int = 0) -> Stream:
+    def open(self, path: str, offset: int = 0, deadline: Optional[float] = None) -> Stream:
         import requests
         from urllib3.exceptions import HTTPError as Urllib3Error
 
-        resp = self._request(path, offset)
+        resp = self._request(path, offset, deadline=deadline)
         start = 0
         if resp.status_code == 206:
             content_range = resp.headers.get("Content-Range", "")
@@ -353,7 +406,9 @@ class S3Repository(Repository):
             return TransientError(f"{where}: {type(e).__name__}: {e}")
         return e
 
-    def open(self, path: str, offset: int = 0) -> Stream:
+    def open(self, path: str, offset: int = 0, deadline: Optional[float] = None) -> Stream:
+        """``deadline`` is checked as chunks arrive (:func:`until`, by the caller); botocore's
+        timeouts are per client."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         kwargs = {"Bucket": self.bucket, "Key": self.key(path)}
