@@ -490,11 +490,9 @@ RECORD = "module.json"
 
 
 def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from ..artifacts.store import hash_file  # bounded memory; imported only when hashing
+
+    return hash_file(path)[0]
 
 
 def _fsync(path: Path, directory: bool = False) -> None:
