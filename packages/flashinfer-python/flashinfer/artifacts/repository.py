@@ -526,16 +526,16 @@ def repository_problem(url: str) -> Optional[str]:
     parsed = urllib.parse.urlparse(url.strip())
     scheme = parsed.scheme.lower()
     if scheme in ("http", "https"):
-        return None if parsed.hostname else f"{url!r} has no host"
+        return None if parsed.hostname else "no host"
     if scheme == "s3":
-        return None if parsed.netloc else f"{url!r} has no bucket (s3://bucket[/prefix])"
+        return None if parsed.netloc else "no bucket (s3://bucket[/prefix])"
     if scheme == "file":
         if parsed.netloc not in ("", "localhost"):
-            return f"{url!r} names host {parsed.netloc!r}; a file:// URL is of this machine"
-        return None if parsed.path else f"{url!r} has no path"
+            return f"host {parsed.netloc!r}: a file:// URL names a path on this machine"
+        return None if parsed.path else "no path"
     if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
-        return None if url.strip() else "an empty entry"
-    return f"{url!r}: unknown scheme {scheme!r}; {_SCHEMES}"
+        return None if url.strip() else "empty"
+    return f"unknown scheme {scheme!r}"
 
 
 def open_repository(url: str) -> Repository:
@@ -549,7 +549,7 @@ def open_repository(url: str) -> Repository:
     url = url.strip()
     problem = repository_problem(url)
     if problem:
-        raise RepositoryError(f"repository {problem}")
+        raise RepositoryError(f"repository {url!r}: {problem}; {_SCHEMES}")
     parsed = urllib.parse.urlparse(url)
     scheme = parsed.scheme.lower()
     if scheme in ("http", "https"):
@@ -574,7 +574,7 @@ def repository_list_problem(text: str) -> Optional[str]:
     for url in _split(text):
         problem = repository_problem(url)
         if problem:
-            return problem
+            return f"entry {url!r}: {problem}"
     return None
 
 

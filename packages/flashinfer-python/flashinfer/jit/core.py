@@ -59,7 +59,7 @@ SM80_AND_NEWER = (8, 9, 10, 11, 12)
 
 _loaded: dict[str, Any] = {}
 _loaded_lock = threading.Lock()
-#: jit-cache wheel modules this process found damaged or unloadable (warned about once).
+#: Files of the jit-cache wheel this process found damaged or unloadable (warned about once).
 _aot_refused: set[str] = set()
 
 
@@ -448,7 +448,7 @@ def _load_aot(aot: Any) -> Optional[Any]:
     key = "aot:" + aot.uri
     with _loaded_lock:
         module = _loaded.get(key)
-        if module is not None or key in _aot_refused:
+        if module is not None or str(aot.path) in _aot_refused:
             return module
     damage = _aot_damage(aot)
     try:
@@ -457,7 +457,7 @@ def _load_aot(aot: Any) -> Optional[Any]:
         module = _load(aot.path)
     except Exception as e:  # noqa: BLE001 - any load failure means: use the JIT instead
         with _loaded_lock:
-            _aot_refused.add(key)
+            _aot_refused.add(str(aot.path))
         if isinstance(e, _Damaged):
             from .jit_cache import DISTRIBUTION
 
