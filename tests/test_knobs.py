@@ -176,3 +176,22 @@ def test_a_malformed_manifest_sha256_names_the_variable(monkeypatch, value):
 def test_a_manifest_sha256_is_read_in_lowercase(monkeypatch):
     monkeypatch.setenv("FLASHINFER_CUBIN_MANIFEST_SHA256", "AB" * 32)
     assert knobs.artifacts.manifest_sha256 == "ab" * 32
+
+
+def test_an_unusable_workspace_names_the_variable(monkeypatch, tmp_path):
+    """FLASHINFER_WORKSPACE_BASE pointing at a file: a JitError naming the variable, not a
+    NotADirectoryError from deep inside the build."""
+    from flashinfer.exceptions import JitError
+    from flashinfer.jit import core
+    from flashinfer.jit.scale import gen_scale_module
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(not_a_dir))
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
+    monkeypatch.delenv("FLASHINFER_DISABLE_JIT", raising=False)
+    monkeypatch.setattr(core, "_aot_module", lambda spec, archs: None)
+    core._loaded.clear()
+    with pytest.raises(JitError, match="FLASHINFER_WORKSPACE_BASE") as info:
+        core.get_module(gen_scale_module())
+    assert str(not_a_dir) in str(info.value)

@@ -71,10 +71,11 @@ def test_compiler_and_linker_diagnostics():
         "/usr/bin/ld: cannot find -lnothere: No such file or directory",
         "a.o: in function `f': a.cu:(.text+0x1): undefined reference to `g'",
         "collect2: error: ld returned 1 exit status",
+        "/bin/sh: 1: no-such-cxx: not found",
         "/src/a.cu(9): warning #177-D: variable \"x\" was declared but never referenced",
     ])
     got = compiler_errors(out)
-    assert len(got) == 6 and not any("-DERROR_CHECKS" in line or "warning" in line for line in got)
+    assert len(got) == 7 and not any("-DERROR_CHECKS" in line or "warning" in line for line in got)
 
 
 def test_the_message_is_bounded():

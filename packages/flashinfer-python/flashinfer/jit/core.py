@@ -44,7 +44,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 from .. import knobs
 from .._filelock import file_lock
-from ..exceptions import CompilerNotFoundError, JitCompileError, MissingJITCacheError
+from ..exceptions import CompilerNotFoundError, JitCompileError, JitError, MissingJITCacheError
 from . import archs as _archs
 from . import toolchain
 
@@ -558,7 +558,7 @@ def _state(plan: BuildPlan, verify: bool = False) -> tuple[bool, Optional[str]]:
     """(whether the ``.so`` exists, why it is damaged or None)."""
     try:
         return True, _disk_damage(plan, verify)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return False, None
 
 
@@ -572,6 +572,15 @@ def _warn_rebuild(plan: BuildPlan, why: str) -> None:
 
 
 def _lock(plan: BuildPlan):
+    folder = plan.build_dir.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise JitError(
+            f"cannot create the JIT cache directory {folder} ({type(e).__name__}: {e}); the "
+            "cache is <FLASHINFER_WORKSPACE_BASE>/.cache/flashinfer, so FLASHINFER_WORKSPACE_BASE "
+            f"(now {knobs.cache.workspace_base}) must name a directory you can write"
+        ) from None
     return file_lock(plan.build_dir.with_name(plan.build_dir.name + ".lock"))
 
 

@@ -96,10 +96,11 @@ def write_if_changed(path: Path, text: str) -> bool:
 
 # What the compilers and the linker call an error: ``file(5): error: ...`` (nvcc),
 # ``file:3:10: fatal error: ...`` (gcc), ``nvcc fatal   : ...``, ``ptxas error   : ...``,
-# ``error C2065: ...`` (MSVC), and the linker's ``cannot find -lx``, ``undefined reference to``.
+# ``error C2065: ...`` (MSVC), the linker's ``cannot find -lx``, ``undefined reference to``, and
+# the shell's ``/bin/sh: 1: c++: not found`` (a CXX or launcher that does not exist).
 _DIAGNOSTIC = re.compile(
     r"\b(?:error|fatal)\b\s*(?:[A-Z]+\d+\s*)?:|undefined reference to|cannot find -l"
-    r"|multiple definition of",
+    r"|multiple definition of|: (?:command )?not found\s*$",
     re.IGNORECASE,
 )
 
