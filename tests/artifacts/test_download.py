@@ -462,3 +462,26 @@ def test_a_bad_knob_is_named_by_the_api_and_the_cli(release, http_server, monkey
                 release.sha256)
     assert r.returncode == 1 and variable in r.stderr and repr(value) in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_trickling_s3_endpoint_is_cut_at_the_deadline(tmp_path, monkeypatch, store_dir):
+    """botocore's read(n) waits for all n bytes: the S3 backend reads what has arrived, so the
+    deadline holds there too (the test server stands in for S3: a path-style GET is a GET)."""
+    pytest.importorskip("boto3", reason="the s3 backend needs boto3 (nox -s tests installs it)")
+    from artifacthelpers import make_release
+
+    rel = make_release(tmp_path / "srv" / "bucket" / "pre", "7.7.7", {BIG: 100_000})
+    trickle = Fault("trickle", match="*/objects/*", times=-1, at=1000, delay=0.05)  # 50 s
+    monkeypatch.setenv("FLASHINFER_DOWNLOAD_DEADLINE", "1")
+    for name, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with RepoServer(tmp_path / "srv", [trickle]) as server:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.url)
+        start = time.monotonic()
+        with pytest.raises(DownloadError, match="FLASHINFER_DOWNLOAD_DEADLINE"):
+            download_release(rel.release, None, None, ["s3://bucket/pre"])
+        took = time.monotonic() - start
+    assert took < 4, took
+    assert objects(store_dir) == {} and leftovers(store_dir) == []

@@ -418,13 +418,26 @@ class S3Repository(Repository):
             resp = self.client.get_object(**kwargs)
         except (BotoCoreError, ClientError) as e:
             raise self._classify(e, path) from None
+        from urllib3.exceptions import HTTPError as Urllib3Error
+
         body = resp["Body"]
         start = offset if resp.get("ContentRange") else 0
+        # What has arrived, as for http: botocore's read(n) waits for all n bytes, so a server
+        # trickling a byte a second would hold one read (and the deadline check between chunks)
+        # for days. The size and hash are checked by the caller, as for every backend.
+        read1 = getattr(getattr(body, "_raw_stream", None), "read1", None)
 
         def chunks() -> Iterator[bytes]:
             try:
-                yield from body.iter_chunks(CHUNK)
-            except (BotoCoreError, ClientError, OSError) as e:
+                if read1 is None:
+                    yield from body.iter_chunks(CHUNK)
+                    return
+                while True:
+                    data = read1(CHUNK, decode_content=False)
+                    if not data:
+                        return
+                    yield data
+            except (BotoCoreError, ClientError, Urllib3Error, OSError) as e:
                 raise TransientError(f"{self.shown}/{path}: {type(e).__name__}: {e}") from None
 
         return Stream(start, resp.get("ContentLength"), chunks(), body.close)
