@@ -592,8 +592,8 @@ def _disk_or_build(plan: BuildPlan) -> Path:
         stats["loaded_disk"] += 1
         return plan.so_path
     if knobs.jit.disable_jit:
-        found = (f" Its cached copy {plan.so_path} is damaged ({damage}); delete it." if exists
-                 else "")
+        found = (f" (Its cached copy {plan.so_path} is damaged, so it is not loaded: {damage}.)"
+                 if exists else "")
         raise MissingJITCacheError(
             f"JIT module {plan.spec.name!r} (uri {plan.uri}, archs "
             f"{' '.join(map(str, plan.archs))}) is not in any cache and FLASHINFER_DISABLE_JIT "
