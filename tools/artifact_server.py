@@ -1,7 +1,8 @@
 """A loopback HTTP server for a repository directory, with Range support and fault injection.
 
 Used by tests/artifacts (faults: a connection dropped mid-file, a short body, a flipped byte, an
-error status, a server slower than the client's timeout, a server that ignores Range) and by
+error status, a server slower than the client's timeout, one that trickles a byte at a time, a
+server that ignores Range) and by
 benchmarks/bench_artifacts.py (plain serving, ``sendfile`` from the page cache). It also serves
 https (``tls=``) and answers proxy requests (absolute URLs), for the CA-bundle and proxy tests.
 
@@ -34,6 +35,8 @@ class Fault:
     kind: ``drop`` (announce the full length, send ``at`` bytes, cut the connection), ``stall``
     (send ``at`` bytes, wait ``delay`` s, send the rest), ``short``
     (a consistent response with only ``at`` bytes), ``flip`` (invert the byte at ``at``),
+    ``trickle`` (one byte every ``delay`` s, at most ``at`` bytes, then cut the connection: a
+    server that never stalls long enough for a read timeout but never finishes either),
     ``status`` (answer ``status`` with no body), ``slow`` (wait ``delay`` s before the body),
     ``ignore_range`` (answer 200 with the whole file even to a Range request).
     """
@@ -114,6 +117,15 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(fault.delay)
                 self.wfile.write(f.read(max(length - fault.at, 0)))
+                return
+            if fault is not None and fault.kind == "trickle":
+                f.seek(start)
+                for byte in f.read(min(fault.at, length)):
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(fault.delay)
+                self.close_connection = True
+                self.connection.shutdown(2)
                 return
             if fault is not None and fault.kind == "flip":
                 f.seek(start)

@@ -3,8 +3,10 @@ error (or a non-zero exit) and leaves no corrupt or partial file behind."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import socket
+import time
 
 import pytest
 from artifact_server import Fault, RepoServer
@@ -336,4 +338,150 @@ def test_a_mismatch_after_a_resume_retries_the_whole_file(release, http_server, 
     with pytest.raises(DownloadError, match="discarded"):
         get_cubin(BIG)
     assert len(gets(http_server, obj)) == before + 1
+    assert objects(store_dir) == {} and leftovers(store_dir) == []
+
+
+# -- hardening: nothing a repository does can stall a download forever --
+
+def _unblock(fifo) -> None:
+    """Give a reader stuck opening ``fifo`` its EOF (a writer that opens and closes)."""
+    import os
+
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.parametrize("target", ["fifo", "/dev/zero", "directory"])
+def test_a_directory_repository_refuses_non_regular_files(release, tmp_path, use, store_dir, target):
+    """An object that is a symlink to a FIFO (opening it blocks until a writer comes), a device
+    or a directory is refused as not a regular file, and promptly."""
+    import os
+    import threading
+
+    obj = release.root / big_object(release)
+    obj.unlink()
+    if target == "fifo":
+        dest = tmp_path / "fifo"
+        os.mkfifo(dest)
+    elif target == "directory":
+        dest = tmp_path / "adir"
+        dest.mkdir()
+    else:
+        dest = target
+    obj.symlink_to(dest)
+    use(str(release.root))
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(_try(get_cubin, BIG)), daemon=True)
+    worker.start()
+    worker.join(10)
+    hung = worker.is_alive()
+    for _ in range(50):  # today's code: let the stuck reader (and its retries) go
+        if not worker.is_alive():
+            break
+        _unblock(dest)
+        worker.join(0.1)
+    assert not hung, "the download blocked on a non-regular file"
+    assert isinstance(outcome[0], DownloadError), outcome
+    assert "not a regular file" in str(outcome[0]) and "attempt 2" not in str(outcome[0])
+    assert objects(store_dir) == {} and leftovers(store_dir) == []
+
+
+def _try(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - the outcome is the point
+        return e
+
+
+def test_a_manifest_that_is_a_fifo_fails_the_cli_promptly(release, tmp_path, store_dir):
+    import os
+
+    manifest = release.root / "releases" / "7.7.7" / "manifest.json"
+    manifest.unlink()
+    os.mkfifo(tmp_path / "fifo")
+    manifest.symlink_to(tmp_path / "fifo")
+    try:
+        r = run_cli("artifacts", "download", "--version", "7.7.7", "--manifest-sha256",
+                    release.sha256, "--repository", str(release.root), timeout=30)
+    finally:
+        _unblock(tmp_path / "fifo")
+    assert r.returncode == 1 and "not a regular file" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("what, fault, limit", [
+    # one byte every 50 ms never trips the read timeout (5 s here)
+    ("object", Fault("trickle", times=-1, at=100, delay=0.05), 4.0),
+    ("manifest", Fault("trickle", times=-1, at=100, delay=0.05), 4.0),
+    # silence shorter than the read timeout: the timeout is capped by what is left
+    ("object", Fault("slow", times=-1, delay=3), 2.5),
+], ids=["trickled-object", "trickled-manifest", "silent-object"])
+def test_a_slow_server_is_cut_at_the_deadline(release, use, store_dir, monkeypatch, what, fault,
+                                              limit):
+    """The per-file deadline (FLASHINFER_DOWNLOAD_DEADLINE, 1 s here) ends the download, with
+    every attempt, and names the knob."""
+    fault.match = big_object(release) if what == "object" else "releases/7.7.7/manifest.json"
+    monkeypatch.setenv("FLASHINFER_DOWNLOAD_DEADLINE", "1")
+    with RepoServer(release.root, [fault]) as server:
+        use(server.url)
+        start = time.monotonic()
+        with pytest.raises(DownloadError, match="FLASHINFER_DOWNLOAD_DEADLINE"):
+            get_cubin(BIG)
+        took = time.monotonic() - start
+    assert took < limit, took
+    assert objects(store_dir) == {} and leftovers(store_dir) == []
+
+
+def test_the_default_deadline_grows_with_the_size(monkeypatch):
+    from flashinfer.artifacts.fetch import default_deadline, file_deadline
+
+    assert default_deadline(0) == 300 and default_deadline(256 << 20) == 300 + 1024
+    monkeypatch.delenv("FLASHINFER_DOWNLOAD_DEADLINE", raising=False)
+    assert file_deadline(1 << 30) == default_deadline(1 << 30)
+    monkeypatch.setenv("FLASHINFER_DOWNLOAD_DEADLINE", "7")
+    assert file_deadline(1 << 30) == 7
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("FLASHINFER_CUBINS_REPOSITORY", "ftp://mirror.example/fi"),
+    ("FLASHINFER_CUBINS_REPOSITORY", "s3://"),
+    ("FLASHINFER_CUBINS_REPOSITORY", "data:text/plain;base64,AAAA"),
+    ("FLASHINFER_CUBIN_MANIFEST_SHA256", "abc"),
+    ("FLASHINFER_DOWNLOAD_TIMEOUT", "inf"),
+    ("FLASHINFER_DOWNLOAD_TIMEOUT", "1e309"),
+    ("FLASHINFER_DOWNLOAD_DEADLINE", "nan"),
+])
+def test_a_bad_knob_is_named_by_the_api_and_the_cli(release, http_server, monkeypatch, variable,
+                                                     value):
+    monkeypatch.setenv(variable, value)
+    if variable != "FLASHINFER_CUBINS_REPOSITORY":
+        monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", http_server.url)
+    with pytest.raises(ValueError, match=variable):
+        get_cubin(BIG)
+    r = run_cli("artifacts", "download", "--version", "7.7.7", "--manifest-sha256",
+                release.sha256)
+    assert r.returncode == 1 and variable in r.stderr and repr(value) in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_trickling_s3_endpoint_is_cut_at_the_deadline(tmp_path, monkeypatch, store_dir):
+    """botocore's read(n) waits for all n bytes: the S3 backend reads what has arrived, so the
+    deadline holds there too (the test server stands in for S3: a path-style GET is a GET)."""
+    pytest.importorskip("boto3", reason="the s3 backend needs boto3 (nox -s tests installs it)")
+    from artifacthelpers import make_release
+
+    rel = make_release(tmp_path / "srv" / "bucket" / "pre", "7.7.7", {BIG: 100_000})
+    trickle = Fault("trickle", match="*/objects/*", times=-1, at=1000, delay=0.05)  # 50 s
+    monkeypatch.setenv("FLASHINFER_DOWNLOAD_DEADLINE", "1")
+    for name, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with RepoServer(tmp_path / "srv", [trickle]) as server:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.url)
+        start = time.monotonic()
+        with pytest.raises(DownloadError, match="FLASHINFER_DOWNLOAD_DEADLINE"):
+            download_release(rel.release, None, None, ["s3://bucket/pre"])
+        took = time.monotonic() - start
+    assert took < 4, took
     assert objects(store_dir) == {} and leftovers(store_dir) == []

@@ -160,3 +160,79 @@ def test_a_pinned_manifest_with_an_absolute_path_is_refused(tmp_path, monkeypatc
     with pytest.raises(ManifestError, match="relative"):
         load_manifest(release)
     assert not (tmp_path / "store" / "releases" / "6.6.7").exists()
+
+
+# -- hardening: hostile documents end in a ManifestError naming the field, never a traceback --
+
+NESTED = b'{"schema_version": 1, "release": "1.0.0", "created": "t", "files": [], "x": ' + (
+    b"[" * 100_000 + b"]" * 100_000 + b"}")
+
+
+def test_a_deeply_nested_manifest_is_a_manifest_error():
+    with pytest.raises(ManifestError, match="nest"):
+        Manifest.from_bytes(NESTED)
+    with pytest.raises(ManifestError, match="nest"):
+        Index.from_bytes(b'{"schema_version": 1, "releases": ' + b"[" * 100_000 + b"]" * 100_000
+                         + b"}")
+
+
+@pytest.mark.parametrize("schema", [1.0, True, "1", None])
+def test_schema_version_must_be_the_integer_1(schema):
+    """``1.0 == True == 1`` in Python: only the JSON integer 1 is schema version 1."""
+    with pytest.raises(ManifestError, match="schema_version"):
+        Manifest.from_bytes(doc([], schema=schema))
+    with pytest.raises(ManifestError, match="schema_version"):
+        Index.from_bytes(json.dumps({"schema_version": schema, "releases": {}}).encode())
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"size": 3.0}, "'size'"),
+    ({"size": 1e400}, "Infinity"),  # json.dumps writes inf as Infinity
+    ({"kernel": {**KERNEL, "launch": {**KERNEL["launch"], "dynamic_smem": 0.0}}}, "'dynamic_smem'"),
+    ({"kernel": {**KERNEL, "launch": {**KERNEL["launch"], "dynamic_smem": False}}}, "'dynamic_smem'"),
+    ({"kernel": {**KERNEL, "variant": {"vecs": 4.0}}}, "'vecs'"),
+])
+def test_numbers_must_be_json_integers(bad, match):
+    with pytest.raises(ManifestError, match=match):
+        Manifest.from_bytes(doc([entry(**bad)]))
+
+
+def test_nan_and_infinity_are_not_json():
+    data = doc([entry()]).replace(b'"size": 3', b'"size": NaN')
+    with pytest.raises(ManifestError, match="NaN"):
+        Manifest.from_bytes(data)
+
+
+def _hostile_release(tmp_path, data: bytes, version: str = "6.6.8") -> Release:
+    make_release(tmp_path / "repo", version, {}, raw_manifest=data)
+    return Release(version, sha256_hex(data))
+
+
+HOSTILE = [
+    pytest.param(NESTED.replace(b'"1.0.0"', b'"6.6.8"'), "nest", id="nested"),
+    pytest.param(doc([], release="6.6.8", schema=1.0), "schema_version", id="schema-1.0"),
+    pytest.param(doc([], release="6.6.8", schema=True), "schema_version", id="schema-true"),
+]
+
+
+@pytest.mark.parametrize("data, match", HOSTILE)
+def test_a_hostile_pinned_manifest_through_the_api(tmp_path, monkeypatch, data, match):
+    """Even with its hash pinned, the manifest is refused with a ManifestError."""
+    release = _hostile_release(tmp_path, data)
+    pin(monkeypatch, release)
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", str(tmp_path / "repo"))
+    with pytest.raises(ManifestError, match=match):
+        load_manifest(release)
+    assert not (tmp_path / "store" / "releases" / "6.6.8").exists()
+
+
+@pytest.mark.parametrize("data, match", HOSTILE)
+def test_a_hostile_manifest_through_the_cli(tmp_path, data, match):
+    """``flashinfer artifacts download`` of it: exit 1, one line naming the field, no traceback."""
+    from artifacthelpers import run_cli
+
+    release = _hostile_release(tmp_path, data)
+    proc = run_cli("artifacts", "download", "--version", release.version, "--manifest-sha256",
+                   release.manifest_sha256, "--repository", str(tmp_path / "repo"))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and match in proc.stderr, proc.stderr[-2000:]

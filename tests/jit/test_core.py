@@ -193,3 +193,14 @@ def test_real_module_builds_for_sm90a_and_validates(workspace):
     module = gen_scale_module().build_and_load()
     with pytest.raises(ValueError, match="CUDA"):
         module.scale(torch.empty(8), torch.empty(8), 2.0, False)
+
+
+def test_an_arch_nvcc_does_not_know_names_nvccs_reason(workspace, monkeypatch):
+    """For arch 9.9 the message was only `FAILED: [code=1] 00_toy.cuda.o`; nvcc's reason was in
+    the log alone."""
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.9")
+    with pytest.raises(JitCompileError) as info:
+        toy(workspace).build_and_load()
+    msg = str(info.value)
+    assert "nvcc fatal" in msg and "Unsupported gpu architecture 'compute_99'" in msg, msg
+    assert info.value.log_path in msg and "--generate-dependencies" not in msg

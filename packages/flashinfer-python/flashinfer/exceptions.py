@@ -63,14 +63,24 @@ class JitCompileError(JitError):
     log_path : str
         The full build log (ninja's and the compiler's output).
     error_lines : list of str
-        The compiler's ``error`` lines, also shown in the message.
+        The compiler's ``error`` and ``fatal`` lines, in order; the message shows the first
+        :attr:`SHOWN_LINES`, each cut at :attr:`LINE_CHARS` characters.
     """
+
+    SHOWN_LINES = 10
+    LINE_CHARS = 300
 
     def __init__(self, spec: Any, log_path: str, error_lines: Sequence[str]):
         self.spec = spec
         self.log_path = log_path
         self.error_lines = list(error_lines)
-        shown = "\n  ".join(self.error_lines[:20]) or "(no error line found; see the log)"
+        shown = [
+            line if len(line) <= self.LINE_CHARS else line[: self.LINE_CHARS - 3] + "..."
+            for line in self.error_lines[: self.SHOWN_LINES]
+        ]
+        if len(self.error_lines) > self.SHOWN_LINES:
+            shown.append(f"({len(self.error_lines) - self.SHOWN_LINES} more in the log)")
+        text = "\n  ".join(shown) or "(no error line found; see the log)"
         super().__init__(
-            f"failed to build JIT module {spec.name!r}:\n  {shown}\nfull build log: {log_path}"
+            f"failed to build JIT module {spec.name!r}:\n  {text}\nfull build log: {log_path}"
         )

@@ -15,6 +15,7 @@ does not parse raises :class:`~flashinfer.exceptions.KnobError` naming the varia
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shlex
@@ -36,11 +37,13 @@ class _Knob(Generic[T]):
         default: Union[T, Callable[[], T]],
         parse: Callable[[str, str], T],
         doc: str = "",
+        kind: str = "str",
     ):
         self.names = (names,) if isinstance(names, str) else tuple(names)
         self.default = default
         self.parse = parse
         self.__doc__ = doc
+        self.kind = kind  # "str", "bool", "int", "float", "flags", "path"
         self.attr = ""
 
     def __set_name__(self, owner: type, attr: str) -> None:
@@ -87,28 +90,76 @@ def _parse_bool(name: str, value: str) -> bool:
     raise KnobError(name, value, "one of 1/0/true/false/yes/no/on/off")
 
 
-def _parse_int(name: str, value: str) -> int:
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise KnobError(name, value, "an integer") from None
+#: The largest integer an integer knob takes: what a C ``int`` holds, since the values end up as
+#: counts in subprocess arguments (``ninja -j``, ``nvcc --threads``) and loops.
+MAX_INT = 2**31 - 1
+#: The longest time a seconds knob takes (a week). Socket timeouts and sleeps overflow the
+#: platform's ``time_t`` far below float's range (1e300 s does), and a wait beyond a week is a
+#: typo, not a wish.
+MAX_SECONDS = 7 * 24 * 3600.0
 
 
-def _parse_positive_int(name: str, value: str) -> int:
-    n = _parse_int(name, value)
-    if n < 1:
-        raise KnobError(name, value, "a positive integer")
-    return n
+def _int_parser(low: int, high: int = MAX_INT) -> Callable[[str, str], int]:
+    expected = f"an integer in [{low}, {high}]"
+
+    def parse(name: str, value: str) -> int:
+        try:
+            n = int(value.strip())
+        except ValueError:
+            raise KnobError(name, value, expected) from None
+        if not low <= n <= high:
+            raise KnobError(name, value, expected)
+        return n
+
+    return parse
 
 
-def _parse_positive_float(name: str, value: str) -> float:
+def _parse_seconds(name: str, value: str) -> float:
+    """A finite, positive number of seconds, at most :data:`MAX_SECONDS` (inf, nan, 1e309 and
+    1e300 are refused here rather than ending in an ``OverflowError`` in the socket layer)."""
+    expected = f"a finite number of seconds in (0, {MAX_SECONDS:.0f}]"
     try:
         x = float(value.strip())
     except ValueError:
-        raise KnobError(name, value, "a positive number") from None
-    if not x > 0:
-        raise KnobError(name, value, "a positive number")
+        raise KnobError(name, value, expected) from None
+    if not 0 < x <= MAX_SECONDS:  # also false for nan
+        raise KnobError(name, value, expected)
     return x
+
+
+def _parse_finite_positive(name: str, value: str) -> float:
+    """A finite number > 0 (sizes such as FLASHINFER_DUMP_MAX_SIZE_GB); inf and nan refused."""
+    expected = "a finite number > 0"
+    try:
+        x = float(value.strip())
+    except ValueError:
+        raise KnobError(name, value, expected) from None
+    if not 0 < x < math.inf:  # also false for nan
+        raise KnobError(name, value, expected)
+    return x
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _parse_sha256(name: str, value: str) -> str:
+    digest = value.strip().lower()
+    if not _SHA256.match(digest):
+        raise KnobError(name, value, "64 hex digits (the sha256 of a release manifest)")
+    return digest
+
+
+def _parse_repositories(name: str, value: str) -> str:
+    """The raw list, once every entry names a repository this client can open."""
+    from .artifacts.repository import repository_list_problem
+
+    problem = repository_list_problem(value)
+    if problem:
+        raise KnobError(
+            name, value, "an ordered list of https://host, http://host, s3://bucket, file:// "
+            f"URLs or directory paths, separated by spaces or commas ({problem})"
+        )
+    return value
 
 
 def _parse_flags(name: str, value: str) -> tuple[str, ...]:
@@ -122,29 +173,36 @@ def _parse_path(name: str, value: str) -> Path:
     return Path(value).expanduser()
 
 
-def env_str(names, default: Optional[str] = None, doc: str = "") -> _Knob[Optional[str]]:
-    return _Knob(names, default, _parse_str, doc)
+def env_str(names, default: Optional[str] = None, doc: str = "",
+            parse: Callable[[str, str], str] = _parse_str) -> _Knob[Optional[str]]:
+    return _Knob(names, default, parse, doc)
 
 
 def env_bool(names, default: bool = False, doc: str = "") -> _Knob[bool]:
-    return _Knob(names, default, _parse_bool, doc)
+    return _Knob(names, default, _parse_bool, doc, "bool")
 
 
 def env_int(names, default: Optional[int] = None, doc: str = "", positive: bool = False):
-    return _Knob(names, default, _parse_positive_int if positive else _parse_int, doc)
+    """An integer in [1, MAX_INT] (``positive``) or [0, MAX_INT]."""
+    return _Knob(names, default, _int_parser(1 if positive else 0), doc, "int")
+
+
+def env_seconds(names, default: Optional[float] = None, doc: str = "") -> _Knob[Optional[float]]:
+    """A duration: finite, positive, at most :data:`MAX_SECONDS`."""
+    return _Knob(names, default, _parse_seconds, doc, "float")
 
 
 def env_float(names, default: Optional[float] = None, doc: str = "") -> _Knob[Optional[float]]:
-    """A positive float (seconds, say)."""
-    return _Knob(names, default, _parse_positive_float, doc)
+    """A finite, positive number."""
+    return _Knob(names, default, _parse_finite_positive, doc, "float")
 
 
 def env_flags(names, doc: str = "") -> _Knob[tuple[str, ...]]:
-    return _Knob(names, (), _parse_flags, doc)
+    return _Knob(names, (), _parse_flags, doc, "flags")
 
 
 def env_path(names, default, doc: str = "") -> _Knob[Path]:
-    return _Knob(names, default, _parse_path, doc)
+    return _Knob(names, default, _parse_path, doc, "path")
 
 
 class KnobGroup:
@@ -192,6 +250,11 @@ class JitKnobs(KnobGroup):
     debug = env_bool("FLASHINFER_JIT_DEBUG", doc="Build with -g -G -O0.")
     lineinfo = env_bool("FLASHINFER_JIT_LINEINFO", doc="Build with -lineinfo.")
     disable_jit = env_bool("FLASHINFER_DISABLE_JIT", doc="Never compile; missing module raises.")
+    verify = env_bool(
+        "FLASHINFER_JIT_VERIFY",
+        doc="Hash every cached module against its record before loading it (default: only a "
+        "module whose size or mtime differs from the record is hashed).",
+    )
     aot_modules = env_str(
         "FLASHINFER_AOT_MODULES",
         doc="Comma-separated module names the jit-cache wheel build is limited to; default: all.",
@@ -217,7 +280,9 @@ class ArtifactKnobs(KnobGroup):
         lambda: cache.workspace_base / ".cache" / "flashinfer" / "cubins",
         "Local store of downloaded kernel binaries.",
     )
-    repository = env_str("FLASHINFER_CUBINS_REPOSITORY", None, "Ordered artifact repositories.")
+    repository = env_str(
+        "FLASHINFER_CUBINS_REPOSITORY", None, "Ordered artifact repositories.", _parse_repositories
+    )
     public_repositories = env_str(
         "FLASHINFER_PUBLIC_REPOSITORIES",
         None,
@@ -238,14 +303,21 @@ class ArtifactKnobs(KnobGroup):
         "FLASHINFER_CUBIN_MANIFEST_SHA256",
         None,
         "Trust this release-manifest sha256 when the installed wheel pins none (development builds).",
+        _parse_sha256,
     )
-    download_timeout = env_float(
+    download_timeout = env_seconds(
         "FLASHINFER_DOWNLOAD_TIMEOUT", 30.0, "Seconds to connect, and without data while reading."
+    )
+    download_deadline = env_seconds(
+        "FLASHINFER_DOWNLOAD_DEADLINE",
+        None,
+        "Seconds one file may take in all (every attempt and repository); default: "
+        "300 + 1 per 256 KiB of the file (flashinfer.artifacts.fetch.default_deadline).",
     )
     download_retries = env_int(
         "FLASHINFER_DOWNLOAD_RETRIES", 5, "Attempts per file and repository.", positive=True
     )
-    download_backoff = env_float(
+    download_backoff = env_seconds(
         "FLASHINFER_DOWNLOAD_BACKOFF", 0.5, "Base of the jittered exponential backoff, seconds."
     )
     ca_bundle = env_path(

@@ -6,6 +6,10 @@ body is retried with jittered exponential backoff and *resumed* from the bytes a
 (HTTP ``Range``, S3 ranged GET, a file seek); the hash state carries over. A repository that does
 not have the file, or serves other bytes, is skipped for the next one. On any failure the temp
 file is deleted: a file that does not verify is never kept.
+
+Each file has a deadline for all its attempts and repositories together
+(``FLASHINFER_DOWNLOAD_DEADLINE``, default :func:`default_deadline`): the read timeout only
+bounds a silence, so without it a server that trickles a byte a second would never be given up on.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 from .. import knobs
 from .errors import DownloadError, NotFoundError, RepositoryError, TransientError
-from .repository import Repository
+from .repository import DeadlineExceeded, Repository, remaining, until
 
 T = TypeVar("T")
 
@@ -30,6 +34,29 @@ Progress = Optional[Callable[[int], None]]
 
 #: Longest pause between two attempts, seconds.
 MAX_BACKOFF = 30.0
+
+#: The default deadline of one file: this many seconds, plus one per :data:`DEADLINE_RATE`
+#: bytes of the file (a transfer slower than 256 KiB/s on average is given up on).
+DEADLINE_BASE = 300.0
+DEADLINE_RATE = 256 << 10
+
+
+def default_deadline(size: int) -> float:
+    """Seconds a file of ``size`` bytes may take when FLASHINFER_DOWNLOAD_DEADLINE is unset:
+    300 plus one per 256 KiB (5 min for a small file, 21 min for 256 MiB)."""
+    return DEADLINE_BASE + size / DEADLINE_RATE
+
+
+def file_deadline(size: int) -> float:
+    """FLASHINFER_DOWNLOAD_DEADLINE, else :func:`default_deadline` of ``size``."""
+    knob = knobs.artifacts.download_deadline
+    return default_deadline(size) if knob is None else knob
+
+
+def _deadline_message(seconds: float) -> str:
+    how = ("FLASHINFER_DOWNLOAD_DEADLINE" if knobs.artifacts.download_deadline is not None
+           else "the default: 300 s + 1 s per 256 KiB; set FLASHINFER_DOWNLOAD_DEADLINE")
+    return f"not complete within its deadline of {seconds:g} s ({how})"
 
 
 def backoff_delay(attempt: int, base: Optional[float] = None) -> float:
@@ -65,10 +92,11 @@ class _Partial:
         self.size += len(chunk)
 
 
-def _receive(repo: Repository, relpath: str, part: _Partial, size: int, progress: Progress):
+def _receive(repo: Repository, relpath: str, part: _Partial, size: int, progress: Progress,
+             deadline: Optional[float] = None):
     """One attempt: append the rest of the file to ``part``. Raises TransientError (retry),
-    NotFoundError / RepositoryError (next repository)."""
-    stream = repo.open(relpath, part.size)
+    NotFoundError / RepositoryError (next repository), DeadlineExceeded (give up)."""
+    stream = repo.open(relpath, part.size, deadline)
     try:
         if stream.start != part.size:
             if stream.start != 0:
@@ -78,7 +106,7 @@ def _receive(repo: Repository, relpath: str, part: _Partial, size: int, progress
         elif part.size:
             part.stitched = True
         received = 0
-        for chunk in stream.chunks:
+        for chunk in until(stream.chunks, deadline, f"{repo.shown}/{relpath}"):
             if part.size + len(chunk) > size:
                 raise RepositoryError(
                     f"{repo.shown}/{relpath}: more than the manifest's {size} bytes"
@@ -101,10 +129,13 @@ def _receive(repo: Repository, relpath: str, part: _Partial, size: int, progress
         stream.close()
 
 
-def _with_retries(op: Callable[[], T], attempts: list[str]) -> tuple[bool, Optional[T]]:
+def _with_retries(
+    op: Callable[[], T], attempts: list[str], deadline: Optional[float] = None
+) -> tuple[bool, Optional[T]]:
     """``(True, op())`` from one repository, retrying a :class:`TransientError` (with jittered
     backoff) up to ``FLASHINFER_DOWNLOAD_RETRIES`` times; ``(False, None)`` once it gave up or
-    the repository said no (404, another 4xx), every failure recorded in ``attempts``."""
+    the repository said no (404, another 4xx), every failure recorded in ``attempts``.
+    :class:`DeadlineExceeded` goes through: the file is given up on, not the repository."""
     retries = knobs.artifacts.download_retries
     for attempt in range(retries):
         try:
@@ -112,7 +143,9 @@ def _with_retries(op: Callable[[], T], attempts: list[str]) -> tuple[bool, Optio
         except TransientError as e:
             attempts.append(f"{e} (attempt {attempt + 1} of {retries})")
             if attempt + 1 < retries:
-                time.sleep(backoff_delay(attempt))
+                delay = backoff_delay(attempt)
+                left = remaining(deadline, "waiting to retry")
+                time.sleep(delay if left is None else min(delay, left))
         except (NotFoundError, RepositoryError) as e:
             attempts.append(str(e))
             break
@@ -138,17 +171,24 @@ def fetch_file(
     attempts: list[str] = []
     part = _Partial(dest_tmp)
     ok = False
+    seconds = file_deadline(size)
+    deadline = time.monotonic() + seconds
 
     def receive(repo: Repository) -> None:
         if part.size < size or size == 0:  # the rest (a resume, or from another repository)
-            _receive(repo, relpath, part, size, progress)
+            _receive(repo, relpath, part, size, progress, deadline)
 
     try:
         for repo in repos:
             # A second, whole-file try from the same repository when the bad bytes may have
             # come from an earlier response (a resume after a drop, another repository).
             for _ in range(2):
-                if not _with_retries(lambda repo=repo: receive(repo), attempts)[0]:
+                try:
+                    got = _with_retries(lambda repo=repo: receive(repo), attempts, deadline)[0]
+                except DeadlineExceeded as e:
+                    attempts.append(f"{e}: {_deadline_message(seconds)}")
+                    raise DownloadError(what or relpath, attempts) from None
+                if not got:
                     break
                 digest = part.hash.hexdigest()
                 if digest == sha256:
@@ -186,8 +226,16 @@ def fetch_small(repos: Sequence[Repository], relpath: str, accept: Callable[[byt
     """
     attempts: list[str] = []
     refusals: list[Exception] = []
+    seconds = file_deadline(0)
+    deadline = time.monotonic() + seconds
     for repo in repos:
-        got, data = _with_retries(lambda repo=repo: repo.read(relpath), attempts)
+        try:
+            got, data = _with_retries(
+                lambda repo=repo: repo.read(relpath, deadline=deadline), attempts, deadline
+            )
+        except DeadlineExceeded as e:
+            attempts.append(f"{e}: {_deadline_message(seconds)}")
+            raise DownloadError(relpath, attempts) from None
         if not got:
             continue
         try:

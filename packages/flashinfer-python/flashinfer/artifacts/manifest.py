@@ -119,13 +119,45 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _is_int(value: Any) -> bool:
+    """A JSON integer: ``type(x) is int``, so neither ``true`` nor ``1.0`` (both ``== 1``)."""
+    return type(value) is int
+
+
 def _require(obj: Mapping[str, Any], key: str, types: Any, where: str) -> Any:
     if key not in obj:
         raise ManifestError(f"{where}: missing field {key!r}")
     value = obj[key]
-    if not isinstance(value, types) or isinstance(value, bool) and types is int:
+    if not (_is_int(value) if types is int else isinstance(value, types)):
         raise ManifestError(f"{where}: field {key!r} has the wrong type ({type(value).__name__})")
     return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ManifestError(f"{name} is not a JSON number")
+
+
+def parse_json(data: bytes, what: str) -> dict:
+    """``data`` as a JSON object, or a ManifestError: not UTF-8, not JSON, ``NaN`` or
+    ``Infinity`` (Python's extensions), nested deeper than the parser recurses, not an object."""
+    try:
+        obj = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ManifestError(f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ManifestError(f"{what} nests arrays or objects too deeply to be one") from None
+    if not isinstance(obj, dict):
+        raise ManifestError(f"{what} must be a JSON object")
+    return obj
+
+
+def _check_schema(obj: Mapping[str, Any], what: str) -> None:
+    schema = obj.get("schema_version")
+    if not _is_int(schema) or schema != SCHEMA_VERSION:
+        raise ManifestError(
+            f"{what} schema_version must be the integer {SCHEMA_VERSION}, got {schema!r} (a "
+            "newer flashinfer may be needed to read it)"
+        )
 
 
 @dataclass(frozen=True)
@@ -184,8 +216,7 @@ class ParamLayout:
             fields.append(ParamField(name, ftype, offset))
         args, end = [], 0
         for raw in _require(obj, "args", list, where):
-            if (not isinstance(raw, list) or len(raw) != 2
-                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw)):
+            if not isinstance(raw, list) or len(raw) != 2 or not all(map(_is_int, raw)):
                 raise ManifestError(f"{where}: each of params.args must be [offset, size]")
             off, n = raw
             if off < end or n <= 0 or off + n > size:
@@ -231,7 +262,7 @@ class KernelInfo:
         launch = _require(obj, "launch", dict, where)
         variant = _require(obj, "variant", dict, where)
         for k, v in variant.items():
-            if not isinstance(v, (str, int)) or isinstance(v, bool):
+            if not (isinstance(v, str) or _is_int(v)):
                 raise ManifestError(f"{where}: variant {k!r} must be a string or an integer")
         smem = _require(launch, "dynamic_smem", int, where)
         if smem < 0:
@@ -395,18 +426,8 @@ class Manifest:
                     "trusts (swapped, rolled back or corrupt); point FLASHINFER_CUBINS_REPOSITORY "
                     "at a repository that serves the pinned release"
                 )
-        try:
-            obj = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ManifestError(f"manifest is not valid JSON: {e}") from None
-        if not isinstance(obj, dict):
-            raise ManifestError("manifest must be a JSON object")
-        schema = obj.get("schema_version")
-        if schema != SCHEMA_VERSION:
-            raise ManifestError(
-                f"manifest schema_version must be {SCHEMA_VERSION}, got {schema!r} (a newer "
-                "flashinfer may be needed to read it)"
-            )
+        obj = parse_json(data, "manifest")
+        _check_schema(obj, "manifest")
         files = _require(obj, "files", list, "manifest")
         entries = tuple(FileEntry.from_json(f) for f in files)
         if [f.path for f in entries] != sorted(f.path for f in entries):
@@ -438,12 +459,8 @@ class Index:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Index":
-        try:
-            obj = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ManifestError(f"index is not valid JSON: {e}") from None
-        if not isinstance(obj, dict) or obj.get("schema_version") != SCHEMA_VERSION:
-            raise ManifestError(f"index must be an object with schema_version {SCHEMA_VERSION}")
+        obj = parse_json(data, "index")
+        _check_schema(obj, "index")
         releases = obj.get("releases")
         if not isinstance(releases, dict):
             raise ManifestError("index: releases must be an object")

@@ -14,8 +14,10 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import tempfile
 import threading
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -30,6 +32,29 @@ CHUNK = 1 << 20
 #: dropped 5 GB PUT restarts from zero; 64 MB parts retry on their own).
 MULTIPART_THRESHOLD = 64 << 20
 MULTIPART_CHUNK = 64 << 20
+
+
+class DeadlineExceeded(Exception):
+    """A read went past the deadline it was given (``fetch.py`` turns it into a
+    :class:`~flashinfer.artifacts.errors.DownloadError` naming FLASHINFER_DOWNLOAD_DEADLINE)."""
+
+
+def remaining(deadline: Optional[float], where: str) -> Optional[float]:
+    """Seconds left until ``deadline`` (a ``time.monotonic()`` value; None: no deadline)."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceeded(where)
+    return left
+
+
+def until(chunks: Iterator[bytes], deadline: Optional[float], where: str) -> Iterator[bytes]:
+    """``chunks``, cut with :class:`DeadlineExceeded` once ``deadline`` has passed (checked as
+    each chunk arrives: a server that trickles a byte at a time never trips a read timeout)."""
+    for chunk in chunks:
+        remaining(deadline, where)
+        yield chunk
 
 
 class Stream:
@@ -52,16 +77,18 @@ class Repository:
 
     url: str
 
-    def open(self, path: str, offset: int = 0) -> Stream:
-        """Open ``path`` for reading from byte ``offset``."""
+    def open(self, path: str, offset: int = 0, deadline: Optional[float] = None) -> Stream:
+        """Open ``path`` for reading from byte ``offset``; a backend that waits on the network
+        waits no longer than ``deadline`` (a ``time.monotonic()`` value) for an answer."""
         raise NotImplementedError
 
-    def read(self, path: str, limit: int = 64 << 20) -> bytes:
-        """A small file (manifest, index), whole, in one attempt."""
-        stream = self.open(path)
+    def read(self, path: str, limit: int = 64 << 20, deadline: Optional[float] = None) -> bytes:
+        """A small file (manifest, index), whole, in one attempt, by ``deadline`` (raises
+        :class:`DeadlineExceeded` after it)."""
+        stream = self.open(path, 0, deadline)
         try:
             out = bytearray()
-            for chunk in stream.chunks:
+            for chunk in until(stream.chunks, deadline, f"{self.shown}/{path}"):
                 out += chunk
                 if len(out) > limit:
                     raise RepositoryError(f"{self.shown}/{path} is larger than {limit} bytes")
@@ -104,6 +131,17 @@ class Repository:
 # ---------------------------------------------------------------------------------------------
 
 
+def _regular(file: Path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+        raise RepositoryError(
+            f"{file} is not a regular file ({kind}); a directory repository serves regular "
+            "files only"
+        )
+
+
 class DirectoryRepository(Repository):
     """A repository in a local directory (an offline mirror, or the staging area)."""
 
@@ -114,16 +152,27 @@ class DirectoryRepository(Repository):
     def file(self, path: str) -> Path:
         return self.root / path
 
-    def open(self, path: str, offset: int = 0) -> Stream:
+    def open(self, path: str, offset: int = 0, deadline: Optional[float] = None) -> Stream:
+        """Only a regular file is read (after following symlinks): opening a FIFO blocks until
+        a writer comes, a device may never end, so both are refused before being opened. The
+        open itself is non-blocking and checked again, in case the name changed in between."""
+        file = self.file(path)
         try:
-            f = open(self.file(path), "rb")
+            _regular(file, os.stat(file).st_mode)
+            fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
-            raise NotFoundError(f"{self.file(path)} does not exist") from None
-        except IsADirectoryError:
-            raise NotFoundError(f"{self.file(path)} is a directory") from None
+            raise NotFoundError(f"{file} does not exist") from None
         except OSError as e:
-            raise RepositoryError(f"cannot read {self.file(path)}: {e}") from None
-        size = os.fstat(f.fileno()).st_size
+            raise RepositoryError(f"cannot read {file}: {e}") from None
+        try:
+            st = os.fstat(fd)
+            _regular(file, st.st_mode)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        f = os.fdopen(fd, "rb")
+        size = st.st_size
         f.seek(offset)
 
         def chunks() -> Iterator[bytes]:
@@ -213,13 +262,17 @@ class HttpRepository(Repository):
         where = f"{self.shown}/{urllib.parse.quote(path)}"
         return f"{where}: {type(error).__name__}: {knobs.redact(str(error))}" if error else where
 
-    def _request(self, path: str, offset: int, method: str = "GET"):
+    def _request(self, path: str, offset: int, method: str = "GET",
+                 deadline: Optional[float] = None):
         import requests
 
         headers = {"Accept-Encoding": "identity"}  # sizes and ranges are of the stored bytes
         if offset:
             headers["Range"] = f"bytes={offset}-"
         timeout = knobs.artifacts.download_timeout
+        left = remaining(deadline, self._shown(path))
+        if left is not None:  # a silent server is cut at the deadline, not a timeout later
+            timeout = min(timeout, left)
         ca = knobs.artifacts.ca_bundle
         try:
             resp = _http_session().request(
@@ -249,11 +302,11 @@ class HttpRepository(Repository):
             raise RepositoryError(f"{where} (its copy is shorter than the bytes already received)")
         raise RepositoryError(where)
 
-    def open(self, path: str, offset: int = 0) -> Stream:
+    def open(self, path: str, offset: int = 0, deadline: Optional[float] = None) -> Stream:
         import requests
         from urllib3.exceptions import HTTPError as Urllib3Error
 
-        resp = self._request(path, offset)
+        resp = self._request(path, offset, deadline=deadline)
         start = 0
         if resp.status_code == 206:
             content_range = resp.headers.get("Content-Range", "")
@@ -353,7 +406,9 @@ class S3Repository(Repository):
             return TransientError(f"{where}: {type(e).__name__}: {e}")
         return e
 
-    def open(self, path: str, offset: int = 0) -> Stream:
+    def open(self, path: str, offset: int = 0, deadline: Optional[float] = None) -> Stream:
+        """``deadline`` is checked as chunks arrive (:func:`until`, by the caller); botocore's
+        timeouts are per client."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         kwargs = {"Bucket": self.bucket, "Key": self.key(path)}
@@ -363,13 +418,26 @@ class S3Repository(Repository):
             resp = self.client.get_object(**kwargs)
         except (BotoCoreError, ClientError) as e:
             raise self._classify(e, path) from None
+        from urllib3.exceptions import HTTPError as Urllib3Error
+
         body = resp["Body"]
         start = offset if resp.get("ContentRange") else 0
+        # What has arrived, as for http: botocore's read(n) waits for all n bytes, so a server
+        # trickling a byte a second would hold one read (and the deadline check between chunks)
+        # for days. The size and hash are checked by the caller, as for every backend.
+        read1 = getattr(getattr(body, "_raw_stream", None), "read1", None)
 
         def chunks() -> Iterator[bytes]:
             try:
-                yield from body.iter_chunks(CHUNK)
-            except (BotoCoreError, ClientError, OSError) as e:
+                if read1 is None:
+                    yield from body.iter_chunks(CHUNK)
+                    return
+                while True:
+                    data = read1(CHUNK, decode_content=False)
+                    if not data:
+                        return
+                    yield data
+            except (BotoCoreError, ClientError, Urllib3Error, OSError) as e:
                 raise TransientError(f"{self.shown}/{path}: {type(e).__name__}: {e}") from None
 
         return Stream(start, resp.get("ContentLength"), chunks(), body.close)
@@ -461,9 +529,40 @@ class S3Repository(Repository):
 # ---------------------------------------------------------------------------------------------
 
 
+_SCHEMES = "use https://host, http://host, s3://bucket[/prefix], file:///path or a directory path"
+
+
+def repository_problem(url: str) -> Optional[str]:
+    """Why ``url`` names no repository this client can open (None when it does): an unknown
+    scheme (``ftp://``, ``data:``), an http(s) URL without a host, ``s3://`` without a bucket,
+    a ``file://`` URL with a remote host."""
+    parsed = urllib.parse.urlparse(url.strip())
+    scheme = parsed.scheme.lower()
+    if scheme in ("http", "https"):
+        return None if parsed.hostname else "no host"
+    if scheme == "s3":
+        return None if parsed.netloc else "no bucket (s3://bucket[/prefix])"
+    if scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            return f"host {parsed.netloc!r}: a file:// URL names a path on this machine"
+        return None if parsed.path else "no path"
+    if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
+        return None if url.strip() else "empty"
+    return f"unknown scheme {scheme!r}"
+
+
 def open_repository(url: str) -> Repository:
-    """The backend for a repository URL: ``s3://``, ``http(s)://``, ``file://`` or a path."""
+    """The backend for a repository URL: ``s3://``, ``http(s)://``, ``file://`` or a path.
+
+    Raises
+    ------
+    RepositoryError
+        ``url`` names no repository (:func:`repository_problem` says why).
+    """
     url = url.strip()
+    problem = repository_problem(url)
+    if problem:
+        raise RepositoryError(f"repository {url!r}: {problem}; {_SCHEMES}")
     parsed = urllib.parse.urlparse(url)
     scheme = parsed.scheme.lower()
     if scheme in ("http", "https"):
@@ -472,16 +571,27 @@ def open_repository(url: str) -> Repository:
         return S3Repository(url)
     if scheme == "file":
         return DirectoryRepository(Path(urllib.request.url2pathname(parsed.path)), url)
-    if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
-        return DirectoryRepository(Path(url).expanduser(), url)
-    raise RepositoryError(
-        f"repository {url!r}: unknown scheme {scheme!r}; use https://, http://, s3://, file:// "
-        "or a directory path"
-    )
+    return DirectoryRepository(Path(url).expanduser(), url)
+
+
+def _split(text: str) -> list[str]:
+    return [u for piece in text.split(",") for u in piece.split()]
+
+
+def repository_list_problem(text: str) -> Optional[str]:
+    """Why ``FLASHINFER_CUBINS_REPOSITORY``'s value ``text`` is not a list of repositories
+    (None when it is): an empty entry (``a,,b``, a leading or trailing comma), or an entry
+    :func:`repository_problem` refuses."""
+    if any(not piece.strip() for piece in text.split(",")):
+        return "an empty entry between commas"
+    for url in _split(text):
+        problem = repository_problem(url)
+        if problem:
+            return f"entry {url!r}: {problem}"
+    return None
 
 
 def parse_repository_list(text: Optional[str]) -> list[str]:
-    """``FLASHINFER_CUBINS_REPOSITORY``: URLs separated by whitespace or commas, tried in order."""
-    if not text:
-        return []
-    return [u for u in text.replace(",", " ").split() if u]
+    """``FLASHINFER_CUBINS_REPOSITORY``: URLs separated by whitespace or commas, tried in order
+    (the knob has checked them: :func:`repository_list_problem`)."""
+    return _split(text) if text else []

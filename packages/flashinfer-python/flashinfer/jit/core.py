@@ -14,10 +14,19 @@ compiler, the TVM-FFI version and ours. A changed input is a new directory, so n
 rebuilt in place and a stale binary can't be picked up. Builds take an advisory ``fcntl`` lock per
 module (the kernel drops it when the holder dies) and publish the ``.so`` by atomic rename, so
 any number of processes can start cold at once and a killed build blocks nothing.
+
+A file in a cache is never handed to the loader unchecked: a truncated ``.so`` would kill the
+process with SIGBUS. The disk cache's ``module.json`` records the ``.so``'s size, sha256 and
+mtime; before loading, the size is compared (a stat) and the sha256 only when the mtime differs
+from the record or ``FLASHINFER_JIT_VERIFY`` is set (or the load failed). A damaged copy is
+rebuilt with one warning. Both files are fsynced before the rename that publishes the ``.so``
+and the directory after it. The jit-cache wheel's modules are checked against the sizes (and,
+with the knob, the hashes) of its manifest, and skipped, never rewritten, when they differ.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -35,7 +44,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 from .. import knobs
 from .._filelock import file_lock
-from ..exceptions import CompilerNotFoundError, JitCompileError, MissingJITCacheError
+from ..exceptions import CompilerNotFoundError, JitCompileError, JitError, MissingJITCacheError
 from . import archs as _archs
 from . import toolchain
 
@@ -50,6 +59,8 @@ SM80_AND_NEWER = (8, 9, 10, 11, 12)
 
 _loaded: dict[str, Any] = {}
 _loaded_lock = threading.Lock()
+#: Files of the jit-cache wheel this process found damaged or unloadable (warned about once).
+_aot_refused: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -399,25 +410,63 @@ def get_module(spec: JitSpec) -> Any:
         module = _loaded.get(plan.build_key)
     if module is not None:
         return module
-    module = _load(_disk_or_build(plan))
+    path = _disk_or_build(plan)
+    try:
+        module = _load(path)
+    except Exception:
+        # A copy that passed the cheap check (same size, same mtime) but does not load: if its
+        # bytes are not the recorded ones, it is rebuilt; if they are, the error is real.
+        if not _rebuild_if_damaged(plan):
+            raise
+        module = _load(plan.so_path)
     with _loaded_lock:
         return _loaded.setdefault(plan.build_key, module)
 
 
+def _aot_damage(aot: Any) -> Optional[str]:
+    """Why the wheel's file differs from its manifest (None: it does not, as far as checked).
+    The size always (a stat); the sha256 with FLASHINFER_JIT_VERIFY. Not by mtime: pip gives
+    every installed file the time it was unpacked."""
+    size, sha = getattr(aot, "size", None), getattr(aot, "sha256", None)
+    try:
+        st = os.stat(aot.path)
+    except OSError as e:
+        return f"cannot stat it: {e}"
+    if type(size) is int and st.st_size != size:
+        return f"it has {st.st_size} bytes, its manifest says {size}"
+    if knobs.jit.verify and sha:
+        got = _file_sha256(Path(aot.path))
+        if got != sha:
+            return f"its sha256 is {got}, its manifest says {sha}"
+    return None
+
+
 def _load_aot(aot: Any) -> Optional[Any]:
-    """The loaded jit-cache module, or None (with a warning) when it does not load here, e.g.
-    on a system whose libstdc++ is older than the build's: the JIT is still there."""
+    """The loaded jit-cache module, or None (with one warning) when its file is damaged or it
+    does not load here, e.g. on a system whose libstdc++ is older than the build's: the JIT is
+    still there. The wheel's files are never modified."""
     key = "aot:" + aot.uri
     with _loaded_lock:
         module = _loaded.get(key)
-    if module is not None:
-        return module
+        if module is not None or str(aot.path) in _aot_refused:
+            return module
+    damage = _aot_damage(aot)
     try:
+        if damage is not None:
+            raise _Damaged(damage)
         module = _load(aot.path)
     except Exception as e:  # noqa: BLE001 - any load failure means: use the JIT instead
+        with _loaded_lock:
+            _aot_refused.add(str(aot.path))
+        if isinstance(e, _Damaged):
+            from .jit_cache import DISTRIBUTION
+
+            what = (f"is damaged ({e}), so it is compiled instead; reinstall the wheel: pip "
+                    f"install --force-reinstall {DISTRIBUTION}")
+        else:
+            what = f"failed to load, so it is compiled instead: {type(e).__name__}: {e}"
         warnings.warn(
-            f"flashinfer-jit-cache's module {aot.uri} ({aot.path}) failed to load, so it is "
-            f"compiled instead: {type(e).__name__}: {e}",
+            f"flashinfer-jit-cache's module {aot.uri} ({aot.path}) {what}",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -433,28 +482,158 @@ def _load(path: Path) -> Any:
     return tvm_ffi.load_module(str(path))
 
 
+class _Damaged(Exception):
+    """A cached module file that is not the one its record describes."""
+
+
+RECORD = "module.json"
+
+
+def _file_sha256(path: Path) -> str:
+    from ..artifacts.store import hash_file  # bounded memory; imported only when hashing
+
+    return hash_file(path)[0]
+
+
+def _fsync(path: Path, directory: bool = False) -> None:
+    """Flush ``path`` (a file, or with ``directory`` the entries of a directory) to disk."""
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        if directory:  # a platform that cannot open directories: nothing to flush there
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not directory:
+            raise
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically, the bytes on disk before the name."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _disk_damage(plan: BuildPlan, verify: bool = False) -> Optional[str]:
+    """Why the disk cache's ``.so`` of ``plan`` is not the one its record describes; None when
+    it is, as far as checked: the size always (a stat), the sha256 when the mtime differs from
+    the record's, or ``verify`` / FLASHINFER_JIT_VERIFY. A copy found intact under a new mtime
+    (a cache copied without its times) has its record updated, so it is hashed once."""
+    so, record_path = plan.so_path, plan.build_dir / RECORD
+    st = os.stat(so)
+    try:
+        record = json.loads(record_path.read_text())
+        size, sha, mtime = (record["so"][k] for k in ("size", "sha256", "mtime_ns"))
+        if type(size) is not int or type(mtime) is not int or not isinstance(sha, str):
+            raise TypeError("mistyped")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+        return f"its record {record_path} has no size and sha256 ({type(e).__name__}: {e})"
+    if st.st_size != size:
+        return f"it has {st.st_size} bytes, its record says {size}"
+    if verify or knobs.jit.verify or st.st_mtime_ns != mtime:
+        got = _file_sha256(so)
+        if got != sha:
+            return f"its sha256 is {got}, its record says {sha}"
+        if st.st_mtime_ns != mtime:
+            record["so"]["mtime_ns"] = st.st_mtime_ns
+            with contextlib.suppress(OSError):  # a read-only cache: hashed again next time
+                _write_durably(record_path, json.dumps(record, indent=1))
+    return None
+
+
+def _state(plan: BuildPlan, verify: bool = False) -> tuple[bool, Optional[str]]:
+    """(whether the ``.so`` exists, why it is damaged or None)."""
+    try:
+        return True, _disk_damage(plan, verify)
+    except (FileNotFoundError, NotADirectoryError):
+        return False, None
+
+
+def _warn_rebuild(plan: BuildPlan, why: str) -> None:
+    warnings.warn(
+        f"JIT module {plan.spec.name!r}: the cached {plan.so_path} is damaged ({why}); "
+        "rebuilding it",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def _lock(plan: BuildPlan):
+    folder = plan.build_dir.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise JitError(
+            f"cannot create the JIT cache directory {folder} ({type(e).__name__}: {e}); the "
+            "cache is <FLASHINFER_WORKSPACE_BASE>/.cache/flashinfer, so FLASHINFER_WORKSPACE_BASE "
+            f"(now {knobs.cache.workspace_base}) must name a directory you can write"
+        ) from None
+    return file_lock(plan.build_dir.with_name(plan.build_dir.name + ".lock"))
+
+
 def _disk_or_build(plan: BuildPlan) -> Path:
-    """Fast path -> lock -> re-check -> refuse if JIT is disabled -> build -> publish."""
-    if plan.so_path.is_file():
+    """Fast path (checked) -> lock -> re-check -> refuse if JIT is disabled -> build ->
+    publish. A damaged copy is rebuilt, with one warning from the process that rebuilds it."""
+    exists, damage = _state(plan)
+    if exists and damage is None:
         stats["loaded_disk"] += 1
         return plan.so_path
     if knobs.jit.disable_jit:
         from ..aot import missing_module_message  # the error path only (aot imports core)
 
-        raise MissingJITCacheError(missing_module_message(plan.spec, plan.uri, plan.archs),
-                                   plan.spec)
-    with file_lock(plan.build_dir.with_name(plan.build_dir.name + ".lock")):
-        if plan.so_path.is_file():  # another process built it while we waited
+        found = (f"\n(Its cached copy {plan.so_path} is damaged, so it is not loaded: {damage}.)"
+                 if exists else "")
+        raise MissingJITCacheError(
+            missing_module_message(plan.spec, plan.uri, plan.archs) + found, plan.spec)
+    with _lock(plan):
+        exists, damage = _state(plan)  # another process may have built or repaired it
+        if exists and damage is None:
             stats["loaded_disk"] += 1
             return plan.so_path
+        if damage is not None:
+            _warn_rebuild(plan, damage)
         _build(plan)
         stats["built"] += 1
     return plan.so_path
 
 
+def _rebuild_if_damaged(plan: BuildPlan) -> bool:
+    """After a failed load: hash the file; rebuild it (True) unless it is the recorded one."""
+    if knobs.jit.disable_jit:
+        return False
+    with _lock(plan):
+        exists, damage = _state(plan, verify=True)
+        if exists and damage is None:
+            return False
+        if damage is not None:
+            _warn_rebuild(plan, damage)
+        _build(plan)
+        stats["built"] += 1
+    return True
+
+
 def _build(plan: BuildPlan) -> None:
     # Imported here: a process whose modules all come from a cache never needs it.
-    from .ninja import NinjaBuild, render_ninja, write_if_changed
+    from .ninja import (
+        NinjaBuild,
+        compiler_errors,
+        failed_targets,
+        render_ninja,
+        write_if_changed,
+    )
 
     nvcc = plan.nvcc
     if nvcc is None or not os.access(nvcc, os.X_OK):
@@ -492,8 +671,12 @@ def _build(plan: BuildPlan) -> None:
     if knobs.jit.verbose:
         print(proc.stdout, end="", flush=True)
     if proc.returncode != 0:
-        raise JitCompileError(plan.spec, str(log_path), _error_lines(proc.stdout))
+        lines = compiler_errors(proc.stdout) or failed_targets(proc.stdout)
+        raise JitCompileError(plan.spec, str(log_path), lines)
     seconds = time.monotonic() - start
+    built = work / f"{plan.spec.name}.so"
+    _fsync(built)
+    st = os.stat(built)
     record = {
         "name": plan.spec.name,
         "uri": plan.uri,
@@ -503,23 +686,14 @@ def _build(plan: BuildPlan) -> None:
         "cuda_cflags": list(plan.cuda_cflags),
         "inputs": list(plan.inputs),
         "build_seconds": round(seconds, 2),
+        "so": {"size": st.st_size, "sha256": _file_sha256(built), "mtime_ns": st.st_mtime_ns},
     }
-    (plan.build_dir / "module.json").write_text(json.dumps(record, indent=1))
-    os.replace(work / f"{plan.spec.name}.so", plan.so_path)  # the commit point
+    # The record, then the .so (the commit point; rename keeps its mtime), then the directory.
+    _write_durably(plan.build_dir / RECORD, json.dumps(record, indent=1))
+    os.replace(built, plan.so_path)
+    _fsync(plan.build_dir, directory=True)
     shutil.rmtree(work, ignore_errors=True)
     logger.info("built %s in %.1f s", plan.spec.name, seconds)
-
-
-def _error_lines(output: str) -> list[str]:
-    """The compiler's and linker's error lines, without ninja's own chatter."""
-    keep = []
-    for line in output.splitlines():
-        low = line.lower()
-        if any(w in low for w in ("error", "undefined reference", "cannot find")) and not (
-            line.startswith("ninja:")
-        ):
-            keep.append(line.strip())
-    return keep or [ln.strip() for ln in output.splitlines() if ln.startswith("FAILED")]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -38,13 +38,16 @@ MANIFEST_NAME = "manifest.json"
 
 @dataclass(frozen=True)
 class AotModule:
-    """One module of the wheel: its name and URI, the archs it holds SASS for, its file."""
+    """One module of the wheel: its name and URI, the archs it holds SASS for, its file, and
+    the file's size and sha256 as the manifest records them (checked before loading)."""
 
     name: str
     uri: str
     archs: tuple[Arch, ...]
     path: Path
     config_key: Optional[str] = None  # flashinfer.jit.core.config_key, when recorded
+    size: Optional[int] = None
+    sha256: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,8 @@ def _modules(root: Path, manifest: dict) -> tuple[AotModule, ...]:
             archs=tuple(parse_arch_list(" ".join(m["archs"]), f"{MANIFEST_NAME} of {m['name']}")),
             path=root / m["path"],
             config_key=m.get("config_key"),
+            size=m.get("size"),
+            sha256=m.get("sha256"),
         )
         for m in manifest["modules"]
     )
@@ -150,7 +155,7 @@ def _inspect() -> Optional[JitCacheWheel]:
     try:
         manifest = json.loads((root / MANIFEST_NAME).read_text())
         modules = _modules(root, manifest)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         # A wheel we cannot read is one we cannot use; say so once instead of failing ops.
         return JitCacheWheel(root, {}, f"{DISTRIBUTION} at {root} has an unreadable "
                              f"{MANIFEST_NAME} ({type(e).__name__}: {e}); it is ignored. "

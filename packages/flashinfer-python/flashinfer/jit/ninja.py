@@ -3,6 +3,7 @@ and written to disk only when it changes."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,3 +92,39 @@ def write_if_changed(path: Path, text: str) -> bool:
     tmp.write_text(text)
     tmp.replace(path)
     return True
+
+
+# What the compilers and the linker call an error: ``file(5): error: ...`` (nvcc),
+# ``file:3:10: fatal error: ...`` (gcc), ``nvcc fatal   : ...``, ``ptxas error   : ...``,
+# ``error C2065: ...`` (MSVC), the linker's ``cannot find -lx``, ``undefined reference to``, and
+# the shell's ``/bin/sh: 1: c++: not found`` (a CXX or launcher that does not exist).
+_DIAGNOSTIC = re.compile(
+    r"\b(?:error|fatal)\b\s*(?:[A-Z]+\d+\s*)?:|undefined reference to|cannot find -l"
+    r"|multiple definition of|: (?:command )?not found\s*$",
+    re.IGNORECASE,
+)
+
+
+def compiler_errors(output: str) -> list[str]:
+    """The compilers' and the linker's error lines in ninja's ``output``, in order, once each.
+
+    ninja prints each failed command on the line after its ``FAILED:`` line; that line is
+    skipped, since a flag or a path in it may contain "error" without being one."""
+    keep: list[str] = []
+    command_next = False
+    for line in output.splitlines():
+        if command_next:
+            command_next = False
+            continue
+        if line.startswith("FAILED:"):
+            command_next = True
+        elif not line.startswith("ninja:") and _DIAGNOSTIC.search(line):
+            text = line.strip()
+            if text not in keep:
+                keep.append(text)
+    return keep
+
+
+def failed_targets(output: str) -> list[str]:
+    """ninja's ``FAILED: ...`` lines: what to show when no compiler line says why."""
+    return [line.strip() for line in output.splitlines() if line.startswith("FAILED:")]
