@@ -39,8 +39,13 @@ BUILD_REQUIREMENTS = ["build", "hatchling>=1.25", "apache-tvm-ffi>=0.1.15,<0.2",
 #: What the tests need besides the set; moto[server] (with boto3): the S3-compatible server the
 #: artifact tests start on loopback; hatchling: the cubin-wheel tests build that wheel (also in
 #: the release's fresh venv, which has no build requirements otherwise); nox: tests/test_noxfile.py
-#: imports this file to test the release guards.
-TEST_REQUIREMENTS = ["pytest", "numpy", "moto[server]", "hatchling>=1.25", "nox"]
+#: imports this file to test the release guards; safetensors: level-10 dumps in that format;
+#: pydantic and docstring-parser: what flashinfer-bench needs to load our trace files.
+TEST_REQUIREMENTS = ["pytest", "numpy", "moto[server]", "hatchling>=1.25", "nox", "safetensors",
+                     "pydantic>=2", "docstring-parser"]
+#: tests/test_fi_trace.py loads the trace JSON with flashinfer-bench, which declares upstream's
+#: flashinfer-python as a dependency (it would replace ours): installed with --no-deps.
+TRACE_CHECKER = "flashinfer-bench==0.1.2"
 #: The extra index a release install takes torch & co from (ours is the main one).
 PYPI = os.environ.get("RELEASE_EXTRA_INDEX_URL", "https://pypi.org/simple")
 
@@ -203,6 +208,7 @@ def tests(session: nox.Session) -> None:
     _build_set(session, wheelhouse, sdists=False, archs=TEST_ARCHS, modules=TEST_MODULES)
     _check(session, wheelhouse, version, sdists=False)
     session.install(*TEST_REQUIREMENTS)
+    session.install("--no-deps", TRACE_CHECKER)
     _install_from(session, "python", ["--find-links", str(wheelhouse)], version)
     session.run("python", "-c", _ASSERT_INSTALLED, version)
     # The packaging tests reuse these wheels instead of building their own.
@@ -505,6 +511,7 @@ def release(session: nox.Session) -> None:
         session.error(f"show-config does not show the installed jit-cache in use:\n{section}")
     session.log("show-config:" + section.rstrip())
     session.run(python, "-m", "pip", "install", "-q", *TEST_REQUIREMENTS, external=True)
+    session.run(python, "-m", "pip", "install", "-q", "--no-deps", TRACE_CHECKER, external=True)
     session.run(python, "-m", "pytest", "tests", "-q", external=True,
                 env={"FLASHINFER_TEST_WHEELHOUSE": str(outdir), **env["tests"]})
     to_commit = _promote(session, version, stage)
