@@ -25,6 +25,7 @@ def registered_specs() -> list[JitSpec]:
     from .jit.quantization import gen_quantization_module
     from .jit.rope import gen_rope_module
     from .jit.scale import gen_scale_module
+    from .jit.topk import gen_topk_module
 
     return [
         gen_scale_module(),
@@ -34,6 +35,7 @@ def registered_specs() -> list[JitSpec]:
         gen_quantization_module(),
         gen_page_module(),
         gen_cascade_module(),
+        gen_topk_module(),
         *(v.spec() for v in common_variants() + extra_variants()),
     ]
 

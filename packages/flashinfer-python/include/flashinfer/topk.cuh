@@ -1,0 +1,577 @@
+// Radix top-k: one CTA per row, over the order-preserving integer key of each value.
+//
+// Pass 1 reads the row once, keeps the first part of it in shared memory and histograms the top
+// 11 bits of every key (2048 bins). The bin that holds the k-th largest key is the threshold bin.
+// Pass 2 walks the row in index order: keys above the threshold bin are selected outright, keys in
+// it are stashed in shared memory (candidates). The remaining 21 bits are resolved by histograms
+// over the candidates alone (two rounds of 11 and 10 bits), and a last ordered walk over the
+// candidates selects the rest, taking the ties at the exact threshold by index as the tie-break
+// asks. Every walk that writes is an ordered block scan, so the selection and its order are a pure
+// function of the input (always deterministic). When the threshold bin holds more candidates than
+// fit in shared memory (e.g. rows of nearly equal values), the rounds run over the row itself.
+//
+// Key order: -inf < finite < +inf < NaN (every NaN, either sign, is one key, the largest, as
+// torch.topk orders it); -0.0 and +0.0 are one key. Values are written back bit-exactly.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace flashinfer {
+namespace topk {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBins = 2048;          // the widest digit: 11 bits
+constexpr int kMaxBufferK = 2048;    // k up to this is gathered (and sorted) in shared memory
+constexpr int kCandidateCap = 4096;  // candidates of the threshold bin kept in shared memory
+constexpr int kElemsPerThread = 8;   // row elements one thread loads per tile (2 x 16 B for float)
+
+enum class Mode : int { kValues = 0, kPageTable = 1, kRagged = 2 };
+enum class TieBreak : int { kNone = 0, kSmall = 1, kLarge = 2 };
+
+/// Order-preserving 32-bit keys of float / half / bfloat16 bit patterns (`raw` zero-extended).
+template <typename T>
+struct KeyTraits;
+
+template <>
+struct KeyTraits<float> {
+  static constexpr bool kWide = true;
+  __device__ __forceinline__ static uint32_t key(uint32_t raw) {
+    if ((raw & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;  // NaN: above +inf
+    if (raw == 0x80000000u) raw = 0;                             // -0 == +0
+    return (raw & 0x80000000u) ? ~raw : (raw | 0x80000000u);
+  }
+};
+
+template <uint32_t kInf>
+struct HalfKey {
+  static constexpr bool kWide = false;
+  __device__ __forceinline__ static uint32_t key(uint32_t raw) {
+    if ((raw & 0x7fffu) > kInf) return 0xffff0000u;
+    if (raw == 0x8000u) raw = 0;
+    const uint32_t k16 = (raw & 0x8000u) ? (~raw & 0xffffu) : (raw | 0x8000u);
+    return k16 << 16;
+  }
+};
+template <>
+struct KeyTraits<__half> : HalfKey<0x7c00u> {};
+template <>
+struct KeyTraits<__nv_bfloat16> : HalfKey<0x7f80u> {};
+
+/// Everything the kernel needs; pointers that a mode does not use are null.
+struct Params {
+  const void* input;
+  int64_t row_stride;  // elements
+  int num_rows;
+  int max_len;  // input.shape[1]
+  int k;
+  int mode;       // Mode
+  int tie_break;  // TieBreak
+  bool sorted;    // only for k <= kMaxBufferK (the caller sorts larger k)
+  const int32_t* lengths;     // (num_rows,) or null: every row is max_len long
+  const int32_t* row_starts;  // (num_rows,) or null: rows start at 0
+  // kValues
+  void* out_values;        // (num_rows, k) of the input dtype
+  int64_t* out_indices64;  // (num_rows, k)
+  // kPageTable / kRagged
+  int32_t* out_indices32;  // (num_rows, k)
+  int32_t* out_raw;        // (num_rows, k) or null: the indices before the transform
+  const int32_t* page_table;
+  int64_t page_table_stride;
+  int page_table_rows, page_table_cols;
+  const int32_t* row_to_batch;    // or null: batch = row
+  const int32_t* pt_row_starts;   // or null: 0
+  int page_size_log2;
+  const int32_t* offsets;  // kRagged
+  // shared memory layout, set by the launcher
+  int buffer_entries;   // power of two >= k when k <= kMaxBufferK, else 0
+  int candidate_cap;
+  int cache_vecs;       // 16-byte vectors of the row kept in shared memory between passes
+};
+
+namespace detail {
+
+__device__ __forceinline__ uint32_t warp_inclusive_scan(uint32_t x) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const uint32_t y = __shfl_up_sync(0xffffffffu, x, d);
+    if (lane >= d) x += y;
+  }
+  return x;
+}
+
+/// Exclusive prefix of c[u] in tile order (u major, thread minor); returns the tile total.
+/// `tot` holds kWarps * U + 1 words; callers alternate two buffers so one sync pair suffices.
+template <int U>
+__device__ __forceinline__ uint32_t tile_scan(uint32_t (&c)[U], uint32_t* tot) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint32_t incl[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    incl[u] = warp_inclusive_scan(c[u]);
+    if (lane == 31) tot[u * kWarps + warp] = incl[u];
+  }
+  __syncthreads();
+  if (warp == 0) {
+    uint32_t v[U], s = 0;
+#pragma unroll
+    for (int j = 0; j < U; ++j) s += (v[j] = tot[lane * U + j]);
+    const uint32_t si = warp_inclusive_scan(s);
+    uint32_t e = si - s;
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      tot[lane * U + j] = e;
+      e += v[j];
+    }
+    if (lane == 31) tot[U * kWarps] = si;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int u = 0; u < U; ++u) c[u] = tot[u * kWarps + warp] + incl[u] - c[u];
+  return tot[U * kWarps];
+}
+
+/// Block-wide exclusive scan of one 32-bit value per thread; returns the exclusive prefix.
+__device__ __forceinline__ uint32_t block_scan(uint32_t x, uint32_t* tmp, uint32_t* total) {
+  uint32_t c[1] = {x};
+  *total = tile_scan<1>(c, tmp);
+  return c[0];
+}
+
+/// U x V elements of one thread in one tile: element (u, v) has index idx0[u] + v and is valid
+/// when v < n[u]. Tile order is (u, thread, v), which is index order.
+template <int U, int V>
+struct Tile {
+  static constexpr int kU = U, kV = V;
+  uint32_t raw[U][V];
+  int idx0[U];
+  int n[U];
+};
+
+template <typename T>
+struct VecOf {
+  static constexpr int kV = 16 / sizeof(T);
+  __device__ __forceinline__ static void unpack(const uint4& x, uint32_t* out) {
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) out[i] = w[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        out[2 * i] = w[i] & 0xffffu;
+        out[2 * i + 1] = w[i] >> 16;
+      }
+    }
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t load_raw(const T* p) {
+  if constexpr (sizeof(T) == 4) {
+    return __ldg(reinterpret_cast<const uint32_t*>(p));
+  } else {
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
+  }
+}
+
+/// A row of the input: an unaligned head, 16-byte vectors (the first cache_vecs of them kept in
+/// shared memory by the first walk), an unaligned tail.
+template <typename T>
+struct RowSource {
+  static constexpr int kV = VecOf<T>::kV;
+  static constexpr int kU = kElemsPerThread / kV;
+  const T* ptr;
+  int len, head, nvec, tail_start, cache_vecs;
+  int cached = 0;  // vectors the cache holds: cache_vecs once a kFill walk has run
+  uint4* cache;
+
+  __device__ RowSource(const T* p, int len_, uint4* cache_, int cache_cap) : ptr(p), len(len_) {
+    const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(p) & 15) / sizeof(T);
+    head = mis ? min(len, kV - mis) : 0;
+    nvec = (len - head) / kV;
+    tail_start = head + nvec * kV;
+    cache = cache_;
+    cache_vecs = min(nvec, cache_cap);
+  }
+
+  /// Call f(tile) for every tile in index order; kFill stores the first cache_vecs vectors.
+  template <bool kFill, class F>
+  __device__ __forceinline__ void for_each_tile(F&& f) {
+    const int t = threadIdx.x;
+    if (head > 0) {
+      Tile<1, 1> h;
+      h.idx0[0] = t;
+      h.n[0] = t < head;
+      if (h.n[0]) h.raw[0][0] = load_raw(ptr + t);
+      f(h);
+    }
+    const uint4* gv = reinterpret_cast<const uint4*>(ptr + head);
+    for (int base = 0; base < nvec; base += kThreads * kU) {
+      Tile<kU, kV> b;
+      uint4 x[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int vec = base + u * kThreads + t;
+        b.idx0[u] = head + vec * kV;
+        b.n[u] = vec < nvec ? kV : 0;
+        if (vec < nvec) x[u] = vec < cached ? cache[vec] : __ldg(gv + vec);
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int vec = base + u * kThreads + t;
+        if (vec < nvec) {
+          if (kFill && vec < cache_vecs) cache[vec] = x[u];
+          VecOf<T>::unpack(x[u], b.raw[u]);
+        }
+      }
+      f(b);
+    }
+    if (tail_start < len) {
+      Tile<1, 1> e;
+      e.idx0[0] = tail_start + t;
+      e.n[0] = tail_start + t < len;
+      if (e.n[0]) e.raw[0][0] = load_raw(ptr + tail_start + t);
+      f(e);
+    }
+    if (kFill) cached = cache_vecs;
+  }
+};
+
+/// The candidates stashed in shared memory, in index order.
+struct CandidateSource {
+  const uint32_t* raw;
+  const int32_t* idx;
+  int n;
+  template <bool kFill, class F>
+  __device__ __forceinline__ void for_each_tile(F&& f) {
+    for (int base = 0; base < n; base += kThreads) {
+      Tile<1, 1> c;
+      const int i = base + threadIdx.x;
+      c.n[0] = i < n;
+      c.idx0[0] = c.n[0] ? idx[i] : 0;
+      c.raw[0][0] = c.n[0] ? raw[i] : 0;
+      f(c);
+    }
+  }
+};
+
+struct Shared {
+  uint32_t hist[kBins];
+  uint32_t tot[2][kWarps * (kElemsPerThread / 4) + 1];
+  uint32_t bin, above, count;
+};
+
+/// Histogram of the digit (key >> shift) & (nbins - 1) over the keys with (key & mask) == prefix.
+template <typename K, bool kFill, class Src>
+__device__ void histogram(Src& src, Shared& sh, uint32_t prefix, uint32_t mask, int shift,
+                          int nbins) {
+  for (int i = threadIdx.x; i < nbins; i += kThreads) sh.hist[i] = 0;
+  __syncthreads();
+  src.template for_each_tile<kFill>([&](auto& tile) {
+    using TileT = std::remove_reference_t<decltype(tile)>;
+#pragma unroll
+    for (int u = 0; u < TileT::kU; ++u)
+#pragma unroll
+      for (int v = 0; v < TileT::kV; ++v)
+        if (v < tile.n[u]) {
+          const uint32_t key = K::key(tile.raw[u][v]);
+          if ((key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & (nbins - 1)], 1u);
+        }
+  });
+  __syncthreads();
+}
+
+/// The bin holding the r-th largest key (1-based): sh.bin, the count above it (sh.above) and
+/// in it (sh.count). Bins are read from the top, two per thread.
+__device__ void select_bin(Shared& sh, int nbins, uint32_t r) {
+  const int q = 2 * threadIdx.x;
+  const uint32_t h0 = q < nbins ? sh.hist[nbins - 1 - q] : 0;
+  const uint32_t h1 = q + 1 < nbins ? sh.hist[nbins - 2 - q] : 0;
+  uint32_t total;
+  const uint32_t excl = block_scan(h0 + h1, sh.tot[0], &total);
+  if (excl < r && r <= excl + h0 + h1) {
+    const bool first = excl + h0 >= r;
+    sh.bin = nbins - 1 - (first ? q : q + 1);
+    sh.above = first ? excl : excl + h0;
+    sh.count = first ? h0 : h1;
+  }
+  __syncthreads();
+}
+
+/// Walk `src` in index order; class 1 elements go to take(rank1, idx, raw), class 2 elements to
+/// on2(rank2, idx, raw), where the ranks count that class from 0 in index order.
+template <typename K, class Src, class Cls, class Take, class On2>
+__device__ void ordered_pass(Src& src, Shared& sh, Cls cls, Take take, On2 on2) {
+  uint32_t base1 = 0, base2 = 0;
+  int parity = 0;
+  src.template for_each_tile<false>([&](auto& tile) {
+    using TileT = std::remove_reference_t<decltype(tile)>;
+    constexpr int U = TileT::kU, V = TileT::kV;
+    uint32_t c[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      c[u] = 0;
+#pragma unroll
+      for (int v = 0; v < V; ++v)
+        if (v < tile.n[u]) {
+          const int cl = cls(K::key(tile.raw[u][v]));
+          c[u] += cl == 1 ? 1u : (cl == 2 ? (1u << 16) : 0u);
+        }
+    }
+    const uint32_t total = tile_scan<U>(c, sh.tot[parity]);
+    parity ^= 1;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      uint32_t p1 = base1 + (c[u] & 0xffffu), p2 = base2 + (c[u] >> 16);
+#pragma unroll
+      for (int v = 0; v < V; ++v)
+        if (v < tile.n[u]) {
+          const int cl = cls(K::key(tile.raw[u][v]));
+          if (cl == 1) take(p1++, tile.idx0[u] + v, tile.raw[u][v]);
+          if (cl == 2) on2(p2++, tile.idx0[u] + v, tile.raw[u][v]);
+        }
+    }
+    base1 += total & 0xffffu;
+    base2 += total >> 16;
+  });
+  __syncthreads();
+}
+
+struct Prefix {
+  uint32_t value, mask, remaining, count;  // keys with (key & mask) == value: count; take remaining
+};
+
+/// Resolve the digits below the first one over `src` until the prefix is exact or all of its
+/// keys are taken.
+template <typename K, class Src>
+__device__ Prefix refine(Src& src, Shared& sh, Prefix p) {
+  constexpr int kRounds = K::kWide ? 2 : 1;
+  const int shifts[2] = {10, 0}, widths[2] = {11, 10};
+#pragma unroll 1
+  for (int i = 0; i < kRounds && p.count != p.remaining; ++i) {
+    const int nbins = 1 << widths[i];
+    histogram<K, false>(src, sh, p.value, p.mask, shifts[i], nbins);
+    select_bin(sh, nbins, p.remaining);
+    p.value |= sh.bin << shifts[i];
+    p.mask |= static_cast<uint32_t>(nbins - 1) << shifts[i];
+    p.remaining -= sh.above;
+    p.count = sh.count;
+    __syncthreads();  // sh.bin/above/count are rewritten by the next round
+  }
+  return p;
+}
+
+/// Writes selected element `pos` of a row (and padding) in the layout of the mode.
+struct Output {
+  const Params& P;
+  int row, start;
+  __device__ __forceinline__ void store(int pos, int idx, uint32_t raw, bool wide) const {
+    const int64_t o = static_cast<int64_t>(row) * P.k + pos;
+    if (P.mode == static_cast<int>(Mode::kValues)) {
+      if (wide) {
+        static_cast<uint32_t*>(P.out_values)[o] = raw;
+      } else {
+        static_cast<uint16_t*>(P.out_values)[o] = static_cast<uint16_t>(raw);
+      }
+      P.out_indices64[o] = idx;
+      return;
+    }
+    if (P.out_raw) P.out_raw[o] = idx;
+    int32_t v;
+    if (P.mode == static_cast<int>(Mode::kRagged)) {
+      v = idx + P.offsets[row];
+    } else {
+      const int b = P.row_to_batch ? P.row_to_batch[row] : row;
+      const int64_t col = (P.pt_row_starts ? P.pt_row_starts[row] : 0) +
+                          (static_cast<int64_t>(idx) >> P.page_size_log2);
+      v = -1;
+      if (b >= 0 && b < P.page_table_rows && col >= 0 && col < P.page_table_cols) {
+        const int32_t page = P.page_table[b * P.page_table_stride + col];
+        v = (page << P.page_size_log2) + (idx & ((1 << P.page_size_log2) - 1));
+      }
+    }
+    P.out_indices32[o] = v;
+  }
+  __device__ __forceinline__ void pad(int pos) const {
+    const int64_t o = static_cast<int64_t>(row) * P.k + pos;
+    if (P.mode == static_cast<int>(Mode::kValues)) {
+      P.out_indices64[o] = -1;
+      return;
+    }
+    if (P.out_raw) P.out_raw[o] = -1;
+    P.out_indices32[o] = -1;
+  }
+};
+
+/// Sort buffer entries [0, n) by key descending, index ascending (bitonic, n <= entries).
+constexpr int32_t kPadIdx = 0x7fffffff;
+
+template <typename K>
+__device__ void bitonic_sort(uint32_t* raw, int32_t* idx, int n, int entries) {
+  for (int i = n + threadIdx.x; i < entries; i += kThreads) {
+    raw[i] = 0;  // padding: index kPadIdx, which no element has, sorts last
+    idx[i] = kPadIdx;
+  }
+  __syncthreads();
+  auto before = [&](int a, int b) {  // a sorts before b
+    const bool pa = idx[a] == kPadIdx, pb = idx[b] == kPadIdx;
+    if (pa || pb) return !pa && pb;
+    const uint32_t ka = K::key(raw[a]), kb = K::key(raw[b]);
+    return ka > kb || (ka == kb && idx[a] < idx[b]);
+  };
+  for (int size = 2; size <= entries; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < entries / 2; i += kThreads) {
+        const int a = 2 * i - (i & (stride - 1)), b = a + stride;
+        const bool up = (a & size) == 0;
+        if (before(b, a) == up) {
+          const uint32_t r = raw[a];
+          raw[a] = raw[b];
+          raw[b] = r;
+          const int32_t x = idx[a];
+          idx[a] = idx[b];
+          idx[b] = x;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) TopKKernel(const Params P) {
+  using K = KeyTraits<T>;
+  constexpr bool kWide = sizeof(T) == 4;
+  extern __shared__ __align__(16) uint8_t smem[];
+  Shared& sh = *reinterpret_cast<Shared*>(smem);
+  uint8_t* p = smem + ((sizeof(Shared) + 15) & ~size_t{15});
+  uint4* cache = reinterpret_cast<uint4*>(p);
+  p += static_cast<size_t>(P.cache_vecs) * 16;
+  uint32_t* buf_raw = reinterpret_cast<uint32_t*>(p);
+  int32_t* buf_idx = reinterpret_cast<int32_t*>(buf_raw + P.buffer_entries);
+  uint32_t* cand_raw = reinterpret_cast<uint32_t*>(buf_idx + P.buffer_entries);
+  int32_t* cand_idx = reinterpret_cast<int32_t*>(cand_raw + P.candidate_cap);
+
+  const int row = blockIdx.x;
+  int start = 0, len = P.max_len;
+  if (P.row_starts) start = min(max(P.row_starts[row], 0), P.max_len);
+  if (P.lengths) len = min(max(P.lengths[row], 0), P.max_len - start);
+  const T* ptr = static_cast<const T*>(P.input) + row * P.row_stride + start;
+  const Output out{P, row, start};
+  const int k = P.k;
+  const int n_sel = min(len, k);
+  const bool use_buf = P.buffer_entries > 0;
+  auto emit = [&](int pos, int idx, uint32_t raw) {
+    if (use_buf) {
+      buf_raw[pos] = raw;
+      buf_idx[pos] = idx;
+    } else {
+      out.store(pos, idx, raw, kWide);
+    }
+  };
+  auto none = [](int, int, uint32_t) {};
+
+  RowSource<T> rs(ptr, len, cache, P.cache_vecs);
+  if (len <= k) {
+    ordered_pass<K>(rs, sh, [](uint32_t) { return 1; }, emit, none);
+  } else {
+    histogram<K, true>(rs, sh, 0, 0, 21, kBins);
+    select_bin(sh, kBins, k);
+    Prefix pre{sh.bin << 21, 0xffe00000u, k - sh.above, sh.count};
+    const uint32_t above = sh.above;
+    __syncthreads();
+    const int lo_tie = P.tie_break == static_cast<int>(TieBreak::kLarge);
+    if (pre.count <= static_cast<uint32_t>(P.candidate_cap)) {
+      const uint32_t bin = pre.value >> 21;
+      ordered_pass<K>(
+          rs, sh, [&](uint32_t key) { return (key >> 21) > bin ? 1 : ((key >> 21) == bin ? 2 : 0); },
+          emit,
+          [&](uint32_t r, int idx, uint32_t raw) {
+            cand_raw[r] = raw;
+            cand_idx[r] = idx;
+          });
+      CandidateSource cs{cand_raw, cand_idx, static_cast<int>(pre.count)};
+      const Prefix f = refine<K>(cs, sh, pre);
+      const uint32_t n1 = (k - above) - f.remaining;  // candidates strictly above the ties
+      const uint32_t lo = lo_tie ? f.count - f.remaining : 0;
+      ordered_pass<K>(
+          cs, sh,
+          [&](uint32_t key) { return (key & f.mask) > f.value ? 1 : ((key & f.mask) == f.value ? 2 : 0); },
+          [&](uint32_t r, int idx, uint32_t raw) { emit(above + r, idx, raw); },
+          [&](uint32_t r, int idx, uint32_t raw) {
+            if (r >= lo && r < lo + f.remaining) emit(above + n1 + (r - lo), idx, raw);
+          });
+    } else {
+      const Prefix f = refine<K>(rs, sh, pre);
+      const uint32_t n1 = k - f.remaining;
+      const uint32_t lo = lo_tie ? f.count - f.remaining : 0;
+      ordered_pass<K>(
+          rs, sh,
+          [&](uint32_t key) { return (key & f.mask) > f.value ? 1 : ((key & f.mask) == f.value ? 2 : 0); },
+          emit,
+          [&](uint32_t r, int idx, uint32_t raw) {
+            if (r >= lo && r < lo + f.remaining) emit(n1 + (r - lo), idx, raw);
+          });
+    }
+  }
+  if (use_buf) {
+    if (P.sorted) bitonic_sort<K>(buf_raw, buf_idx, n_sel, P.buffer_entries);
+    for (int j = threadIdx.x; j < k; j += kThreads) {
+      if (j < n_sel) {
+        out.store(j, buf_idx[j], buf_raw[j], kWide);
+      } else {
+        out.pad(j);
+      }
+    }
+  } else {
+    for (int j = n_sel + threadIdx.x; j < k; j += kThreads) out.pad(j);
+  }
+}
+
+}  // namespace detail
+
+/// Bytes of shared memory of everything but the row cache.
+inline size_t FixedSmemBytes(int buffer_entries, int candidate_cap) {
+  return ((sizeof(detail::Shared) + 15) & ~size_t{15}) +
+         static_cast<size_t>(buffer_entries) * 8 + static_cast<size_t>(candidate_cap) * 8;
+}
+
+/// Launch one CTA per row. Fills P's shared-memory layout fields from the device's limit.
+template <typename T>
+cudaError_t TopK(Params P, cudaStream_t stream) {
+  if (P.num_rows == 0 || P.k == 0) return cudaSuccess;
+  int dev = 0, smem_optin = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err != cudaSuccess) return err;
+  int entries = 0;
+  if (P.k <= kMaxBufferK) {
+    entries = 1;
+    while (entries < P.k) entries <<= 1;
+  }
+  P.buffer_entries = entries;
+  P.candidate_cap = P.max_len < kCandidateCap ? P.max_len : kCandidateCap;
+  const size_t fixed = FixedSmemBytes(entries, P.candidate_cap);
+  const int64_t row_vecs = (static_cast<int64_t>(P.max_len) * sizeof(T) + 15) / 16;
+  int64_t room = (static_cast<int64_t>(smem_optin) - static_cast<int64_t>(fixed)) / 16;
+  if (room < 0) room = 0;
+  P.cache_vecs = static_cast<int>(row_vecs < room ? row_vecs : room);
+  const size_t smem = fixed + static_cast<size_t>(P.cache_vecs) * 16;
+  if (smem > static_cast<size_t>(smem_optin)) return cudaErrorInvalidConfiguration;
+  auto kernel = detail::TopKKernel<T>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<P.num_rows, kThreads, smem, stream>>>(P);
+  return cudaGetLastError();
+}
+
+}  // namespace topk
+}  // namespace flashinfer
