@@ -100,6 +100,31 @@ def test_top_k_ties(dtype, tie, d, k, levels, sorted_):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+@pytest.mark.parametrize("d,k", [(65536, 2048), (128256, 50), (20000, 700)])
+def test_top_k_unrepresentative_first_tile(dtype, order, d, k):
+    # The stash bin is chosen from the row's first tile; sorted rows make that sample wrong in
+    # both directions (stash overflow; threshold below the stash), so the ordered walks run.
+    torch.manual_seed(d + k)
+    x = torch.sort(torch.randn(3, d, device="cuda"), dim=-1,
+                   descending=order == "descending").values.to(dtype)
+    for sorted_ in (False, True):
+        values, indices = flashinfer.top_k(x, k, sorted=sorted_)
+        check_top_k(x, values, indices, k, TopKTieBreak.SMALL, sorted_)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d,k", [(6, 2), (7, 7), (9, 3)])
+def test_top_k_rows_shorter_than_a_vector(dtype, d, k):
+    torch.manual_seed(d)
+    x = torch.randn(5, d, device="cuda").to(dtype)
+    values, indices = flashinfer.top_k(x, k, sorted=True)
+    check_top_k(x, values, indices, k, TopKTieBreak.SMALL, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_top_k_specials(dtype):
     torch.manual_seed(0)
     x = torch.randn(6, 5003, device="cuda").to(dtype)

@@ -1,14 +1,17 @@
 // Radix top-k: one CTA per row, over the order-preserving integer key of each value.
 //
-// Pass 1 reads the row once, keeps the first part of it in shared memory and histograms the top
-// 11 bits of every key (2048 bins). The bin that holds the k-th largest key is the threshold bin.
-// Pass 2 walks the row in index order: keys above the threshold bin are selected outright, keys in
-// it are stashed in shared memory (candidates). The remaining 21 bits are resolved by histograms
-// over the candidates alone (two rounds of 11 and 10 bits), and a last ordered walk over the
-// candidates selects the rest, taking the ties at the exact threshold by index as the tie-break
-// asks. Every walk that writes is an ordered block scan, so the selection and its order are a pure
-// function of the input (always deterministic). When the threshold bin holds more candidates than
-// fit in shared memory (e.g. rows of nearly equal values), the rounds run over the row itself.
+// The first walk reads the row once: it histograms the top 11 bits of every key (2048 bins),
+// keeps the first part of the row in shared memory, and stashes every key at or above a bin
+// chosen from the first tile (a sample) so that about 1.5 k + 64 keys of the row are expected
+// there. The bin that holds the k-th largest key is the threshold bin. Usually the stash holds
+// all of it and the rest is resolved in shared memory (stash_select): the remaining key digits,
+// then, for ties at the exact k-th key, the index digits as the tie-break asks; the k winners are
+// written in index order (ranks from a bitmap of the row). Otherwise (an unrepresentative sample,
+// a stash overflow) a second, ordered walk selects the keys above the threshold bin and stashes
+// the bin's keys (candidates); their remaining digits are resolved in shared memory, or over the
+// row itself when the bin holds more than fit (e.g. rows of a few distinct values). Every write
+// position is a rank in index order, so the selection and its order are a pure function of the
+// input (always deterministic).
 //
 // Key order: -inf < finite < +inf < NaN (every NaN, either sign, is one key, the largest, as
 // torch.topk orders it); -0.0 and +0.0 are one key. Values are written back bit-exactly.
@@ -27,7 +30,7 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2048;          // the widest digit: 11 bits
 constexpr int kMaxBufferK = 2048;    // k up to this is gathered (and sorted) in shared memory
-constexpr int kCandidateCap = 4096;  // candidates of the threshold bin kept in shared memory
+constexpr int kCandidateCap = 8192;  // stash / candidates kept in shared memory (64 KB)
 constexpr int kElemsPerThread = 8;   // row elements one thread loads per tile (2 x 16 B for float)
 
 enum class Mode : int { kValues = 0, kPageTable = 1, kRagged = 2 };
@@ -143,14 +146,15 @@ __device__ __forceinline__ uint32_t block_scan(uint32_t x, uint32_t* tmp, uint32
   return c[0];
 }
 
-/// U x V elements of one thread in one tile: element (u, v) has index idx0[u] + v and is valid
-/// when v < n[u]. Tile order is (u, thread, v), which is index order.
+/// U x V elements of one thread in one tile: element (u, v) has index idx0[u] + v; the V
+/// elements of u are all valid or all invalid (ok[u]). Tile order is (u, thread, v), which is
+/// index order.
 template <int U, int V>
 struct Tile {
   static constexpr int kU = U, kV = V;
   uint32_t raw[U][V];
   int idx0[U];
-  int n[U];
+  bool ok[U];
 };
 
 template <typename T>
@@ -207,36 +211,42 @@ struct RowSource {
     if (head > 0) {
       Tile<1, 1> h;
       h.idx0[0] = t;
-      h.n[0] = t < head;
-      if (h.n[0]) h.raw[0][0] = load_raw(ptr + t);
+      h.ok[0] = t < head;
+      if (h.ok[0]) h.raw[0][0] = load_raw(ptr + t);
       f(h);
     }
     const uint4* gv = reinterpret_cast<const uint4*>(ptr + head);
+    // The next tile's loads are issued before this tile is processed, so they are in flight
+    // across the block-wide scans of the ordered walks.
+    uint4 x[kU];
+    auto load = [&](int base) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int vec = base + u * kThreads + t;
+        if (vec < nvec) x[u] = vec < cached ? cache[vec] : __ldg(gv + vec);
+      }
+    };
+    if (nvec > 0) load(0);
     for (int base = 0; base < nvec; base += kThreads * kU) {
       Tile<kU, kV> b;
-      uint4 x[kU];
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         const int vec = base + u * kThreads + t;
         b.idx0[u] = head + vec * kV;
-        b.n[u] = vec < nvec ? kV : 0;
-        if (vec < nvec) x[u] = vec < cached ? cache[vec] : __ldg(gv + vec);
-      }
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int vec = base + u * kThreads + t;
+        b.ok[u] = vec < nvec;
         if (vec < nvec) {
           if (kFill && vec < cache_vecs) cache[vec] = x[u];
           VecOf<T>::unpack(x[u], b.raw[u]);
         }
       }
+      if (base + kThreads * kU < nvec) load(base + kThreads * kU);
       f(b);
     }
     if (tail_start < len) {
       Tile<1, 1> e;
       e.idx0[0] = tail_start + t;
-      e.n[0] = tail_start + t < len;
-      if (e.n[0]) e.raw[0][0] = load_raw(ptr + tail_start + t);
+      e.ok[0] = tail_start + t < len;
+      if (e.ok[0]) e.raw[0][0] = load_raw(ptr + tail_start + t);
       f(e);
     }
     if (kFill) cached = cache_vecs;
@@ -253,9 +263,9 @@ struct CandidateSource {
     for (int base = 0; base < n; base += kThreads) {
       Tile<1, 1> c;
       const int i = base + threadIdx.x;
-      c.n[0] = i < n;
-      c.idx0[0] = c.n[0] ? idx[i] : 0;
-      c.raw[0][0] = c.n[0] ? raw[i] : 0;
+      c.ok[0] = i < n;
+      c.idx0[0] = c.ok[0] ? idx[i] : 0;
+      c.raw[0][0] = c.ok[0] ? raw[i] : 0;
       f(c);
     }
   }
@@ -265,24 +275,85 @@ struct Shared {
   uint32_t hist[kBins];
   uint32_t tot[2][kWarps * (kElemsPerThread / 4) + 1];
   uint32_t bin, above, count;
+  uint32_t stash_n, stash_lo;  // the first walk's stash: size, lowest bin kept (kNoStash: none)
 };
 
+constexpr uint32_t kNoStash = 0xffffffffu;
+
 /// Histogram of the digit (key >> shift) & (nbins - 1) over the keys with (key & mask) == prefix.
-template <typename K, bool kFill, class Src>
+template <typename K, class Src>
 __device__ void histogram(Src& src, Shared& sh, uint32_t prefix, uint32_t mask, int shift,
                           int nbins) {
   for (int i = threadIdx.x; i < nbins; i += kThreads) sh.hist[i] = 0;
   __syncthreads();
-  src.template for_each_tile<kFill>([&](auto& tile) {
+  src.template for_each_tile<false>([&](auto& tile) {
     using TileT = std::remove_reference_t<decltype(tile)>;
 #pragma unroll
     for (int u = 0; u < TileT::kU; ++u)
+      if (tile.ok[u]) {
 #pragma unroll
-      for (int v = 0; v < TileT::kV; ++v)
-        if (v < tile.n[u]) {
+        for (int v = 0; v < TileT::kV; ++v) {
           const uint32_t key = K::key(tile.raw[u][v]);
           if ((key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & (nbins - 1)], 1u);
         }
+      }
+  });
+  __syncthreads();
+}
+
+__device__ void select_bin(Shared& sh, int nbins, uint32_t r);
+
+/// The first walk over the row: the 11-bit histogram of every key, the row cache, and a stash of
+/// every key whose bin is at least sh.stash_lo, a bin chosen after the first body tile (the
+/// sample) so that about 1.5 k + 64 keys of the row are expected at or above it. When the stash
+/// did not overflow and the k-th largest key's bin is at or above stash_lo, the selection needs
+/// only the stash (stash_select); otherwise the row is walked again (the ordered passes).
+template <typename K, typename T>
+__device__ void first_walk(RowSource<T>& src, Shared& sh, uint32_t* stash_raw, int32_t* stash_idx,
+                           int cap, int k) {
+  for (int i = threadIdx.x; i < kBins; i += kThreads) sh.hist[i] = 0;
+  if (threadIdx.x == 0) {
+    sh.stash_n = 0;
+    sh.stash_lo = kNoStash;
+  }
+  __syncthreads();
+  uint32_t lo = 0;  // before the sample: the (few) head elements are stashed unconditionally
+  bool decided = false;
+  auto stash = [&](uint32_t key, uint32_t raw, int idx) {
+    if ((key >> 21) >= lo) {
+      const uint32_t pos = atomicAdd(&sh.stash_n, 1u);
+      if (pos < static_cast<uint32_t>(cap)) {
+        stash_raw[pos] = raw;
+        stash_idx[pos] = idx;
+      }
+    }
+  };
+  src.template for_each_tile<true>([&](auto& tile) {
+    using TileT = std::remove_reference_t<decltype(tile)>;
+#pragma unroll
+    for (int u = 0; u < TileT::kU; ++u)
+      if (tile.ok[u]) {
+#pragma unroll
+        for (int v = 0; v < TileT::kV; ++v) atomicAdd(&sh.hist[K::key(tile.raw[u][v]) >> 21], 1u);
+      }
+    if (TileT::kV > 1 && !decided) {  // the first body tile: choose the stash's lowest bin
+      __syncthreads();
+      const int64_t seen = src.head + min(src.nvec, kThreads * TileT::kU) * TileT::kV;
+      const int64_t want = static_cast<int64_t>(k) + k / 2 + 64;
+      int64_t r = (want * seen + src.len - 1) / src.len;
+      r = r < 1 ? 1 : (r > seen ? seen : r);
+      select_bin(sh, kBins, static_cast<uint32_t>(r));
+      lo = sh.bin;
+      decided = true;
+      if (threadIdx.x == 0) sh.stash_lo = lo;
+    }
+#pragma unroll
+    for (int u = 0; u < TileT::kU; ++u)
+      if (tile.ok[u]) {
+#pragma unroll
+        for (int v = 0; v < TileT::kV; ++v)
+          stash(K::key(tile.raw[u][v]), tile.raw[u][v], tile.idx0[u] + v);
+      }
   });
   __syncthreads();
 }
@@ -313,29 +384,33 @@ __device__ void ordered_pass(Src& src, Shared& sh, Cls cls, Take take, On2 on2) 
   src.template for_each_tile<false>([&](auto& tile) {
     using TileT = std::remove_reference_t<decltype(tile)>;
     constexpr int U = TileT::kU, V = TileT::kV;
-    uint32_t c[U];
+    // Bit v of m1[u] / m2[u]: element (u, v) is of class 1 / 2.
+    uint32_t c[U], m1[U], m2[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      c[u] = 0;
+      m1[u] = m2[u] = 0;
+      if (tile.ok[u]) {
 #pragma unroll
-      for (int v = 0; v < V; ++v)
-        if (v < tile.n[u]) {
+        for (int v = 0; v < V; ++v) {
           const int cl = cls(K::key(tile.raw[u][v]));
-          c[u] += cl == 1 ? 1u : (cl == 2 ? (1u << 16) : 0u);
+          m1[u] |= static_cast<uint32_t>(cl == 1) << v;
+          m2[u] |= static_cast<uint32_t>(cl == 2) << v;
         }
+      }
+      c[u] = __popc(m1[u]) + (__popc(m2[u]) << 16);
     }
     const uint32_t total = tile_scan<U>(c, sh.tot[parity]);
     parity ^= 1;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       uint32_t p1 = base1 + (c[u] & 0xffffu), p2 = base2 + (c[u] >> 16);
+      if (m1[u] | m2[u]) {  // most threads select nothing
 #pragma unroll
-      for (int v = 0; v < V; ++v)
-        if (v < tile.n[u]) {
-          const int cl = cls(K::key(tile.raw[u][v]));
-          if (cl == 1) take(p1++, tile.idx0[u] + v, tile.raw[u][v]);
-          if (cl == 2) on2(p2++, tile.idx0[u] + v, tile.raw[u][v]);
+        for (int v = 0; v < V; ++v) {
+          if (m1[u] >> v & 1) take(p1++, tile.idx0[u] + v, tile.raw[u][v]);
+          if (m2[u] >> v & 1) on2(p2++, tile.idx0[u] + v, tile.raw[u][v]);
         }
+      }
     }
     base1 += total & 0xffffu;
     base2 += total >> 16;
@@ -356,7 +431,7 @@ __device__ Prefix refine(Src& src, Shared& sh, Prefix p) {
 #pragma unroll 1
   for (int i = 0; i < kRounds && p.count != p.remaining; ++i) {
     const int nbins = 1 << widths[i];
-    histogram<K, false>(src, sh, p.value, p.mask, shifts[i], nbins);
+    histogram<K>(src, sh, p.value, p.mask, shifts[i], nbins);
     select_bin(sh, nbins, p.remaining);
     p.value |= sh.bin << shifts[i];
     p.mask |= static_cast<uint32_t>(nbins - 1) << shifts[i];
@@ -365,6 +440,90 @@ __device__ Prefix refine(Src& src, Shared& sh, Prefix p) {
     __syncthreads();  // sh.bin/above/count are rewritten by the next round
   }
   return p;
+}
+
+/// Histogram of digit (f(i) >> shift) & (nbins - 1) over the stash entries i with
+/// valid(i) and (f(i) & mask) == prefix, then the bin of the r-th largest (select_bin).
+template <class Valid, class KeyOf>
+__device__ void stash_round(Shared& sh, int n, Valid valid, KeyOf f, uint32_t prefix,
+                            uint32_t mask, int shift, int nbins, uint32_t r) {
+  for (int i = threadIdx.x; i < nbins; i += kThreads) sh.hist[i] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    if (!valid(i)) continue;
+    const uint32_t key = f(i);
+    if ((key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & (nbins - 1)], 1u);
+  }
+  __syncthreads();
+  select_bin(sh, nbins, r);
+}
+
+/// Exact selection from the stash, which holds every key of the threshold bin and above: the
+/// remaining key digits, then (for ties at the exact k-th key) the digits of the index, ranked as
+/// the tie-break asks, so that `selected` below holds for exactly k entries. Their output
+/// positions are their ranks in index order, from a bitmap of the row (`bits`, `prefix`: each
+/// ceil(len / 32) words of shared memory).
+template <typename K, class Emit>
+__device__ void stash_select(Shared& sh, const uint32_t* stash_raw, const int32_t* stash_idx,
+                             int n, Prefix p, bool prefer_large, uint32_t* bits,
+                             uint32_t* prefix, int len, Emit emit) {
+  auto all = [](int) { return true; };
+  auto key_of = [&](int i) { return K::key(stash_raw[i]); };
+  const int shifts[3] = {21, 10, 0}, widths[3] = {11, 11, 10};
+  constexpr int kRounds = K::kWide ? 2 : 1;
+#pragma unroll 1
+  for (int i = 0; i < kRounds && p.count != p.remaining; ++i) {
+    stash_round(sh, n, all, key_of, p.value, p.mask, shifts[i + 1], 1 << widths[i + 1],
+                p.remaining);
+    p.value |= sh.bin << shifts[i + 1];
+    p.mask |= ((1u << widths[i + 1]) - 1) << shifts[i + 1];
+    p.remaining -= sh.above;
+    p.count = sh.count;
+    __syncthreads();
+  }
+  // ties at the exact key: the preferred index has the larger tie key
+  auto tie_key = [&](int i) {
+    const uint32_t idx = static_cast<uint32_t>(stash_idx[i]);
+    return prefer_large ? idx : ~idx;
+  };
+  auto at_key = [&](int i) { return (K::key(stash_raw[i]) & p.mask) == p.value; };
+  uint32_t tvalue = 0, tmask = 0, count = p.count, remaining = p.remaining;
+#pragma unroll 1
+  for (int i = 0; i < 3 && count != remaining; ++i) {
+    stash_round(sh, n, at_key, tie_key, tvalue, tmask, shifts[i], 1 << widths[i], remaining);
+    tvalue |= sh.bin << shifts[i];
+    tmask |= ((1u << widths[i]) - 1) << shifts[i];
+    remaining -= sh.above;
+    count = sh.count;
+    __syncthreads();
+  }
+  auto selected = [&](int i) {
+    const uint32_t key = K::key(stash_raw[i]) & p.mask;
+    return key > p.value || (key == p.value && (tie_key(i) & tmask) >= tvalue);
+  };
+  const int words = (len + 31) / 32;
+  for (int w = threadIdx.x; w < words; w += kThreads) bits[w] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += kThreads)
+    if (selected(i)) atomicOr(&bits[stash_idx[i] >> 5], 1u << (stash_idx[i] & 31));
+  __syncthreads();
+  const int per = (words + kThreads - 1) / kThreads, w0 = threadIdx.x * per;
+  uint32_t sum = 0;
+  for (int w = w0; w < min(w0 + per, words); ++w) sum += __popc(bits[w]);
+  uint32_t total;
+  uint32_t run = block_scan(sum, sh.tot[0], &total);
+  for (int w = w0; w < min(w0 + per, words); ++w) {
+    prefix[w] = run;
+    run += __popc(bits[w]);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    if (!selected(i)) continue;
+    const int idx = stash_idx[i];
+    const uint32_t below = bits[idx >> 5] & ((1u << (idx & 31)) - 1);
+    emit(static_cast<int>(prefix[idx >> 5] + __popc(below)), idx, stash_raw[i]);
+  }
+  __syncthreads();
 }
 
 /// Writes selected element `pos` of a row (and padding) in the layout of the mode.
@@ -481,13 +640,23 @@ __global__ void __launch_bounds__(kThreads, 1) TopKKernel(const Params P) {
   if (len <= k) {
     ordered_pass<K>(rs, sh, [](uint32_t) { return 1; }, emit, none);
   } else {
-    histogram<K, true>(rs, sh, 0, 0, 21, kBins);
+    // The stash of the first walk and the candidates of the ordered passes share memory.
+    first_walk<K>(rs, sh, cand_raw, cand_idx, P.candidate_cap, k);
+    const uint32_t stash_n = sh.stash_n, stash_lo = sh.stash_lo;
     select_bin(sh, kBins, k);
     Prefix pre{sh.bin << 21, 0xffe00000u, k - sh.above, sh.count};
     const uint32_t above = sh.above;
     __syncthreads();
     const int lo_tie = P.tie_break == static_cast<int>(TieBreak::kLarge);
-    if (pre.count <= static_cast<uint32_t>(P.candidate_cap)) {
+    const int words = (len + 31) / 32;
+    const bool from_stash = stash_lo != kNoStash &&
+                            stash_n <= static_cast<uint32_t>(P.candidate_cap) &&
+                            stash_lo <= (pre.value >> 21) && 2 * words <= 4 * P.cache_vecs;
+    if (from_stash) {  // the bitmaps take the row cache's place: the row is not read again
+      uint32_t* bits = reinterpret_cast<uint32_t*>(cache);
+      stash_select<K>(sh, cand_raw, cand_idx, static_cast<int>(stash_n), pre, lo_tie != 0, bits,
+                      bits + words, len, emit);
+    } else if (pre.count <= static_cast<uint32_t>(P.candidate_cap)) {
       const uint32_t bin = pre.value >> 21;
       ordered_pass<K>(
           rs, sh, [&](uint32_t key) { return (key >> 21) > bin ? 1 : ((key >> 21) == bin ? 2 : 0); },
