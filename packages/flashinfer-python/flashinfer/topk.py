@@ -1,11 +1,13 @@
 """``flashinfer.topk``: radix top-k selection and the fused index transforms of sparse attention.
 
 One CTA per row runs a radix select over the order-preserving integer key of each value
-(``include/flashinfer/topk.cuh``): an 11-bit histogram over the row (the first part of the row
-stays in shared memory for the second pass), an ordered pass that selects the keys above the
-threshold bin and stashes the bin's keys, then the remaining bits over the stash alone. Every
-call is CUDA-graph capturable (no host synchronization, no data-dependent host work) and
-deterministic: the selected set and its order are a pure function of the input.
+(``include/flashinfer/topk.cuh``): one walk over the row builds an 11-bit histogram and stashes
+in shared memory the keys at or above a bin chosen from the row's first tile; the remaining
+bits (and, for ties at the k-th value, the index as the tie-break asks) are resolved over the
+stash alone. When the first tile misleads the stash (e.g. rows sorted by value), a second,
+ordered walk over the row takes over. Every call is CUDA-graph capturable (no host
+synchronization, no data-dependent host work) and deterministic: the selected set and its order
+are a pure function of the input.
 
 Order of keys: ``-inf`` < finite < ``+inf`` < NaN (every NaN is one key, the largest, as
 ``torch.topk`` orders it); ``-0.0`` and ``+0.0`` are equal. Values are returned bit-exactly.
