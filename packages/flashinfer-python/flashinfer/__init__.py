@@ -52,6 +52,7 @@ _OPS = {
                "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"],
     "prefill": ["single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse",
                 "BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"],
+    "topk": ["top_k", "top_k_page_table_transform", "top_k_ragged_transform", "TopKTieBreak"],
 }
 _LAZY_NAMES = {name: module for module, names in _OPS.items() for name in names}
 _SUBMODULES = {
@@ -71,6 +72,7 @@ _SUBMODULES = {
     "quantization",
     "rope",
     "testing",
+    "topk",
     "utils",
 }
 
