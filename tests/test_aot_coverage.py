@@ -29,7 +29,11 @@ def test_the_registry_is_the_documented_policy():
                                                                                  "custom")}
             want |= {f"attention_{layout}_{short}_d128_{m}_{p}" for m in ("none", "causal")
                      for p in ("rope_llama", "alibi")}
-    assert attention == want and len(NAMES) == 7 + 52
+    assert attention == want and len(want) == 52
+    # besides attention: one module per small op family
+    assert NAMES - attention == {"scale", "norm", "activation", "rope", "quantization", "page",
+                                 "cascade", "topk", "sampling"} & (NAMES - attention)
+    assert {"scale", "norm", "activation", "rope", "page", "cascade"} <= NAMES
     # the examples: the custom mask is now precompiled, in-kernel RoPE at 256 is not
     assert "attention_ragged_f16_of16_d64_custom_none" in NAMES
     assert "attention_paged_f16_of16_d256_none_rope_llama" not in NAMES
