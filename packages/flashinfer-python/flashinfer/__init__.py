@@ -50,6 +50,12 @@ _OPS = {
                 "MultiLevelCascadeAttentionWrapper"],
     "decode": ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper",
                "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"],
+    "sampling": ["softmax", "sampling_from_probs", "sampling_from_logits",
+                 "top_p_sampling_from_probs", "top_k_sampling_from_probs",
+                 "min_p_sampling_from_probs", "top_k_top_p_sampling_from_probs",
+                 "top_k_top_p_sampling_from_logits", "top_p_renorm_probs", "top_k_renorm_probs",
+                 "top_k_mask_logits", "chain_speculative_sampling", "top_p_renorm_prob",
+                 "top_k_renorm_prob"],
     "prefill": ["single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse",
                 "BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"],
 }
@@ -70,6 +76,7 @@ _SUBMODULES = {
     "prefill",
     "quantization",
     "rope",
+    "sampling",
     "testing",
     "utils",
 }

@@ -24,6 +24,7 @@ def registered_specs() -> list[JitSpec]:
     from .jit.page import gen_page_module
     from .jit.quantization import gen_quantization_module
     from .jit.rope import gen_rope_module
+    from .jit.sampling import gen_sampling_module
     from .jit.scale import gen_scale_module
 
     return [
@@ -34,6 +35,7 @@ def registered_specs() -> list[JitSpec]:
         gen_quantization_module(),
         gen_page_module(),
         gen_cascade_module(),
+        gen_sampling_module(),
         *(v.spec() for v in common_variants() + extra_variants()),
     ]
 

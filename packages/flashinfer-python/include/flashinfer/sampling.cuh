@@ -1,0 +1,866 @@
+// Sampling from (filtered) probability rows, the filters' renormalizations, softmax and chain
+// speculative sampling. Framework-free: raw pointers, sizes and strides in, cudaError_t out.
+//
+// Why the kernels look the way they do. A vocabulary row (128256 float32 = 513 KB) is larger than
+// one SM's shared memory, and sampling needs several passes over it (max, the filter's threshold,
+// the kept mass, the draw). So a row is handled by a thread-block cluster of C CTAs (C <= 8 for
+// rows up to ~512K float32 elements): each CTA loads its contiguous chunk of the row once from
+// HBM into shared memory (<= 64 KB, so 2-3 CTAs of different rows share an SM and one loads while
+// another computes), and every later pass runs over shared memory. The CTAs exchange only small
+// partial results through distributed shared memory (DSMEM) after a cluster barrier.
+//
+// Thresholds are found by a radix select over order-preserving 32-bit keys of the values: four
+// rounds of 8 bits, each a pass that builds a 256-bin histogram (count and mass) of the elements
+// whose key matches the prefix chosen so far, a cluster barrier, and a merge of the C histograms
+// from DSMEM followed by a block scan that picks the bin where the cumulative count/mass (from the
+// largest values down) reaches the target. A round stops the search early when the chosen bin
+// holds one element. The result is exact: the largest key t with F(t) >= target, where F(t) is
+// the count (top-k) or mass (top-p) of the elements with key >= t; ties at t are all kept.
+//
+// Masses are 64-bit fixed point: w(x) = floor(x * 2^(40 - e)) with 2^e <= max(row) < 2^(e+1).
+// Integer sums do not depend on the order of the additions, so histogram atomics, block and
+// cluster reductions are deterministic, and a draw is exact: target = floor(u * K) for the kept
+// mass K and a 32-bit uniform u, then the first element (in the kernel's fixed order: CTA, thread,
+// element) whose running kept mass exceeds target. Elements below 2^-41 of the row's max get
+// weight 0 (probability < 2^-41 relative to the largest).
+//
+// RNG: Philox-4x32-10 (Salmon et al., SC'11; the generator torch and curand use), counter =
+// (offset / 4, subsequence = output row), key = seed; (seed, offset) per call or per row. Written
+// here (30 lines) rather than taken from curand_kernel.h, which not every toolkit install ships.
+#pragma once
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "launch.cuh"
+#include "vec.cuh"
+
+namespace flashinfer {
+namespace sampling {
+
+namespace cg = cooperative_groups;
+
+/// Filters of the sampling kernel (runtime: one kernel per input dtype serves them all).
+enum Filter : int {
+  kNoFilter = 0,
+  kTopP = 1,
+  kTopK = 2,
+  kMinP = 3,
+  kTopKTopPJoint = 4,  ///< keep what both filters keep, each on the original distribution
+  kTopKFirstTopP = 5,  ///< top-k, then top-p on the renormalized top-k set
+};
+
+/// Row transforms that write a (B, V) output.
+enum Transform : int {
+  kSoftmax = 0,     ///< float32 out = softmax(x / temperature)
+  kTopPRenorm = 1,  ///< float32 out = top-p kept probs / their sum, else 0
+  kTopKRenorm = 2,  ///< T out = top-k kept probs / their sum, else 0
+  kTopKMask = 3,    ///< T out = x where among the k largest, else -inf
+};
+
+inline constexpr int kBins = 256;
+/// Largest chunk a CTA holds (floats): 200 KB, under the 227 KB of dynamic shared memory.
+inline constexpr int64_t kMaxChunk = 200 * 1024 / 4;
+/// Preferred chunk (floats): 64 KB lets 3 CTAs (of different rows) share an SM.
+inline constexpr int64_t kPreferredChunk = 64 * 1024 / 4;
+
+/// A per-row parameter: row i reads arr[i] when arr is set, else the scalar.
+template <typename V>
+struct RowParam {
+  const V* arr = nullptr;
+  V value{};
+  __device__ __forceinline__ V operator()(int64_t i) const { return arr ? arr[i] : value; }
+};
+
+/// Philox-4x32-10: four 32-bit outputs per counter; draw() walks the counter.
+struct Philox {
+  uint4 ctr;
+  uint2 key;
+  uint4 out;
+  int idx;  ///< next output of `out` (4 = compute the next block)
+
+  __device__ __forceinline__ Philox(uint64_t seed, uint64_t subsequence, uint64_t offset) {
+    key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    const uint64_t block = offset / 4;
+    ctr = make_uint4(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                     static_cast<uint32_t>(subsequence), static_cast<uint32_t>(subsequence >> 32));
+    out = rounds(ctr, key);
+    idx = static_cast<int>(offset % 4);
+  }
+
+  __device__ __forceinline__ static uint4 rounds(uint4 c, uint2 k) {
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+      const uint32_t hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+      const uint32_t hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+      c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+      k.x += 0x9E3779B9u;
+      k.y += 0xBB67AE85u;
+    }
+    return c;
+  }
+
+  __device__ __forceinline__ uint32_t next() {
+    if (idx == 4) {
+      if (++ctr.x == 0 && ++ctr.y == 0 && ++ctr.z == 0) ++ctr.w;
+      out = rounds(ctr, key);
+      idx = 0;
+    }
+    const uint32_t v = idx == 0 ? out.x : idx == 1 ? out.y : idx == 2 ? out.z : out.w;
+    ++idx;
+    return v;
+  }
+};
+
+/// Philox (seed, offset), as scalars or as int64/uint64 device tensors of length 1 or B.
+struct RngArgs {
+  const int64_t* seed_arr = nullptr;
+  const int64_t* offset_arr = nullptr;
+  int64_t seed_len = 0, offset_len = 0;
+  uint64_t seed = 0, offset = 0;
+
+  __device__ __forceinline__ Philox make(int64_t row) const {
+    const uint64_t s = seed_arr ? static_cast<uint64_t>(seed_arr[seed_len == 1 ? 0 : row]) : seed;
+    const uint64_t o =
+        offset_arr ? static_cast<uint64_t>(offset_arr[offset_len == 1 ? 0 : row]) : offset;
+    return Philox(s, static_cast<uint64_t>(row), o);
+  }
+};
+
+/// Which rows to read: out row i reads in row indices[i] (int32 or int64) when set, else i.
+struct RowMap {
+  const void* indices = nullptr;
+  bool indices_64 = false;
+  int64_t num_in_rows = 0;
+  __device__ __forceinline__ int64_t operator()(int64_t i) const {
+    if (!indices) return i;
+    return indices_64 ? static_cast<const int64_t*>(indices)[i]
+                      : static_cast<int64_t>(static_cast<const int32_t*>(indices)[i]);
+  }
+};
+
+/// Host-side launch shape for rows of `vocab` elements: cluster size, chunk and threads.
+struct RowPlan {
+  int cluster;    ///< CTAs per row (power of two, <= 16)
+  int64_t chunk;  ///< elements per CTA (multiple of 8)
+  int threads;    ///< threads per CTA
+  size_t smem;    ///< dynamic shared memory bytes
+};
+
+// ------------------------------------------------------------------------------------------------
+// Device helpers
+// ------------------------------------------------------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(x);
+  } else {
+    return __bfloat162float(x);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(x);
+  } else {
+    return __float2bfloat16_rn(x);
+  }
+}
+
+/// Order-preserving key of a non-negative float (probabilities): the sign bit is 0, drop it.
+__device__ __forceinline__ uint32_t key_nonneg(float x) { return __float_as_uint(x) << 1; }
+/// Order-preserving key of any float (logits): flip negatives, set the sign of positives.
+__device__ __forceinline__ uint32_t key_signed(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+struct CM {
+  unsigned long long c, m;  ///< count and fixed-point mass
+};
+
+/// What a CTA keeps in shared memory beside its chunk of the row.
+struct Shared {
+  unsigned int cnt[2][kBins];         ///< histogram counts, double-buffered across rounds
+  unsigned long long mass[2][kBins];  ///< histogram masses (fixed point)
+  unsigned long long xu[8];           ///< cluster exchange slots (one per exchange)
+  float xf[8];
+  CM warp_tot[32];
+  float red[32];
+  uint32_t pick[4];
+  unsigned long long pick_u[4];
+};
+
+/// The state of one CTA's work on one row.
+struct RowCtx {
+  float* vals;    ///< this CTA's chunk, in shared memory
+  int n;          ///< elements in the chunk
+  int64_t begin;  ///< the chunk's first column
+  Shared* s;
+  int rank, csize, tid, nthreads;
+  int parity;     ///< histogram buffer of the next round
+  float scale;    ///< fixed-point scale, 2^(40 - e)
+  bool signed_keys;
+
+  __device__ __forceinline__ uint32_t key(float x) const {
+    return signed_keys ? key_signed(x) : key_nonneg(x);
+  }
+  __device__ __forceinline__ unsigned long long fixed(float x) const {
+    return __float2ull_rz(x * scale);
+  }
+};
+
+template <typename V>
+__device__ __forceinline__ V warp_max(V x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+__device__ __forceinline__ float warp_sum_f(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+/// Inclusive block scan of (count, mass); `total` receives the block's sum. Deterministic.
+__device__ __forceinline__ CM block_scan(CM v, Shared* s, CM* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long c = __shfl_up_sync(0xffffffffu, v.c, o);
+    const unsigned long long m = __shfl_up_sync(0xffffffffu, v.m, o);
+    if (lane >= o) v.c += c, v.m += m;
+  }
+  if (lane == 31) s->warp_tot[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    CM t = lane < nw ? s->warp_tot[lane] : CM{0, 0};
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned long long c = __shfl_up_sync(0xffffffffu, t.c, o);
+      const unsigned long long m = __shfl_up_sync(0xffffffffu, t.m, o);
+      if (lane >= o) t.c += c, t.m += m;
+    }
+    if (lane < nw) s->warp_tot[lane] = t;
+  }
+  __syncthreads();
+  if (warp > 0) v.c += s->warp_tot[warp - 1].c, v.m += s->warp_tot[warp - 1].m;
+  *total = s->warp_tot[nw - 1];
+  __syncthreads();  // warp_tot may be rewritten by the next call
+  return v;
+}
+
+/// Block-wide max and "any" flag; every thread receives both.
+__device__ __forceinline__ float block_max(float x, Shared* s) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  x = warp_max(x);
+  if (lane == 0) s->red[warp] = x;
+  __syncthreads();
+  x = lane < nw ? s->red[lane] : -INFINITY;
+  x = warp_max(x);
+  __syncthreads();
+  return x;
+}
+
+__device__ __forceinline__ float block_sum_f(float x, Shared* s) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  x = warp_sum_f(x);
+  if (lane == 0) s->red[warp] = x;
+  __syncthreads();
+  x = lane < nw ? s->red[lane] : 0.f;
+  x = warp_sum_f(x);
+  __syncthreads();
+  return x;
+}
+
+/// Publish one float per CTA in slot `slot`, barrier, and combine the cluster's values in rank
+/// order (max when `is_max`, else sum). Every thread receives the result.
+__device__ __forceinline__ float cluster_reduce_f(const RowCtx& ctx, float mine, int slot,
+                                                  bool is_max) {
+  cg::cluster_group cluster = cg::this_cluster();
+  if (ctx.tid == 0) ctx.s->xf[slot] = mine;
+  cluster.sync();
+  float acc = is_max ? -INFINITY : 0.f;
+  for (int r = 0; r < ctx.csize; ++r) {
+    const float v = *cluster.map_shared_rank(&ctx.s->xf[slot], r);
+    acc = is_max ? fmaxf(acc, v) : acc + v;
+  }
+  return acc;
+}
+
+/// As cluster_reduce_f for a u64: returns the cluster sum and, in *before, the ranks below ours.
+__device__ __forceinline__ unsigned long long cluster_sum_u(const RowCtx& ctx,
+                                                            unsigned long long mine, int slot,
+                                                            unsigned long long* before) {
+  cg::cluster_group cluster = cg::this_cluster();
+  if (ctx.tid == 0) ctx.s->xu[slot] = mine;
+  cluster.sync();
+  unsigned long long acc = 0, pre = 0;
+  for (int r = 0; r < ctx.csize; ++r) {
+    if (r == ctx.rank) pre = acc;
+    acc += *cluster.map_shared_rank(&ctx.s->xu[slot], r);
+  }
+  *before = pre;
+  return acc;
+}
+
+/// Load this CTA's chunk of a row into shared memory as float, through `get(v)` (a per-value
+/// map: clamping, scaling). 16-byte loads when `vec` (row start and chunk 16-byte aligned).
+template <typename T, typename Map>
+__device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool vec, Map get) {
+  constexpr int N = 16 / sizeof(T);
+  constexpr int U = 4;  // vectors in flight per thread
+  const T* src = row + ctx.begin;
+  int done = 0;
+  if (vec) {
+    const int nv = ctx.n / N;
+    const int step = ctx.nthreads * U;
+    for (int g0 = 0; g0 < nv; g0 += step) {
+      Vec<T, N> v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int g = g0 + u * ctx.nthreads + ctx.tid;
+        if (g < nv) v[u] = Vec<T, N>::load(src + int64_t{g} * N);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int g = g0 + u * ctx.nthreads + ctx.tid;
+        if (g < nv) {
+          float f[N];
+#pragma unroll
+          for (int j = 0; j < N; ++j) f[j] = get(to_float(v[u][j]));
+#pragma unroll
+          for (int j = 0; j < N; j += 4)
+            *reinterpret_cast<float4*>(ctx.vals + g * N + j) = make_float4(f[j], f[j + 1], f[j + 2], f[j + 3]);
+        }
+      }
+    }
+    done = nv * N;
+  }
+  constexpr int S = 32 / sizeof(T);
+  for (int i0 = done; i0 < ctx.n; i0 += ctx.nthreads * S) {
+    T v[S];
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      const int i = i0 + u * ctx.nthreads + ctx.tid;
+      if (i < ctx.n) v[u] = src[i];
+    }
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      const int i = i0 + u * ctx.nthreads + ctx.tid;
+      if (i < ctx.n) ctx.vals[i] = get(to_float(v[u]));
+    }
+  }
+  __syncthreads();
+}
+
+/// Max of the chunk, and whether it holds a NaN (returned through *nan); block-wide.
+__device__ __forceinline__ float chunk_max(const RowCtx& ctx, bool* nan) {
+  float m = -INFINITY;
+  bool bad = false;
+  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+    const float x = ctx.vals[i];
+    bad |= isnan(x);
+    m = fmaxf(m, x);
+  }
+  *nan = __syncthreads_or(bad);
+  return block_max(m, ctx.s);
+}
+
+/// 2^(40 - e) for 2^e <= mx < 2^(e+1): fixed(x) < 2^41 for every x <= mx.
+__device__ __forceinline__ float fixed_scale(float mx) {
+  if (!(mx > 0.f) || isinf(mx)) return 1.f;
+  return exp2f(static_cast<float>(40 - ilogbf(mx)));
+}
+
+/// Result of a radix search: keep keys >= key; (c, m) = count and mass kept; all = keep all.
+struct Threshold {
+  uint32_t key;
+  CM kept;
+  bool all;
+};
+
+/*!
+ * @brief The largest key t with F(t) >= target, F(t) = sum over the row's elements with key >= t
+ *   of 1 (by_mass false) or fixed(x) (by_mass true). `target_of(total)` gives the target from
+ *   the row's total (count, mass), known after the first round. Cluster-wide; every thread of
+ *   every CTA of the cluster receives the same result.
+ */
+template <typename TargetOf>
+__device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, TargetOf target_of) {
+  cg::cluster_group cluster = cg::this_cluster();
+  Shared* s = ctx.s;
+  uint32_t prefix = 0, mask = 0;
+  CM above{0, 0};
+  unsigned long long target = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    const int buf = ctx.parity;
+    ctx.parity ^= 1;
+    // 1. This CTA's histogram of the digit at `shift` among keys matching the prefix.
+    for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+      const float x = ctx.vals[i];
+      const uint32_t k = ctx.key(x);
+      if ((k & mask) == prefix) {
+        const int d = (k >> shift) & (kBins - 1);
+        atomicAdd(&s->cnt[buf][d], 1u);
+        if (need_mass) atomicAdd(&s->mass[buf][d], ctx.fixed(x));
+      }
+    }
+    cluster.sync();
+    // The other buffer was last read by peers before this barrier: clear it for the next round.
+    for (int b = ctx.tid; b < kBins; b += ctx.nthreads) s->cnt[buf ^ 1][b] = 0, s->mass[buf ^ 1][b] = 0;
+    // 2. Merge the cluster's histograms: thread j holds bin 255 - j (largest values first).
+    CM v{0, 0};
+    if (ctx.tid < kBins) {
+      const int b = kBins - 1 - ctx.tid;
+      for (int r = 0; r < ctx.csize; ++r) {
+        v.c += *cluster.map_shared_rank(&s->cnt[buf][b], r);
+        if (need_mass) v.m += *cluster.map_shared_rank(&s->mass[buf][b], r);
+      }
+    }
+    CM total;
+    CM incl = block_scan(v, s, &total);
+    if (shift == 24) target = target_of(total);
+    incl.c += above.c, incl.m += above.m;
+    const bool reached = (by_mass ? incl.m : incl.c) >= target;
+    const int before = __syncthreads_count(ctx.tid < kBins && !reached);
+    if (before == kBins) return Threshold{0, total, true};  // only in the first round
+    if (ctx.tid == before) {
+      s->pick[0] = kBins - 1 - before;
+      s->pick[1] = static_cast<uint32_t>(v.c);
+      s->pick_u[0] = incl.c - v.c;
+      s->pick_u[1] = incl.m - v.m;
+      s->pick_u[2] = incl.m;
+    }
+    __syncthreads();
+    prefix |= s->pick[0] << shift;
+    mask |= (kBins - 1u) << shift;
+    above = CM{s->pick_u[0], s->pick_u[1]};
+    const unsigned long long bin_c = s->pick[1];
+    const CM kept{above.c + bin_c, s->pick_u[2]};
+    __syncthreads();  // pick is rewritten next round
+    // One element in the chosen bin: keeping the whole bin is the answer.
+    if (bin_c == 1 || shift == 0) return Threshold{prefix, kept, false};
+  }
+  return Threshold{prefix, CM{0, 0}, false};  // not reached
+}
+
+/*!
+ * @brief Draw from the kept elements (key >= t) with weight fixed(x) using the 32-bit uniform r;
+ *   returns the column on the CTA that finds it (and -1 elsewhere) in *col; *kept_mass receives
+ *   the cluster's kept mass. Cluster-wide.
+ */
+__device__ __forceinline__ int64_t draw(const RowCtx& ctx, uint32_t t, uint32_t r, int slot,
+                                        unsigned long long* kept_mass) {
+  unsigned long long mine = 0;
+  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+    const float x = ctx.vals[i];
+    if (ctx.key(x) >= t) mine += ctx.fixed(x);
+  }
+  CM total;
+  const CM incl = block_scan(CM{0, mine}, ctx.s, &total);
+  unsigned long long before;
+  const unsigned long long K = cluster_sum_u(ctx, total.m, slot, &before);
+  *kept_mass = K;
+  if (K == 0) return -1;
+  const unsigned long long target = __umul64hi(K, static_cast<unsigned long long>(r) << 32);
+  if (target < before || target >= before + total.m) return -1;
+  const unsigned long long local = target - before;
+  const unsigned long long excl = incl.m - mine;
+  if (!(local >= excl && local < incl.m)) return -1;
+  unsigned long long acc = excl;
+  int last = -1;
+  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+    const float x = ctx.vals[i];
+    if (ctx.key(x) >= t) {
+      const unsigned long long w = ctx.fixed(x);
+      if (w) last = i;
+      acc += w;
+      if (acc > local) return ctx.begin + i;
+    }
+  }
+  return ctx.begin + last;  // unreachable: the thread's kept mass exceeds local
+}
+
+__device__ __forceinline__ RowCtx make_ctx(float* vals, Shared* s, int64_t vocab, int64_t chunk,
+                                           bool signed_keys) {
+  cg::cluster_group cluster = cg::this_cluster();
+  RowCtx ctx;
+  ctx.vals = vals;
+  ctx.s = s;
+  ctx.rank = static_cast<int>(cluster.block_rank());
+  ctx.csize = static_cast<int>(cluster.num_blocks());
+  ctx.tid = threadIdx.x;
+  ctx.nthreads = blockDim.x;
+  ctx.begin = ctx.rank * chunk;
+  const int64_t left = vocab - ctx.begin;
+  ctx.n = static_cast<int>(left < 0 ? 0 : (left < chunk ? left : chunk));
+  ctx.parity = 0;
+  ctx.scale = 1.f;
+  ctx.signed_keys = signed_keys;
+  for (int b = ctx.tid; b < kBins; b += ctx.nthreads) {
+    s->cnt[0][b] = s->cnt[1][b] = 0;
+    s->mass[0][b] = s->mass[1][b] = 0;
+  }
+  __syncthreads();
+  return ctx;
+}
+
+/// Write a sample (and its validity) from the CTA that holds it; rank 0 writes fallbacks.
+__device__ __forceinline__ void write_sample(void* out, bool out_64, bool* valid, int64_t i,
+                                             int64_t col, bool ok) {
+  if (out_64) {
+    static_cast<int64_t*>(out)[i] = col;
+  } else {
+    static_cast<int32_t*>(out)[i] = static_cast<int32_t>(col);
+  }
+  if (valid) valid[i] = ok;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Kernels
+// ------------------------------------------------------------------------------------------------
+
+struct SampleParams {
+  int filter;
+  bool logits;  ///< input holds logits: weights exp(x - max)
+  RowParam<float> top_p;
+  RowParam<int> top_k;
+  RowParam<float> min_p;
+  RngArgs rng;
+  RowMap rows;
+  void* out;
+  bool out_64;
+  bool* valid;
+};
+
+/// One cluster per output row: load, filter, draw one token.
+template <typename T>
+__global__ void __launch_bounds__(512) SampleKernel(const T* __restrict__ in, int64_t stride,
+                                                    int64_t vocab, int64_t chunk, bool vec,
+                                                    SampleParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* vals = reinterpret_cast<float*>(smem);
+  Shared* s = reinterpret_cast<Shared*>(smem + chunk * sizeof(float));
+  cg::cluster_group cluster = cg::this_cluster();
+  const int64_t out_row = blockIdx.x / cluster.num_blocks();
+  pdl_wait();
+  RowCtx ctx = make_ctx(vals, s, vocab, chunk, false);
+  const int64_t in_row = p.rows(out_row);
+  const bool row_ok = in_row >= 0 && in_row < p.rows.num_in_rows;
+  const bool is_probs = !p.logits;
+  if (row_ok) {
+    load_chunk<T>(ctx, in + in_row * stride, vec, [](float x) { return x; });
+  }
+  bool nan = false;
+  float mx = row_ok ? chunk_max(ctx, &nan) : 0.f;
+  const bool any_nan = cluster_reduce_f(ctx, nan ? 1.f : 0.f, 0, true) > 0.f;
+  mx = cluster_reduce_f(ctx, mx, 1, true);
+  int64_t col = -1;
+  if (row_ok && !any_nan) {
+    // Probabilities: clamp negatives to 0. Logits: weights exp(x - max), max weight 1.
+    if (is_probs) {
+      for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) ctx.vals[i] = fmaxf(ctx.vals[i], 0.f);
+      mx = fmaxf(mx, 0.f);
+    } else {
+      const bool dead = isinf(mx) && mx < 0;
+      for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads)
+        ctx.vals[i] = dead ? 0.f : __expf(ctx.vals[i] - mx);
+      mx = dead ? 0.f : 1.f;
+    }
+    __syncthreads();
+    ctx.scale = fixed_scale(mx);
+    uint32_t t = 0;
+    const int f = p.filter;
+    if (f == kMinP) {
+      t = key_nonneg(p.min_p(out_row) * mx);
+    }
+    if (f == kTopK || f == kTopKTopPJoint || f == kTopKFirstTopP) {
+      const int k = p.top_k(out_row);
+      if (k > 0 && k < vocab) {
+        const Threshold th = radix_search(ctx, false, f == kTopKFirstTopP,
+                                          [k](CM) { return static_cast<unsigned long long>(k); });
+        if (!th.all) t = th.key;
+        if (f == kTopKFirstTopP && !th.all) {
+          // top-p over the renormalized top-k set: target mass p * kept(top-k).
+          const double P = static_cast<double>(p.top_p(out_row)) * static_cast<double>(th.kept.m);
+          const Threshold tp = radix_search(ctx, true, true, [P](CM) {
+            return static_cast<unsigned long long>(floor(P)) + 1ull;
+          });
+          if (!tp.all && tp.key > t) t = tp.key;
+        }
+      }
+    }
+    if (f == kTopP || f == kTopKTopPJoint ||
+        (f == kTopKFirstTopP && t == 0)) {  // top-k kept everything: plain top-p
+      const float tp_p = p.top_p(out_row);
+      const Threshold tp = radix_search(ctx, true, true, [tp_p](CM total) {
+        return static_cast<unsigned long long>(
+                   floor(static_cast<double>(tp_p) * static_cast<double>(total.m))) + 1ull;
+      });
+      if (!tp.all && tp.key > t) t = tp.key;
+    }
+    Philox rng = p.rng.make(out_row);
+    const uint32_t r = rng.next();
+    unsigned long long kept;
+    col = draw(ctx, t, r, 0, &kept);
+    if (kept == 0 && ctx.rank == 0 && ctx.tid == 0) col = 0;  // nothing to draw from
+  } else if (ctx.rank == 0 && ctx.tid == 0) {
+    col = 0;
+  }
+  if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, row_ok && !any_nan);
+  cluster.sync();  // peers may still read this CTA's shared memory
+}
+
+struct TransformParams {
+  int kind;
+  RowParam<float> top_p;
+  RowParam<int> top_k;
+  RowParam<float> temperature;
+  void* out;  ///< float32 (softmax, top-p renorm) or T (top-k renorm, mask)
+  int64_t out_stride;
+};
+
+/// One cluster per row: load, (softmax | find the filter's threshold), write the row.
+template <typename T>
+__global__ void __launch_bounds__(512) TransformKernel(const T* __restrict__ in, int64_t stride,
+                                                       int64_t vocab, int64_t chunk, bool vec,
+                                                       TransformParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* vals = reinterpret_cast<float*>(smem);
+  Shared* s = reinterpret_cast<Shared*>(smem + chunk * sizeof(float));
+  cg::cluster_group cluster = cg::this_cluster();
+  const int64_t row = blockIdx.x / cluster.num_blocks();
+  pdl_wait();
+  const int kind = p.kind;
+  RowCtx ctx = make_ctx(vals, s, vocab, chunk, kind == kTopKMask);
+  const T* src = in + row * stride;
+  float* out_f = static_cast<float*>(p.out) + row * p.out_stride;
+  T* out_t = static_cast<T*>(p.out) + row * p.out_stride;
+  if (kind == kSoftmax) {
+    const float inv_t = 1.f / p.temperature(row);
+    load_chunk<T>(ctx, src, vec, [inv_t](float x) { return x * inv_t; });
+    bool nan;
+    const float mx = cluster_reduce_f(ctx, chunk_max(ctx, &nan), 0, true);
+    float sum = 0.f;
+    for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) sum += __expf(ctx.vals[i] - mx);
+    sum = cluster_reduce_f(ctx, block_sum_f(sum, s), 1, false);
+    const float inv = 1.f / sum;
+    pdl_launch_dependents();
+    for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads)
+      out_f[ctx.begin + i] = __expf(ctx.vals[i] - mx) * inv;
+    cluster.sync();
+    return;
+  }
+  if (kind == kTopKMask) {
+    load_chunk<T>(ctx, src, vec, [](float x) { return x; });
+    const int k = p.top_k(row);
+    uint32_t t = 0;
+    if (k > 0 && k < vocab) {
+      const Threshold th = radix_search(ctx, false, false,
+                                        [k](CM) { return static_cast<unsigned long long>(k); });
+      if (!th.all) t = th.key;
+    }
+    const T ninf = from_float<T>(-INFINITY);
+    for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+      const float x = ctx.vals[i];
+      out_t[ctx.begin + i] = ctx.key(x) >= t ? from_float<T>(x) : ninf;
+    }
+    cluster.sync();
+    return;
+  }
+  // Renormalizations: probabilities, negatives clamped to 0.
+  load_chunk<T>(ctx, src, vec, [](float x) { return fmaxf(x, 0.f); });
+  bool nan;
+  const float mx = cluster_reduce_f(ctx, chunk_max(ctx, &nan), 0, true);
+  ctx.scale = fixed_scale(mx);
+  uint32_t t = 0;
+  Threshold th{0, CM{0, 0}, true};
+  if (kind == kTopPRenorm) {
+    const float tp = p.top_p(row);
+    th = radix_search(ctx, true, true, [tp](CM total) {
+      return static_cast<unsigned long long>(
+                 floor(static_cast<double>(tp) * static_cast<double>(total.m))) + 1ull;
+    });
+  } else {
+    const int k = p.top_k(row);
+    if (k > 0 && k < vocab)
+      th = radix_search(ctx, false, true, [k](CM) { return static_cast<unsigned long long>(k); });
+  }
+  unsigned long long kept_m = th.kept.m;
+  if (th.all) {
+    unsigned long long mine = 0;
+    for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) mine += ctx.fixed(ctx.vals[i]);
+    CM total;
+    block_scan(CM{0, mine}, s, &total);
+    unsigned long long before;
+    kept_m = cluster_sum_u(ctx, total.m, 0, &before);
+  } else {
+    t = th.key;
+  }
+  const float inv = kept_m ? static_cast<float>(static_cast<double>(ctx.scale) /
+                                                static_cast<double>(kept_m))
+                           : 0.f;
+  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+    const float x = ctx.vals[i];
+    const float y = ctx.key(x) >= t ? x * inv : 0.f;
+    if (kind == kTopPRenorm) {
+      out_f[ctx.begin + i] = y;
+    } else {
+      out_t[ctx.begin + i] = from_float<T>(y);
+    }
+  }
+  cluster.sync();
+}
+
+struct ChainParams {
+  const float* draft;   ///< (b, n, V)
+  const int32_t* ids;   ///< (b, n)
+  const float* target;  ///< (b, n + 1, V)
+  int64_t draft_s0, draft_s1, target_s0, target_s1, ids_s0;
+  int n;
+  int64_t vocab;
+  RngArgs rng;
+  int32_t* out;  ///< (b, n + 1)
+  int32_t* accepted;
+  int32_t* emitted;
+};
+
+/// One cluster per batch row: accept the draft prefix, then draw the resampled or bonus token.
+__global__ void __launch_bounds__(512) ChainKernel(int64_t chunk, ChainParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* vals = reinterpret_cast<float*>(smem);
+  Shared* s = reinterpret_cast<Shared*>(smem + chunk * sizeof(float));
+  cg::cluster_group cluster = cg::this_cluster();
+  const int64_t row = blockIdx.x / cluster.num_blocks();
+  pdl_wait();
+  RowCtx ctx = make_ctx(vals, s, p.vocab, chunk, false);
+  Philox rng = p.rng.make(row);
+  // Every thread runs the (short) acceptance chain: the same draws, the same answer.
+  int reject = p.n, independent = 0;
+  for (int i = 0; i < p.n; ++i) {
+    const float u = static_cast<float>(rng.next()) * 0x1p-32f;
+    const int32_t tok = p.ids[row * p.ids_s0 + i];
+    bool ok = false;
+    if (tok >= 0 && tok < p.vocab) {
+      const float q = p.draft[row * p.draft_s0 + i * p.draft_s1 + tok];
+      const float pt = p.target[row * p.target_s0 + i * p.target_s1 + tok];
+      ok = u * q < pt;
+    }
+    independent += ok;
+    if (!ok && reject == p.n) reject = i;
+  }
+  const uint32_t r = rng.next();
+  const float* t_row = p.target + row * p.target_s0 + reject * p.target_s1;
+  const float* d_row = p.draft + row * p.draft_s0 + reject * p.draft_s1;
+  const bool resample = reject < p.n;
+  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+    const int64_t c = ctx.begin + i;
+    const float tv = t_row[c];
+    ctx.vals[i] = fmaxf(resample ? tv - d_row[c] : tv, 0.f);
+  }
+  __syncthreads();
+  bool nan;
+  const float mx = cluster_reduce_f(ctx, chunk_max(ctx, &nan), 0, true);
+  ctx.scale = fixed_scale(mx);
+  unsigned long long kept;
+  int64_t col = draw(ctx, 0, r, 0, &kept);
+  if (kept == 0 && ctx.rank == 0 && ctx.tid == 0) col = 0;
+  if (col >= 0) {
+    int32_t* o = p.out + row * (p.n + 1);
+    for (int i = 0; i <= p.n; ++i) {
+      o[i] = i < reject ? p.ids[row * p.ids_s0 + i] : (i == reject ? static_cast<int32_t>(col) : -1);
+    }
+    p.accepted[row] += independent;
+    p.emitted[row] += reject;
+  }
+  cluster.sync();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Host launchers
+// ------------------------------------------------------------------------------------------------
+
+/*!
+ * @brief Cluster size, chunk and threads for rows of `vocab` elements: the smallest cluster
+ *   (power of two, <= 8) whose chunk is <= 64 KB of float32; rows beyond 8 x 64 KB take 8 CTAs of
+ *   up to 200 KB, then 16 (a non-portable cluster size, which the H100 supports). 512 threads
+ *   for chunks of >= 4096 elements (8+ per thread per pass), else 256.
+ */
+inline RowPlan plan_rows(int64_t vocab) {
+  int c = 1;
+  while (c < 8 && ceil_div(vocab, c) > kPreferredChunk) c *= 2;
+  if (ceil_div(vocab, c) > kMaxChunk) c = 16;
+  const int64_t chunk = ceil_div(ceil_div(vocab, c), 8) * 8;
+  const int threads = chunk >= 4096 ? 512 : 256;
+  return RowPlan{c, chunk, threads, static_cast<size_t>(chunk) * sizeof(float) + sizeof(Shared)};
+}
+
+/// Largest vocabulary the kernels take (16 CTAs of kMaxChunk elements).
+inline constexpr int64_t kMaxVocab = 16 * kMaxChunk;
+
+template <typename Kernel>
+cudaError_t prepare(Kernel kernel, const RowPlan& plan) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(plan.smem));
+  if (e != cudaSuccess) return e;
+  if (plan.cluster > 8) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
+  return e;
+}
+
+/// 16-byte accesses need the row start and every chunk start 16-byte aligned.
+template <typename T>
+inline bool rows_vectorizable(const void* ptr, int64_t stride, int64_t chunk) {
+  return is_aligned(ptr, 16) && (stride * sizeof(T)) % 16 == 0 && (chunk * sizeof(T)) % 16 == 0;
+}
+
+template <typename T>
+cudaError_t Sample(const T* in, int64_t stride, int64_t num_out, int64_t vocab,
+                   const SampleParams& params, bool enable_pdl, cudaStream_t stream) {
+  if (num_out == 0) return cudaSuccess;
+  const RowPlan plan = plan_rows(vocab);
+  cudaError_t e = prepare(SampleKernel<T>, plan);
+  if (e != cudaSuccess) return e;
+  const bool vec = rows_vectorizable<T>(in, stride, plan.chunk);
+  return launch_kernel_clustered(SampleKernel<T>, dim3(num_out * plan.cluster), dim3(plan.threads),
+                                 plan.smem, stream, enable_pdl, plan.cluster, in, stride, vocab,
+                                 plan.chunk, vec, params);
+}
+
+template <typename T>
+cudaError_t TransformRows(const T* in, int64_t stride, int64_t rows, int64_t vocab,
+                          const TransformParams& params, bool enable_pdl, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const RowPlan plan = plan_rows(vocab);
+  cudaError_t e = prepare(TransformKernel<T>, plan);
+  if (e != cudaSuccess) return e;
+  const bool vec = rows_vectorizable<T>(in, stride, plan.chunk);
+  return launch_kernel_clustered(TransformKernel<T>, dim3(rows * plan.cluster),
+                                 dim3(plan.threads), plan.smem, stream, enable_pdl, plan.cluster,
+                                 in, stride, vocab, plan.chunk, vec, params);
+}
+
+inline cudaError_t ChainSpeculative(const ChainParams& params, int64_t batch, bool enable_pdl,
+                                    cudaStream_t stream) {
+  if (batch == 0) return cudaSuccess;
+  const RowPlan plan = plan_rows(params.vocab);
+  cudaError_t e = prepare(ChainKernel, plan);
+  if (e != cudaSuccess) return e;
+  return launch_kernel_clustered(ChainKernel, dim3(batch * plan.cluster), dim3(plan.threads),
+                                 plan.smem, stream, enable_pdl, plan.cluster, plan.chunk, params);
+}
+
+}  // namespace sampling
+}  // namespace flashinfer
