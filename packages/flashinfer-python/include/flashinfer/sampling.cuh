@@ -422,10 +422,20 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, Tar
     // 2. Merge the cluster's histograms: thread j holds bin 255 - j (largest values first).
     CM v{0, 0};
     if (ctx.tid < kBins) {
+      // Remote loads in groups of 4 issued before their adds (DSMEM latency is ~hundreds of
+      // cycles; all 16 at once cost 110 registers, one CTA per SM).
       const int b = kBins - 1 - ctx.tid;
-      for (int r = 0; r < ctx.csize; ++r) {
-        v.c += *cluster.map_shared_rank(&s->cnt[buf][b], r);
-        if (need_mass) v.m += *cluster.map_shared_rank(&s->mass[buf][b], r);
+      for (int r0 = 0; r0 < ctx.csize; r0 += 4) {
+        unsigned int c[4];
+        unsigned long long m[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const bool in = r0 + r < ctx.csize;
+          c[r] = in ? *cluster.map_shared_rank(&s->cnt[buf][b], r0 + r) : 0u;
+          m[r] = in && need_mass ? *cluster.map_shared_rank(&s->mass[buf][b], r0 + r) : 0ull;
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) v.c += c[r], v.m += m[r];
       }
     }
     CM total;
