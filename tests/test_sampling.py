@@ -508,14 +508,31 @@ def test_cuda_graph_capture_and_replay():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = [f() for f in fns]
-        gen_out = sampling.top_p_sampling_from_probs(probs, 0.9)  # generator state at capture
     graph.replay()
     for a, b in zip(outs, eager):
         assert torch.equal(a, b)
     offset.fill_(4)  # a new offset between replays draws new samples
     graph.replay()
     assert not torch.equal(outs[0], eager[0])
-    assert gen_out.shape == (64,)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_with_generator():
+    """The generator's state is read on the host at capture; replays repeat those draws."""
+    probs = _probs(64, 32000)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        sampling.top_p_sampling_from_probs(probs, 0.9, generator=g)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sampling.top_p_sampling_from_probs(probs, 0.9, generator=g)
+    graph.replay()
+    first = out.clone()
+    graph.replay()
+    assert torch.equal(out, first) and out.shape == (64,)
 
 
 @pytest.mark.gpu
