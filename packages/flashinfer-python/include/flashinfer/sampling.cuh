@@ -38,6 +38,16 @@
 #include "launch.cuh"
 #include "vec.cuh"
 
+// Histogram adds: 0 = one shared-memory atomic per element, 1 = warp-aggregated (one per
+// distinct bin of a warp). A/B switch for benchmarks (FLASHINFER_EXTRA_CUDAFLAGS).
+#ifndef FLASHINFER_SAMPLING_WARP_AGG
+#define FLASHINFER_SAMPLING_WARP_AGG 0
+#endif
+// Threads per CTA for chunks of >= 4096 elements (A/B switch, as above).
+#ifndef FLASHINFER_SAMPLING_THREADS
+#define FLASHINFER_SAMPLING_THREADS 512
+#endif
+
 namespace flashinfer {
 namespace sampling {
 
@@ -407,6 +417,35 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, Tar
     const int buf = ctx.parity;
     ctx.parity ^= 1;
     // 1. This CTA's histogram of the digit at `shift` among keys matching the prefix.
+#if FLASHINFER_SAMPLING_WARP_AGG
+    // Warp-aggregated adds: one atomic per distinct bin in the warp (the first round's bins are
+    // the exponents, so a warp's 32 values fall in a handful of bins).
+    const int lane = ctx.tid & 31;
+    for (int i0 = ctx.tid - lane; i0 < ctx.n; i0 += ctx.nthreads) {
+      const int i = i0 + lane;
+      const float x = i < ctx.n ? ctx.vals[i] : 0.f;
+      const uint32_t k = ctx.key(x);
+      const bool act = i < ctx.n && (k & mask) == prefix;
+      const int d = (k >> shift) & (kBins - 1);
+      const unsigned long long w = act && need_mass ? ctx.fixed(x) : 0ull;
+      unsigned left = __ballot_sync(0xffffffffu, act);
+      while (left) {
+        const int lead_d = __shfl_sync(0xffffffffu, d, __ffs(left) - 1);
+        const bool mine = act && d == lead_d && ((left >> lane) & 1u);
+        const unsigned group = __ballot_sync(0xffffffffu, mine);
+        unsigned long long sum = mine ? w : 0ull;
+        if (need_mass) {
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        }
+        if (lane == __ffs(group) - 1) {
+          atomicAdd(&s->cnt[buf][lead_d], static_cast<unsigned>(__popc(group)));
+          if (need_mass) atomicAdd(&s->mass[buf][lead_d], sum);
+        }
+        left &= ~group;
+      }
+    }
+#else
     for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
       const float x = ctx.vals[i];
       const uint32_t k = ctx.key(x);
@@ -416,6 +455,7 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, Tar
         if (need_mass) atomicAdd(&s->mass[buf][d], ctx.fixed(x));
       }
     }
+#endif
     cluster.sync();
     // The other buffer was last read by peers before this barrier: clear it for the next round.
     for (int b = ctx.tid; b < kBins; b += ctx.nthreads) s->cnt[buf ^ 1][b] = 0, s->mass[buf ^ 1][b] = 0;
@@ -812,7 +852,7 @@ inline RowPlan plan_rows(int64_t vocab) {
   while (c < 8 && ceil_div(vocab, c) > kPreferredChunk) c *= 2;
   if (ceil_div(vocab, c) > kMaxChunk) c = 16;
   const int64_t chunk = ceil_div(ceil_div(vocab, c), 8) * 8;
-  const int threads = chunk >= 4096 ? 512 : 256;
+  const int threads = chunk >= 4096 ? FLASHINFER_SAMPLING_THREADS : 256;
   return RowPlan{c, chunk, threads, static_cast<size_t>(chunk) * sizeof(float) + sizeof(Shared)};
 }
 
