@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for flashinfer.sampling: our first-call JIT time, the GPU tests,
-# the benchmark (ours through run.py with ceilings, then ours, two A/B variants and FlashInfer
-# 0.7.2 with one timer; the peer's sampling module JIT-compiles in the background meanwhile).
+# the benchmark (ours through run.py with ceilings, then ours and FlashInfer 0.7.2 with one
+# timer; the peer's sampling module JIT-compiles in the background meanwhile).
 # Writes at most 8 files to $OUT (the device tool's limit).
 #   usage (device, from the repository root): [GPU_DIR=...] bash tools/gpu_sampling.sh COMMIT [pytest args]
 set -uo pipefail
@@ -18,7 +18,7 @@ python3 -c "import time; t = time.time(); import flashinfer.sampling as s; s.get
 # 2. The peer's JIT in the background.
 mkdir -p /tmp/peer && tar -xJf $gpu/peer/flashinfer-peer.tar.xz -C /tmp/peer
 (cd benchmarks && PYTHONPATH=/tmp/peer:/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws \
-  python3 bench_sampling.py --warm >/tmp/peer_warm.log 2>&1) &
+  python3 bench_sampling.py --warm --peer >/tmp/peer_warm.log 2>&1) &
 peer=$!
 # 3. Tests.
 timeout ${TEST_TIMEOUT:-240} python3 -m pytest tests/test_sampling.py -q -p no:cacheprovider "$@" 2>&1 | tee $OUT/pytest.log | tail -25
@@ -26,9 +26,7 @@ timeout ${TEST_TIMEOUT:-240} python3 -m pytest tests/test_sampling.py -q -p no:c
 python3 benchmarks/run.py --commit "$commit" --ops sampling --out $OUT/run.json 2>&1 | tail -20 | tee -a $log
 cd benchmarks
 python3 bench_sampling.py --standalone $OUT/ours.json >>$log 2>&1
-FLASHINFER_EXTRA_CUDAFLAGS=-DFLASHINFER_SAMPLING_WARP_AGG=1 python3 bench_sampling.py --standalone $OUT/agg.json 2>&1 | tee -a $log | cut -c1-95
-FLASHINFER_EXTRA_CUDAFLAGS=-DFLASHINFER_SAMPLING_THREADS=256 python3 bench_sampling.py --standalone $OUT/t256.json 2>&1 | tee -a $log | cut -c1-95
 wait $peer; tail -3 /tmp/peer_warm.log | tee -a $log
 PYTHONPATH=/tmp/peer:/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws \
-  python3 bench_sampling.py --standalone $OUT/peer.json >>$log 2>&1
+  python3 bench_sampling.py --standalone $OUT/peer.json --peer >>$log 2>&1
 python3 bench_sampling.py --merge $OUT/ours.json $OUT/peer.json $OUT/run.json --out $OUT/bench.json

@@ -9,8 +9,9 @@ or batch, or read from ``generator`` (default: the device's default CUDA generat
 offset then advances by the op's increment rounded up to 4 (``B`` for sampling/min-p, ``32 B``
 for top-p/top-k/top-k-top-p, ``B V`` for sampling from logits, ``b (n + 1)`` for chain
 speculative sampling). Nothing synchronizes with the host unless ``check_nan=True``, so every op
-can be captured in a CUDA graph (a captured generator state replays the same draws; pass
-``seed``/``offset`` tensors to vary them between replays).
+can be captured in a CUDA graph; during capture (where torch refuses to read a generator's
+offset) the seed and offset are drawn on the device from the generator, so each replay samples
+anew. ``seed``/``offset`` tensors are read by the kernel, so they can change between replays.
 """
 
 from __future__ import annotations
@@ -161,6 +162,12 @@ def _rng(generator, seed, offset, increment: int, device: torch.device):
     if generator is None:
         index = device.index if device.index is not None else torch.cuda.current_device()
         generator = torch.cuda.default_generators[index]
+    if torch.cuda.is_current_stream_capturing():
+        # torch refuses to read a generator's offset during capture. Draw (seed, offset) on the
+        # device from the generator instead (graph-safe: every replay draws new samples).
+        t = torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=device,
+                          generator=generator)
+        return 0, 0, t[:1], t[1:]
     s, o = generator.initial_seed(), generator.get_offset()
     generator.set_offset(o + (increment + 3) // 4 * 4)
     return _i64(s), _i64(o), None, None

@@ -39,13 +39,10 @@
 #include "vec.cuh"
 
 // Histogram adds: 0 = one shared-memory atomic per element, 1 = warp-aggregated (one per
-// distinct bin of a warp). A/B switch for benchmarks (FLASHINFER_EXTRA_CUDAFLAGS).
+// distinct bin of a warp). A/B switch for benchmarks (FLASHINFER_EXTRA_CUDAFLAGS). Measured on
+// the H200 (128 x 128256, u64 masses then): aggregated is slower, top-k 435 vs 103 us.
 #ifndef FLASHINFER_SAMPLING_WARP_AGG
 #define FLASHINFER_SAMPLING_WARP_AGG 0
-#endif
-// Threads per CTA for chunks of >= 4096 elements (A/B switch, as above).
-#ifndef FLASHINFER_SAMPLING_THREADS
-#define FLASHINFER_SAMPLING_THREADS 512
 #endif
 
 namespace flashinfer {
@@ -72,6 +69,9 @@ enum Transform : int {
 };
 
 inline constexpr int kBins = 256;
+/// Threads per CTA. Measured on the H200 at 128 x 128256: 256 beats 512 (sampling 55 vs 64 us,
+/// top-k 89 vs 103): 3 CTAs (64 KB chunks) per SM, so one CTA loads while the others compute.
+inline constexpr int kThreads = 256;
 /// Largest chunk a CTA holds (floats): 200 KB, under the 227 KB of dynamic shared memory.
 inline constexpr int64_t kMaxChunk = 200 * 1024 / 4;
 /// Preferred chunk (floats): 64 KB lets 3 CTAs (of different rows) share an SM.
@@ -200,8 +200,12 @@ struct CM {
 
 /// What a CTA keeps in shared memory beside its chunk of the row.
 struct Shared {
-  unsigned int cnt[2][kBins];         ///< histogram counts, double-buffered across rounds
-  unsigned long long mass[2][kBins];  ///< histogram masses (fixed point)
+  unsigned int cnt[2][kBins];  ///< histogram counts, double-buffered across rounds
+  /// Histogram masses (fixed point w < 2^41) as three u32 sums: bits 32-40, 16-31 and 0-15 of
+  /// each w. A CTA holds <= 51200 < 2^16 elements, so no sum overflows, and the u64 mass is
+  /// rebuilt exactly at the merge. (64-bit shared-memory atomics are a CAS loop: measured 5x
+  /// slower on top-p, 559 vs ~100 us for the whole op.)
+  unsigned int mass[2][3][kBins];
   unsigned long long xu[8];           ///< cluster exchange slots (one per exchange)
   float xf[8];
   CM warp_tot[32];
@@ -387,6 +391,16 @@ __device__ __forceinline__ float chunk_max(const RowCtx& ctx, bool* nan) {
   return block_max(m, ctx.s);
 }
 
+/// Add a fixed-point mass w < 2^41 to bin d of a three-word histogram (see Shared::mass).
+__device__ __forceinline__ void add_mass(unsigned int (*mass)[kBins], int d,
+                                         unsigned long long w) {
+  const unsigned int hi = static_cast<unsigned int>(w >> 32);
+  const unsigned int mid = static_cast<unsigned int>(w >> 16) & 0xffffu;
+  if (hi) atomicAdd(&mass[0][d], hi);
+  if (mid) atomicAdd(&mass[1][d], mid);
+  atomicAdd(&mass[2][d], static_cast<unsigned int>(w) & 0xffffu);
+}
+
 /// 2^(40 - e) for 2^e <= mx < 2^(e+1): fixed(x) < 2^41 for every x <= mx.
 __device__ __forceinline__ float fixed_scale(float mx) {
   if (!(mx > 0.f) || isinf(mx)) return 1.f;
@@ -440,7 +454,7 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, Tar
         }
         if (lane == __ffs(group) - 1) {
           atomicAdd(&s->cnt[buf][lead_d], static_cast<unsigned>(__popc(group)));
-          if (need_mass) atomicAdd(&s->mass[buf][lead_d], sum);
+          if (need_mass) add_mass(s->mass[buf], lead_d, sum);
         }
         left &= ~group;
       }
@@ -452,13 +466,16 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, Tar
       if ((k & mask) == prefix) {
         const int d = (k >> shift) & (kBins - 1);
         atomicAdd(&s->cnt[buf][d], 1u);
-        if (need_mass) atomicAdd(&s->mass[buf][d], ctx.fixed(x));
+        if (need_mass) add_mass(s->mass[buf], d, ctx.fixed(x));
       }
     }
 #endif
     cluster.sync();
     // The other buffer was last read by peers before this barrier: clear it for the next round.
-    for (int b = ctx.tid; b < kBins; b += ctx.nthreads) s->cnt[buf ^ 1][b] = 0, s->mass[buf ^ 1][b] = 0;
+    for (int b = ctx.tid; b < kBins; b += ctx.nthreads) {
+      s->cnt[buf ^ 1][b] = 0;
+      s->mass[buf ^ 1][0][b] = s->mass[buf ^ 1][1][b] = s->mass[buf ^ 1][2][b] = 0;
+    }
     // 2. Merge the cluster's histograms: thread j holds bin 255 - j (largest values first).
     CM v{0, 0};
     if (ctx.tid < kBins) {
@@ -472,7 +489,12 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, Tar
         for (int r = 0; r < 4; ++r) {
           const bool in = r0 + r < ctx.csize;
           c[r] = in ? *cluster.map_shared_rank(&s->cnt[buf][b], r0 + r) : 0u;
-          m[r] = in && need_mass ? *cluster.map_shared_rank(&s->mass[buf][b], r0 + r) : 0ull;
+          m[r] = 0;
+          if (in && need_mass) {
+            const unsigned int(*rm)[kBins] = cluster.map_shared_rank(s->mass[buf], r0 + r);
+            m[r] = (static_cast<unsigned long long>(rm[0][b]) << 32) +
+                   (static_cast<unsigned long long>(rm[1][b]) << 16) + rm[2][b];
+          }
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r) v.c += c[r], v.m += m[r];
@@ -560,7 +582,7 @@ __device__ __forceinline__ RowCtx make_ctx(float* vals, Shared* s, int64_t vocab
   ctx.signed_keys = signed_keys;
   for (int b = ctx.tid; b < kBins; b += ctx.nthreads) {
     s->cnt[0][b] = s->cnt[1][b] = 0;
-    s->mass[0][b] = s->mass[1][b] = 0;
+    for (int j = 0; j < 3; ++j) s->mass[0][j][b] = s->mass[1][j][b] = 0;
   }
   __syncthreads();
   return ctx;
@@ -596,7 +618,7 @@ struct SampleParams {
 
 /// One cluster per output row: load, filter, draw one token.
 template <typename T>
-__global__ void __launch_bounds__(512) SampleKernel(const T* __restrict__ in, int64_t stride,
+__global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict__ in, int64_t stride,
                                                     int64_t vocab, int64_t chunk, bool vec,
                                                     SampleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -683,7 +705,7 @@ struct TransformParams {
 
 /// One cluster per row: load, (softmax | find the filter's threshold), write the row.
 template <typename T>
-__global__ void __launch_bounds__(512) TransformKernel(const T* __restrict__ in, int64_t stride,
+__global__ void __launch_bounds__(kThreads, 3) TransformKernel(const T* __restrict__ in, int64_t stride,
                                                        int64_t vocab, int64_t chunk, bool vec,
                                                        TransformParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -787,7 +809,7 @@ struct ChainParams {
 };
 
 /// One cluster per batch row: accept the draft prefix, then draw the resampled or bonus token.
-__global__ void __launch_bounds__(512) ChainKernel(int64_t chunk, ChainParams p) {
+__global__ void __launch_bounds__(kThreads, 3) ChainKernel(int64_t chunk, ChainParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   float* vals = reinterpret_cast<float*>(smem);
   Shared* s = reinterpret_cast<Shared*>(smem + chunk * sizeof(float));
@@ -844,15 +866,14 @@ __global__ void __launch_bounds__(512) ChainKernel(int64_t chunk, ChainParams p)
 /*!
  * @brief Cluster size, chunk and threads for rows of `vocab` elements: the smallest cluster
  *   (power of two, <= 8) whose chunk is <= 64 KB of float32; rows beyond 8 x 64 KB take 8 CTAs of
- *   up to 200 KB, then 16 (a non-portable cluster size, which the H100 supports). 512 threads
- *   for chunks of >= 4096 elements (8+ per thread per pass), else 256.
+ *   up to 200 KB, then 16 (a non-portable cluster size, which the H100 supports); kThreads each.
  */
 inline RowPlan plan_rows(int64_t vocab) {
   int c = 1;
   while (c < 8 && ceil_div(vocab, c) > kPreferredChunk) c *= 2;
   if (ceil_div(vocab, c) > kMaxChunk) c = 16;
   const int64_t chunk = ceil_div(ceil_div(vocab, c), 8) * 8;
-  const int threads = chunk >= 4096 ? FLASHINFER_SAMPLING_THREADS : 256;
+  const int threads = kThreads;
   return RowPlan{c, chunk, threads, static_cast<size_t>(chunk) * sizeof(float) + sizeof(Shared)};
 }
 
