@@ -164,7 +164,10 @@ def _rng(generator, seed, offset, increment: int, device: torch.device):
         generator = torch.cuda.default_generators[index]
     if torch.cuda.is_current_stream_capturing():
         # torch refuses to read a generator's offset during capture. Draw (seed, offset) on the
-        # device from the generator instead (graph-safe: every replay draws new samples).
+        # device from the generator instead (graph-safe: every replay draws new samples). The
+        # default generator is registered with every capture; torch requires a custom one to be
+        # registered with the graph (measured: an unregistered one raises "Attempt to increase
+        # offset for a CUDA generator not in capture mode").
         t = torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=device,
                           generator=generator)
         return 0, 0, t[:1], t[1:]

@@ -38,12 +38,6 @@
 #include "launch.cuh"
 #include "vec.cuh"
 
-// Histogram adds: 0 = one shared-memory atomic per element, 1 = warp-aggregated (one per
-// distinct bin of a warp). A/B switch for benchmarks (FLASHINFER_EXTRA_CUDAFLAGS). Measured on
-// the H200 (128 x 128256, u64 masses then): aggregated is slower, top-k 435 vs 103 us.
-#ifndef FLASHINFER_SAMPLING_WARP_AGG
-#define FLASHINFER_SAMPLING_WARP_AGG 0
-#endif
 
 namespace flashinfer {
 namespace sampling {
@@ -431,35 +425,6 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, Tar
     const int buf = ctx.parity;
     ctx.parity ^= 1;
     // 1. This CTA's histogram of the digit at `shift` among keys matching the prefix.
-#if FLASHINFER_SAMPLING_WARP_AGG
-    // Warp-aggregated adds: one atomic per distinct bin in the warp (the first round's bins are
-    // the exponents, so a warp's 32 values fall in a handful of bins).
-    const int lane = ctx.tid & 31;
-    for (int i0 = ctx.tid - lane; i0 < ctx.n; i0 += ctx.nthreads) {
-      const int i = i0 + lane;
-      const float x = i < ctx.n ? ctx.vals[i] : 0.f;
-      const uint32_t k = ctx.key(x);
-      const bool act = i < ctx.n && (k & mask) == prefix;
-      const int d = (k >> shift) & (kBins - 1);
-      const unsigned long long w = act && need_mass ? ctx.fixed(x) : 0ull;
-      unsigned left = __ballot_sync(0xffffffffu, act);
-      while (left) {
-        const int lead_d = __shfl_sync(0xffffffffu, d, __ffs(left) - 1);
-        const bool mine = act && d == lead_d && ((left >> lane) & 1u);
-        const unsigned group = __ballot_sync(0xffffffffu, mine);
-        unsigned long long sum = mine ? w : 0ull;
-        if (need_mass) {
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        }
-        if (lane == __ffs(group) - 1) {
-          atomicAdd(&s->cnt[buf][lead_d], static_cast<unsigned>(__popc(group)));
-          if (need_mass) add_mass(s->mass[buf], lead_d, sum);
-        }
-        left &= ~group;
-      }
-    }
-#else
     for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
       const float x = ctx.vals[i];
       const uint32_t k = ctx.key(x);
@@ -469,7 +434,6 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, Tar
         if (need_mass) add_mass(s->mass[buf], d, ctx.fixed(x));
       }
     }
-#endif
     cluster.sync();
     // The other buffer was last read by peers before this barrier: clear it for the next round.
     for (int b = ctx.tid; b < kBins; b += ctx.nthreads) {
