@@ -567,6 +567,13 @@ __device__ __forceinline__ void write_sample(void* out, bool out_64, bool* valid
 // Kernels
 // ------------------------------------------------------------------------------------------------
 
+/// Dynamic shared memory: the chunk of `chunk` floats, then the Shared block.
+__device__ __forceinline__ void carve(unsigned char* smem, int64_t chunk, float** vals,
+                                      Shared** s) {
+  *vals = reinterpret_cast<float*>(smem);
+  *s = reinterpret_cast<Shared*>(smem + chunk * sizeof(float));
+}
+
 struct SampleParams {
   int filter;
   bool logits;  ///< input holds logits: weights exp(x - max)
@@ -586,8 +593,9 @@ __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict_
                                                     int64_t vocab, int64_t chunk, bool vec,
                                                     SampleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  float* vals = reinterpret_cast<float*>(smem);
-  Shared* s = reinterpret_cast<Shared*>(smem + chunk * sizeof(float));
+  float* vals;
+  Shared* s;
+  carve(smem, chunk, &vals, &s);
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t out_row = blockIdx.x / cluster.num_blocks();
   pdl_wait();
@@ -673,8 +681,9 @@ __global__ void __launch_bounds__(kThreads, 3) TransformKernel(const T* __restri
                                                        int64_t vocab, int64_t chunk, bool vec,
                                                        TransformParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  float* vals = reinterpret_cast<float*>(smem);
-  Shared* s = reinterpret_cast<Shared*>(smem + chunk * sizeof(float));
+  float* vals;
+  Shared* s;
+  carve(smem, chunk, &vals, &s);
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t row = blockIdx.x / cluster.num_blocks();
   pdl_wait();
@@ -775,8 +784,9 @@ struct ChainParams {
 /// One cluster per batch row: accept the draft prefix, then draw the resampled or bonus token.
 __global__ void __launch_bounds__(kThreads, 3) ChainKernel(int64_t chunk, ChainParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  float* vals = reinterpret_cast<float*>(smem);
-  Shared* s = reinterpret_cast<Shared*>(smem + chunk * sizeof(float));
+  float* vals;
+  Shared* s;
+  carve(smem, chunk, &vals, &s);
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t row = blockIdx.x / cluster.num_blocks();
   pdl_wait();
@@ -861,30 +871,31 @@ inline bool rows_vectorizable(const void* ptr, int64_t stride, int64_t chunk) {
   return is_aligned(ptr, 16) && (stride * sizeof(T)) % 16 == 0 && (chunk * sizeof(T)) % 16 == 0;
 }
 
+/// Launch a row kernel (SampleKernel, TransformKernel) over `rows` rows of `vocab` T's.
+template <typename T, typename Params>
+cudaError_t launch_rows(void (*kernel)(const T*, int64_t, int64_t, int64_t, bool, Params),
+                        const T* in, int64_t stride, int64_t rows, int64_t vocab,
+                        const Params& params, bool enable_pdl, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const RowPlan plan = plan_rows(vocab);
+  cudaError_t e = prepare(kernel, plan);
+  if (e != cudaSuccess) return e;
+  const bool vec = rows_vectorizable<T>(in, stride, plan.chunk);
+  return launch_kernel_clustered(kernel, dim3(rows * plan.cluster), dim3(plan.threads), plan.smem,
+                                 stream, enable_pdl, plan.cluster, in, stride, vocab, plan.chunk,
+                                 vec, params);
+}
+
 template <typename T>
 cudaError_t Sample(const T* in, int64_t stride, int64_t num_out, int64_t vocab,
                    const SampleParams& params, bool enable_pdl, cudaStream_t stream) {
-  if (num_out == 0) return cudaSuccess;
-  const RowPlan plan = plan_rows(vocab);
-  cudaError_t e = prepare(SampleKernel<T>, plan);
-  if (e != cudaSuccess) return e;
-  const bool vec = rows_vectorizable<T>(in, stride, plan.chunk);
-  return launch_kernel_clustered(SampleKernel<T>, dim3(num_out * plan.cluster), dim3(plan.threads),
-                                 plan.smem, stream, enable_pdl, plan.cluster, in, stride, vocab,
-                                 plan.chunk, vec, params);
+  return launch_rows(SampleKernel<T>, in, stride, num_out, vocab, params, enable_pdl, stream);
 }
 
 template <typename T>
 cudaError_t TransformRows(const T* in, int64_t stride, int64_t rows, int64_t vocab,
                           const TransformParams& params, bool enable_pdl, cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  const RowPlan plan = plan_rows(vocab);
-  cudaError_t e = prepare(TransformKernel<T>, plan);
-  if (e != cudaSuccess) return e;
-  const bool vec = rows_vectorizable<T>(in, stride, plan.chunk);
-  return launch_kernel_clustered(TransformKernel<T>, dim3(rows * plan.cluster),
-                                 dim3(plan.threads), plan.smem, stream, enable_pdl, plan.cluster,
-                                 in, stride, vocab, plan.chunk, vec, params);
+  return launch_rows(TransformKernel<T>, in, stride, rows, vocab, params, enable_pdl, stream);
 }
 
 inline cudaError_t ChainSpeculative(const ChainParams& params, int64_t batch, bool enable_pdl,
