@@ -1,4 +1,4 @@
-"""Build spec of the sampling module (csrc/sampling.cu, include/flashinfer/sampling.cuh)."""
+"""Build spec of the sampling module (csrc/sampling.cu, include/flashinfer/sampling*.cuh)."""
 
 from .core import JitSpec
 
