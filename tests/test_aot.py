@@ -21,6 +21,7 @@ EXPORTS = {
     "page": ["append_paged_kv_cache", "get_batch_indices_positions"],
     "cascade": ["merge_state", "merge_state_in_place", "merge_states", "merge_states_varlen"],
     "topk": ["top_k", "top_k_page_table_transform", "top_k_ragged_transform"],
+    "sampling": ["sample", "transform", "chain_speculative"],
 }
 ATTENTION_EXPORTS = ["run", "cta_tile_q"]
 # Every attention variant is one instantiation of the same source (~20 s of nvcc each): CI

@@ -38,6 +38,7 @@ def registered_specs() -> list[JitSpec]:
     from .jit.page import gen_page_module
     from .jit.quantization import gen_quantization_module
     from .jit.rope import gen_rope_module
+    from .jit.sampling import gen_sampling_module
     from .jit.scale import gen_scale_module
     from .jit.topk import gen_topk_module
 
@@ -50,6 +51,7 @@ def registered_specs() -> list[JitSpec]:
         gen_page_module(),
         gen_cascade_module(),
         gen_topk_module(),
+        gen_sampling_module(),
         *(v.spec() for v in common_variants() + extra_variants() + custom_mask_variants()),
     ]
 
@@ -112,7 +114,7 @@ def _minutes(s: float) -> str:
 COMPILE_WEIGHTS = {"scale": 5.4, "norm": 12.3, "activation": 9.7, "rope": 24.1,
                    "quantization": 9.8, "page": 7.2, "cascade": 10.1,
                    # measured on the GPU machine (one nvcc per module there too): 18.2-18.8 s
-                   "topk": 18.5}
+                   "topk": 18.5, "sampling": 17.0}
 #: Every attention variant is one instantiation of the same source: 13-25 s per arch in the same
 #: measurements, whatever the head_dim, mask or position encoding (the spread is the machine's).
 ATTENTION_WEIGHT = 18.0

@@ -1,0 +1,556 @@
+"""flashinfer.sampling: every op against exact references.
+
+Oracles are sort-based and computed in float64: the top-k set is the values >= the k-th largest,
+the top-p set the largest values until their mass exceeds top_p of the row's (ties at the
+threshold are kept, as the kernel keeps them). Frequencies are checked with a max-deviation bound
+of 6 standard deviations per token over 2^20 draws (false-failure odds < 1e-7 per test).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import flashinfer
+import flashinfer.sampling as sampling
+
+OPS = [
+    "softmax", "sampling_from_probs", "sampling_from_logits", "top_p_sampling_from_probs",
+    "top_k_sampling_from_probs", "min_p_sampling_from_probs", "top_k_top_p_sampling_from_probs",
+    "top_k_top_p_sampling_from_logits", "top_p_renorm_probs", "top_k_renorm_probs",
+    "top_k_mask_logits", "chain_speculative_sampling", "top_p_renorm_prob", "top_k_renorm_prob",
+]
+COMMON = ["indices", "deterministic", "generator", "check_nan", "seed", "offset", "return_valid"]
+SIGNATURES = {
+    "softmax": ["logits", "temperature", "enable_pdl"],
+    "sampling_from_probs": ["probs", *COMMON],
+    "sampling_from_logits": ["logits", *COMMON[:-1]],
+    "top_p_sampling_from_probs": ["probs", "top_p", *COMMON],
+    "top_k_sampling_from_probs": ["probs", "top_k", *COMMON],
+    "min_p_sampling_from_probs": ["probs", "min_p", *COMMON],
+    "top_k_top_p_sampling_from_probs": ["probs", "top_k", "top_p", "indices", "filter_apply_order",
+                                        *COMMON[1:]],
+    "top_k_top_p_sampling_from_logits": ["logits", "top_k", "top_p", "indices",
+                                         "filter_apply_order", *COMMON[1:-1]],
+    "top_p_renorm_probs": ["probs", "top_p", "is_deterministic"],
+    "top_k_renorm_probs": ["probs", "top_k"],
+    "top_k_mask_logits": ["logits", "top_k"],
+    "chain_speculative_sampling": ["draft_probs", "draft_token_ids", "target_probs",
+                                   "maybe_output_accepted_token_num",
+                                   "maybe_output_emitted_draft_token_num", "deterministic",
+                                   "generator", "seed", "offset"],
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# float64 references
+
+
+def ref_top_k_keep(x: torch.Tensor, k) -> torch.Tensor:
+    """Bool mask of values >= the k-th largest of each row (k >= V keeps all)."""
+    v = x.shape[1]
+    k = torch.as_tensor(k, device=x.device).expand(x.shape[0]).clamp(max=v).long()
+    kth = x.sort(dim=1, descending=True).values.gather(1, (k - 1)[:, None])
+    return x >= kth
+
+
+def ref_top_p_keep(p: torch.Tensor, top_p, slack: float = 0.0) -> torch.Tensor:
+    """Bool mask of the largest values whose mass first exceeds top_p * (1 + slack) of the row's,
+    plus every value tied with the last one kept."""
+    p = p.double().clamp(min=0)
+    top_p = torch.as_tensor(top_p, dtype=torch.float64, device=p.device).expand(p.shape[0])
+    srt = p.sort(dim=1, descending=True).values
+    cum = srt.cumsum(1)
+    target = (top_p * (1 + slack))[:, None] * cum[:, -1:]
+    first = (cum > target).long().argmax(1)  # first index whose cumulative mass exceeds target
+    first = torch.where((cum > target).any(1), first, torch.full_like(first, p.shape[1] - 1))
+    thr = srt.gather(1, first[:, None])
+    return p >= thr
+
+
+def renorm(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    q = torch.where(keep, p.double(), 0.0)
+    return q / q.sum(1, keepdim=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: signatures, exports and every validation error (raised before any compile)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_exported_both_ways(name):
+    assert getattr(flashinfer, name) is getattr(sampling, name)
+
+
+def test_aliases():
+    assert sampling.top_p_renorm_prob is sampling.top_p_renorm_probs
+    assert sampling.top_k_renorm_prob is sampling.top_k_renorm_probs
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_signature(name):
+    params = inspect.signature(getattr(sampling, name)).parameters
+    assert list(params) == SIGNATURES[name]
+    defaults = {"deterministic": True, "generator": None, "check_nan": False, "seed": None,
+                "offset": None, "return_valid": False, "indices": None,
+                "filter_apply_order": "top_k_first", "is_deterministic": False,
+                "temperature": None, "enable_pdl": None}
+    for p, d in defaults.items():
+        if p in params:
+            assert params[p].default == d, (name, p)
+
+
+P = torch.rand(4, 10)
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (torch.tensor(0.5), "Expected a 1D tensor of shape \\(batch_size,\\) or scalar for the sampling "
+                        "parameter, but got a 0-dimensional tensor."),
+    (torch.full((4, 1), 0.5), "Expected a 1D tensor or scalar for the sampling parameter, but got "
+                              "a 2D tensor."),
+    (torch.full((3,), 0.5), "Sampling parameter tensor batch size mismatch: "),
+])
+@pytest.mark.parametrize("op", ["top_p_sampling_from_probs", "top_p_renorm_probs",
+                                "min_p_sampling_from_probs", "top_k_sampling_from_probs",
+                                "top_k_renorm_probs", "top_k_mask_logits"])
+def test_param_tensor_errors(op, bad, msg):
+    if "top_k" in op:
+        bad = bad.long()
+    with pytest.raises(ValueError, match=msg):
+        getattr(sampling, op)(P, bad)
+
+
+def test_param_tensor_errors_top_k_top_p():
+    with pytest.raises(ValueError, match="but got a 0-dimensional tensor"):
+        sampling.top_k_top_p_sampling_from_probs(P, torch.tensor(3), 0.5)
+    with pytest.raises(ValueError, match="but got a 3D tensor"):
+        sampling.top_k_top_p_sampling_from_probs(P, 3, torch.ones(4, 1, 1))
+    with pytest.raises(ValueError, match="batch size mismatch"):
+        sampling.top_k_top_p_sampling_from_logits(P, torch.ones(5, dtype=torch.int32), 0.5)
+    with pytest.raises(ValueError, match="batch size mismatch"):  # against indices' length
+        sampling.top_p_sampling_from_probs(P, torch.ones(4), indices=torch.zeros(6, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("call, msg", [
+    (lambda: sampling.top_p_sampling_from_probs(P, 0.0), "top_p must be in \\(0, 1\\]"),
+    (lambda: sampling.top_p_sampling_from_probs(P, 1.5), "top_p must be in \\(0, 1\\]"),
+    (lambda: sampling.top_p_renorm_probs(P, -0.1), "top_p must be in"),
+    (lambda: sampling.top_k_sampling_from_probs(P, 0), "top_k must be positive"),
+    (lambda: sampling.top_k_renorm_probs(P, -3), "top_k must be positive"),
+    (lambda: sampling.top_k_mask_logits(P, 2.5), "top_k must be an integer"),
+    (lambda: sampling.top_k_sampling_from_probs(P, torch.ones(4)), "top_k must be an integer tensor"),
+    (lambda: sampling.min_p_sampling_from_probs(P, 1.5), "min_p must be in \\[0, 1\\]"),
+    (lambda: sampling.top_k_top_p_sampling_from_probs(P, 3, 0.5, filter_apply_order="both"),
+     "filter_apply_order must be 'top_k_first' or 'joint'"),
+    (lambda: sampling.top_k_top_p_sampling_from_logits(P, 3, 0.5, filter_apply_order="x"),
+     "filter_apply_order"),
+    (lambda: sampling.sampling_from_probs(P[0]), "probs must be 2-D"),
+    (lambda: sampling.sampling_from_probs(P.double()), "probs must be float16 or bfloat16 or float32"),
+    (lambda: sampling.sampling_from_probs(P.t()), "contiguous in its last dimension"),
+    (lambda: sampling.sampling_from_probs(P), "CUDA"),
+    (lambda: sampling.sampling_from_logits(P), "CUDA"),
+    (lambda: sampling.top_k_mask_logits(P, 3), "CUDA"),
+    (lambda: sampling.softmax(P), "CUDA"),
+    (lambda: sampling.softmax(P, temperature=0.0), "temperature must be positive"),
+    (lambda: sampling.softmax(P, temperature=torch.ones(2)), "batch size mismatch"),
+    (lambda: sampling.sampling_from_probs(P, indices=torch.zeros(3)), "indices must be int32 or int64"),
+    (lambda: sampling.sampling_from_probs(P, indices=torch.zeros(3, 1, dtype=torch.int32)),
+     "indices must be 1-D"),
+    (lambda: sampling.sampling_from_probs(torch.rand(2, 0)), "vocab_size"),
+    (lambda: sampling.top_p_sampling_from_probs(P, 0.5, generator=None, seed=1,
+                                                offset=torch.zeros(1, dtype=torch.int64)),
+     "seed and offset must be both ints"),
+])
+def test_validation(call, msg):
+    with pytest.raises(ValueError, match=msg):
+        call()
+
+
+def test_unknown_keyword():
+    with pytest.raises(TypeError):
+        sampling.sampling_from_probs(P, temperature=1.0)
+    with pytest.raises(TypeError):
+        sampling.top_p_sampling_from_probs(P, 0.5, top_k=3)
+
+
+def test_chain_validation():
+    d, t = torch.rand(2, 3, 8), torch.rand(2, 4, 8)
+    ids = torch.zeros(2, 3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="target_probs must have shape"):
+        sampling.chain_speculative_sampling(d, ids, torch.rand(2, 3, 8))
+    with pytest.raises(ValueError, match="draft_token_ids must have shape"):
+        sampling.chain_speculative_sampling(d, ids[:, :2], t)
+    with pytest.raises(ValueError, match="draft_probs must be 3-D"):
+        sampling.chain_speculative_sampling(d[0], ids, t)
+    with pytest.raises(ValueError, match="draft_probs must be float32"):
+        sampling.chain_speculative_sampling(d.half(), ids, t)
+    with pytest.raises(ValueError, match="maybe_output_accepted_token_num must be an int32"):
+        sampling.chain_speculative_sampling(d, ids, t, torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="CUDA"):
+        sampling.chain_speculative_sampling(d, ids, t)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+
+
+def _dev():
+    return torch.device("cuda")
+
+
+def _probs(b, v, dtype=torch.float32, seed=0, spread=3.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = torch.randn(b, v, device="cuda", generator=g) * spread
+    return torch.softmax(logits, -1).to(dtype)
+
+
+def _counts(samples, v):
+    return torch.bincount(samples.long(), minlength=v).double()
+
+
+def _assert_freq(samples, expected: torch.Tensor):
+    """Max deviation of the empirical frequencies from `expected` under 6 sigma per token."""
+    n = samples.numel()
+    freq = _counts(samples, expected.numel()) / n
+    exp = expected.double().to(freq.device)
+    sigma = (exp * (1 - exp) / n).sqrt()
+    assert (freq[exp == 0] == 0).all(), "a token outside the kept set was drawn"
+    dev = ((freq - exp).abs() / sigma.clamp(min=1e-12))[exp > 0]
+    assert dev.max() < 6, f"max deviation {dev.max():.1f} sigma; freq {freq} vs {exp}"
+
+
+SMALL = torch.tensor([0.02, 0.3, 0.05, 0.13, 0.25, 0.01, 0.04, 0.2])
+N_DRAWS = 1 << 20
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op, args, keep", [
+    ("sampling_from_probs", (), [1] * 8),
+    ("top_p_sampling_from_probs", (0.7,), [0, 1, 0, 0, 1, 0, 0, 1]),   # 0.3+0.25+0.2 = 0.75 > 0.7
+    ("top_p_sampling_from_probs", (0.8,), [0, 1, 0, 1, 1, 0, 0, 1]),   # + 0.13 = 0.88 > 0.8
+    ("top_k_sampling_from_probs", (3,), [0, 1, 0, 0, 1, 0, 0, 1]),
+    ("top_k_sampling_from_probs", (100,), [1] * 8),
+    ("min_p_sampling_from_probs", (0.5,), [0, 1, 0, 0, 1, 0, 0, 1]),   # >= 0.15
+    ("top_k_top_p_sampling_from_probs", (4, 0.7), [0, 1, 0, 0, 1, 0, 0, 1]),  # top-4 renorm: .68/.88
+])
+def test_frequencies(op, args, keep):
+    probs = SMALL.cuda()[None]
+    idx = torch.zeros(N_DRAWS, dtype=torch.int32, device="cuda")
+    s = getattr(sampling, op)(probs, *args, indices=idx, seed=1234, offset=0)
+    assert s.dtype == torch.int32 and s.shape == (N_DRAWS,)
+    keep = torch.tensor(keep, dtype=torch.bool)
+    _assert_freq(s, renorm(SMALL[None], keep[None])[0])
+
+
+@pytest.mark.gpu
+def test_frequencies_from_logits():
+    logits = SMALL.log().cuda()[None]
+    idx = torch.zeros(N_DRAWS, dtype=torch.int64, device="cuda")
+    s = sampling.sampling_from_logits(logits, indices=idx, seed=7, offset=8)
+    assert s.dtype == torch.int64
+    _assert_freq(s, SMALL)
+    s = sampling.top_k_top_p_sampling_from_logits(logits, 3, 0.9, indices=idx, seed=7, offset=8,
+                                                  filter_apply_order="joint")
+    _assert_freq(s, renorm(SMALL[None], torch.tensor([[0, 1, 0, 0, 1, 0, 0, 1]]).bool())[0])
+
+
+@pytest.mark.gpu
+def test_five_million_draws_one_row():
+    probs = torch.tensor([[0.5, 0.25, 0.125, 0.125]], device="cuda")
+    idx = torch.zeros(5_000_000, dtype=torch.int64, device="cuda")
+    s = sampling.sampling_from_probs(probs, indices=idx, seed=3, offset=0)
+    _assert_freq(s, probs[0].cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("v", [1000, 128256, 256000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_top_k_renorm_and_mask_exact(v, dtype):
+    b = 8 if v > 1000 else 64
+    probs = _probs(b, v, dtype)
+    k = torch.tensor([1, 2, 10, 50, 300, 1000, v, v + 5] * (b // 8), device="cuda")
+    keep = ref_top_k_keep(probs.float(), k)
+    out = sampling.top_k_renorm_probs(probs, k)
+    assert out.dtype == dtype
+    ref = renorm(probs.float(), keep).to(dtype)
+    assert ((out != 0) <= keep).all()
+    half = dtype != torch.float32
+    torch.testing.assert_close(out, ref, rtol=1e-2 if half else 1e-5, atol=1e-7 if half else 0)
+    logits = torch.randn(b, v, device="cuda").to(dtype)
+    masked = sampling.top_k_mask_logits(logits, k)
+    keep = ref_top_k_keep(logits.float(), k)
+    assert torch.equal(masked, torch.where(keep, logits, torch.full_like(logits, -float("inf"))))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("v", [1000, 128256])
+def test_top_p_renorm_matches_oracle(v):
+    b = 64 if v == 1000 else 8
+    probs = _probs(b, v, spread=2.0 if v == 1000 else 4.0)
+    top_p = torch.linspace(0.05, 1.0, b, device="cuda")
+    out = sampling.top_p_renorm_probs(probs, top_p)
+    assert out.dtype == torch.float32
+    kept = out != 0
+    lo, hi = ref_top_p_keep(probs, top_p, -1e-6), ref_top_p_keep(probs, top_p, 1e-6)
+    assert (lo <= kept).all() and (kept <= hi).all()
+    torch.testing.assert_close(out.double(), renorm(probs, kept), rtol=1e-5, atol=1e-9)
+    # half inputs: float32 out
+    assert sampling.top_p_renorm_probs(probs.half(), 0.9).dtype == torch.float32
+
+
+@pytest.mark.gpu
+def test_ties_at_the_boundary():
+    probs = torch.tensor([[0.1, 0.2, 0.2, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25, 0.0]], device="cuda")
+    # top-2: 0.3 and every 0.2 tied with the 2nd
+    out = sampling.top_k_renorm_probs(probs, 2)
+    assert ((out[0] != 0).tolist()) == [False, True, True, True, True]
+    assert ((out[1] != 0).tolist()) == [True, True, True, True, False]
+    # top-p 0.4: 0.3 + 0.2 > 0.4 at the first 0.2, so all the tied 0.2 stay
+    out = sampling.top_p_renorm_probs(probs, 0.4)
+    assert ((out[0] != 0).tolist()) == [False, True, True, True, True]
+    idx = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
+    s = sampling.top_k_sampling_from_probs(probs, 2, indices=idx, seed=0, offset=0)
+    assert set(s.unique().tolist()) == {1, 2, 3, 4}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["top_p", "top_k", "min_p", "joint", "top_k_first"])
+@pytest.mark.parametrize("b, v", [(1, 128256), (1024, 1000), (16, 256000)])
+def test_samples_in_kept_set(op, b, v):
+    probs = _probs(b, v, spread=3.0)
+    kk, pp, mp = 20, 0.8, 0.05
+    if op == "top_p":
+        s = sampling.top_p_sampling_from_probs(probs, pp)
+        keep = ref_top_p_keep(probs, pp, 1e-6)
+    elif op == "top_k":
+        s = sampling.top_k_sampling_from_probs(probs, kk)
+        keep = ref_top_k_keep(probs, kk)
+    elif op == "min_p":
+        s = sampling.min_p_sampling_from_probs(probs, mp)
+        keep = probs >= mp * probs.max(1, keepdim=True).values * (1 - 1e-6)
+    elif op == "joint":
+        s = sampling.top_k_top_p_sampling_from_probs(probs, kk, pp, filter_apply_order="joint")
+        keep = ref_top_k_keep(probs, kk) & ref_top_p_keep(probs, pp, 1e-6)
+    else:
+        s = sampling.top_k_top_p_sampling_from_probs(probs, kk, pp)
+        tk = ref_top_k_keep(probs, kk)
+        keep = tk & ref_top_p_keep(torch.where(tk, probs, 0.0), pp, 1e-6)
+    assert s.shape == (b,) and s.dtype == torch.int32
+    assert keep.gather(1, s.long()[:, None]).all()
+
+
+@pytest.mark.gpu
+def test_reproducible_and_seed_sensitive():
+    probs = _probs(256, 5000)
+    a = sampling.top_p_sampling_from_probs(probs, 0.9, seed=42, offset=100)
+    b = sampling.top_p_sampling_from_probs(probs, 0.9, seed=42, offset=100)
+    assert torch.equal(a, b)
+    c = sampling.top_p_sampling_from_probs(probs, 0.9, seed=43, offset=100)
+    d = sampling.top_p_sampling_from_probs(probs, 0.9, seed=42, offset=104)
+    assert (a != c).sum() > 100 and (a != d).sum() > 100
+    # deterministic=False is also run-to-run identical
+    e1 = sampling.top_k_top_p_sampling_from_probs(probs, 50, 0.9, deterministic=False, seed=1, offset=0)
+    e2 = sampling.top_k_top_p_sampling_from_probs(probs, 50, 0.9, deterministic=False, seed=1, offset=0)
+    assert torch.equal(e1, e2)
+    # per-row seed/offset tensors: row i with (seed_i, offset_i) equals the scalar call's row i
+    seeds = torch.full((256,), 42, dtype=torch.int64, device="cuda")
+    offs = torch.full((1,), 100, dtype=torch.int64, device="cuda")
+    assert torch.equal(sampling.top_p_sampling_from_probs(probs, 0.9, seed=seeds, offset=offs), a)
+
+
+@pytest.mark.gpu
+def test_generator_offsets():
+    g = torch.Generator(device="cuda").manual_seed(5)
+    probs = _probs(10, 100)
+    for fn, args, inc in [
+        (sampling.sampling_from_probs, (), 12),         # B = 10 -> 12
+        (sampling.min_p_sampling_from_probs, (0.1,), 12),
+        (sampling.top_p_sampling_from_probs, (0.9,), 320),
+        (sampling.top_k_sampling_from_probs, (5,), 320),
+        (sampling.top_k_top_p_sampling_from_probs, (5, 0.9), 320),
+        (sampling.sampling_from_logits, (), 1000),
+    ]:
+        before = g.get_offset()
+        fn(probs, *args, generator=g)
+        assert g.get_offset() - before == inc, fn.__name__
+    # same generator state -> same samples; advanced state -> different ones
+    g1 = torch.Generator(device="cuda").manual_seed(9)
+    g2 = torch.Generator(device="cuda").manual_seed(9)
+    probs = _probs(512, 1000)
+    x1 = sampling.top_p_sampling_from_probs(probs, 0.95, generator=g1)
+    x2 = sampling.top_p_sampling_from_probs(probs, 0.95, generator=g2)
+    x3 = sampling.top_p_sampling_from_probs(probs, 0.95, generator=g1)
+    assert torch.equal(x1, x2) and not torch.equal(x1, x3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_probs_parity(dtype):
+    logits = (torch.randn(512, 32000, device="cuda") * 2).to(dtype)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    state = g.get_state()
+    a = sampling.top_k_top_p_sampling_from_logits(logits, 100, 0.9, filter_apply_order="joint",
+                                                  generator=g)
+    g2 = torch.Generator(device="cuda")
+    g2.set_state(state)
+    b = sampling.top_k_top_p_sampling_from_probs(torch.softmax(logits, -1), 100, 0.9,
+                                                 filter_apply_order="joint", generator=g2)
+    assert torch.equal(a, b)
+    assert g.get_offset() == g2.get_offset()
+    g.set_state(state)
+    g2.set_state(state)
+    a = sampling.top_k_top_p_sampling_from_logits(logits, 100, 0.9, generator=g)
+    b = sampling.top_k_top_p_sampling_from_probs(torch.softmax(logits, -1), 100, 0.9, generator=g2)
+    assert (a == b).float().mean() >= 0.95
+
+
+@pytest.mark.gpu
+def test_nan_rows():
+    probs = _probs(4, 100)
+    probs[1, 7] = float("nan")
+    s, valid = sampling.top_p_sampling_from_probs(probs, 0.9, return_valid=True, seed=0, offset=0)
+    assert valid.tolist() == [True, False, True, True] and s[1].item() == 0
+    s, valid = sampling.sampling_from_probs(probs, return_valid=True, seed=0, offset=0)
+    assert valid.tolist() == [True, False, True, True]
+    with pytest.raises(ValueError, match="NaN"):
+        sampling.sampling_from_probs(probs, check_nan=True)
+
+
+@pytest.mark.gpu
+def test_indices_out_of_range_is_invalid():
+    probs = _probs(4, 100)
+    idx = torch.tensor([0, 3, 4, -1], dtype=torch.int64, device="cuda")
+    s, valid = sampling.sampling_from_probs(probs, indices=idx, return_valid=True, seed=0, offset=0)
+    assert valid.tolist() == [True, True, False, False] and s.dtype == torch.int64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_softmax(dtype):
+    logits = (torch.randn(33, 128256, device="cuda") * 3).to(dtype)
+    logits[0, :100] = -float("inf")
+    out = sampling.softmax(logits)
+    torch.testing.assert_close(out, torch.softmax(logits.float(), -1), rtol=2e-5, atol=1e-8)
+    t = torch.rand(33, device="cuda") + 0.5
+    out = sampling.softmax(logits, temperature=t)
+    torch.testing.assert_close(out, torch.softmax(logits.float() / t[:, None], -1), rtol=2e-5,
+                               atol=1e-8)
+    out = sampling.softmax(logits, 0.7, enable_pdl=False)
+    torch.testing.assert_close(out, torch.softmax(logits.float() / 0.7, -1), rtol=2e-5, atol=1e-8)
+
+
+@pytest.mark.gpu
+def test_chain_speculative_counts():
+    b, n, v = 6, 4, 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    target = torch.softmax(torch.randn(b, n + 1, v, device="cuda", generator=g), -1)
+    draft = torch.softmax(torch.randn(b, n, v, device="cuda", generator=g), -1)
+    ids = torch.randint(0, v, (b, n), device="cuda", generator=g)
+    # Make the acceptance of each draft certain: accept (p >= q) or reject (p = 0).
+    accept = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1], [1, 0, 1, 0], [1, 1, 1, 0], [0, 0, 0, 0],
+                           [1, 1, 0, 1]], device="cuda").bool()
+    rows = torch.arange(b, device="cuda")[:, None]
+    pos = torch.arange(n, device="cuda")[None]
+    q = draft[rows, pos, ids]
+    target[rows, pos, ids] = torch.where(accept, q.clamp(min=0.5) + 0.1, 0.0)
+    acc0 = torch.full((b,), 10, dtype=torch.int32, device="cuda")
+    em0 = torch.zeros(b, dtype=torch.int32, device="cuda")
+    out, acc, em = sampling.chain_speculative_sampling(draft, ids, target, acc0, em0, seed=1,
+                                                       offset=0)
+    assert acc is acc0 and em is em0
+    prefix = accept.int().cumprod(1).sum(1)
+    assert torch.equal(acc, 10 + accept.int().sum(1))
+    assert torch.equal(em, prefix.int())
+    assert torch.equal((out != -1).sum(1), em + 1)
+    for i in range(b):
+        k = prefix[i].item()
+        assert torch.equal(out[i, :k], ids[i, :k].int())
+        tok = out[i, k].item()
+        if k < n:  # resampled from relu(target - draft): never a token where target <= draft
+            assert target[i, k, tok] > draft[i, k, tok]
+        assert (out[i, k + 1:] == -1).all()
+
+
+@pytest.mark.gpu
+def test_chain_speculative_distribution():
+    # One draft token; the first emitted token must follow the target distribution.
+    v, reps = 6, 1 << 17
+    target = torch.tensor([0.1, 0.3, 0.2, 0.15, 0.05, 0.2], device="cuda")
+    draft = torch.tensor([0.3, 0.1, 0.2, 0.1, 0.2, 0.1], device="cuda")
+    tokens = torch.multinomial(draft, reps, replacement=True, generator=torch.Generator(
+        device="cuda").manual_seed(0))
+    out, _, _ = sampling.chain_speculative_sampling(
+        draft.expand(reps, 1, v).contiguous(), tokens[:, None],
+        target.expand(reps, 2, v).contiguous(), seed=3, offset=0)
+    _assert_freq(out[:, 0], target.cpu())
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay():
+    probs = _probs(64, 32000)
+    seed = torch.tensor([1], dtype=torch.int64, device="cuda")
+    offset = torch.tensor([0], dtype=torch.int64, device="cuda")
+    fns = [
+        lambda: sampling.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=seed, offset=offset),
+        lambda: sampling.top_p_renorm_probs(probs, 0.9),
+        lambda: sampling.top_k_mask_logits(probs, 10),
+        lambda: sampling.softmax(probs),
+    ]
+    eager = [f() for f in fns]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [f() for f in fns]
+    graph.replay()
+    for a, b in zip(outs, eager):
+        assert torch.equal(a, b)
+    offset.fill_(4)  # a new offset between replays draws new samples
+    graph.replay()
+    assert not torch.equal(outs[0], eager[0])
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_with_generator():
+    """During capture the seed/offset are drawn on the device from the default generator (which
+    every capture registers; torch requires a custom generator to be registered with the graph):
+    every replay samples anew, and the samples stay in the kept set."""
+    probs = _probs(64, 32000)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        sampling.top_p_sampling_from_probs(probs, 0.9)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sampling.top_p_sampling_from_probs(probs, 0.9)
+        out_plain = sampling.sampling_from_probs(probs)
+    graph.replay()
+    first = out.clone()
+    graph.replay()
+    assert not torch.equal(out, first)
+    keep = ref_top_p_keep(probs, 0.9, 1e-6)
+    assert keep.gather(1, out.long()[:, None]).all() and out_plain.shape == (64,)
+
+
+@pytest.mark.gpu
+def test_default_device_cuda():
+    torch.set_default_device("cuda")
+    try:
+        probs = torch.softmax(torch.randn(8, 1000), -1)
+        s = flashinfer.top_k_top_p_sampling_from_probs(probs, 10, 0.9)
+        assert s.device.type == "cuda"
+        s = flashinfer.sampling_from_logits(torch.randn(8, 1000))
+        assert s.device.type == "cuda"
+        out, acc, em = flashinfer.chain_speculative_sampling(
+            torch.softmax(torch.randn(2, 3, 50), -1), torch.zeros(2, 3, dtype=torch.int64),
+            torch.softmax(torch.randn(2, 4, 50), -1))
+        assert out.shape == (2, 4)
+    finally:
+        torch.set_default_device(None)
