@@ -97,6 +97,8 @@ _NUMERIC = [
     ("jit", "nvcc_threads", "FLASHINFER_NVCC_THREADS"),
     ("jit", "max_jobs", "MAX_JOBS"),
     ("logging", "level", "FLASHINFER_LOGLEVEL"),
+    ("dump", "max_size_gb", "FLASHINFER_DUMP_MAX_SIZE_GB"),
+    ("dump", "max_count", "FLASHINFER_DUMP_MAX_COUNT"),
 ]
 
 

@@ -15,7 +15,6 @@ does not parse raises :class:`~flashinfer.exceptions.KnobError` naming the varia
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 import shlex
@@ -127,14 +126,14 @@ def _parse_seconds(name: str, value: str) -> float:
     return x
 
 
-def _parse_finite_positive(name: str, value: str) -> float:
-    """A finite number > 0 (sizes such as FLASHINFER_DUMP_MAX_SIZE_GB); inf and nan refused."""
-    expected = "a finite number > 0"
+def _parse_size_gb(name: str, value: str) -> float:
+    """A size in GB: finite, > 0, at most 1e6 (a petabyte); inf, nan and 1e309 refused."""
+    expected = "a finite number of GB in (0, 1e6]"
     try:
         x = float(value.strip())
     except ValueError:
         raise KnobError(name, value, expected) from None
-    if not 0 < x < math.inf:  # also false for nan
+    if not 0 < x <= 1e6:  # also false for nan
         raise KnobError(name, value, expected)
     return x
 
@@ -192,9 +191,9 @@ def env_seconds(names, default: Optional[float] = None, doc: str = "") -> _Knob[
     return _Knob(names, default, _parse_seconds, doc, "float")
 
 
-def env_float(names, default: Optional[float] = None, doc: str = "") -> _Knob[Optional[float]]:
-    """A finite, positive number."""
-    return _Knob(names, default, _parse_finite_positive, doc, "float")
+def env_size_gb(names, default: Optional[float] = None, doc: str = "") -> _Knob[Optional[float]]:
+    """A size in GB: finite, positive, at most 1e6."""
+    return _Knob(names, default, _parse_size_gb, doc, "float")
 
 
 def env_flags(names, doc: str = "") -> _Knob[tuple[str, ...]]:
@@ -345,8 +344,8 @@ class DumpKnobs(KnobGroup):
 
     dir = env_path("FLASHINFER_DUMP_DIR", lambda: Path("flashinfer_dumps"),
                    "Where level-10 dumps go (one folder per call).")
-    max_size_gb = env_float("FLASHINFER_DUMP_MAX_SIZE_GB", 20.0,
-                            "Stop dumping (one warning) once this many GB were written.")
+    max_size_gb = env_size_gb("FLASHINFER_DUMP_MAX_SIZE_GB", 20.0,
+                              "Stop dumping (one warning) once this many GB were written.")
     max_count = env_int("FLASHINFER_DUMP_MAX_COUNT", 1000,
                         "Stop dumping (one warning) after this many calls.", positive=True)
     include = env_str("FLASHINFER_DUMP_INCLUDE", None,
