@@ -1,11 +1,12 @@
-"""Decode attention: one query token per request over a paged KV cache (plan once per batch, run
-per layer), and the single-request form.
+"""Decode attention over a batch of requests: one query token per request over a paged KV
+cache, planned once per batch and run per layer.
 
 Both values of ``use_tensor_cores`` run the tensor-core kernel, with the query heads of each KV
 head packed as the rows of one MMA tile (all of a KV head's query heads read each key once):
-decode is bound by reading the KV cache, which that kernel does at 96-98% of the H100's read
-bandwidth, so a CUDA-core kernel would add code and no speed. The flag is accepted for API
-compatibility; see :mod:`flashinfer.prefill` for the semantics.
+decode is bound by reading the KV cache, and that kernel reads it at close to the GPU's read
+bandwidth (the decode cases' percent of the read ceiling are in benchmarks/results/), so a
+CUDA-core kernel would add code and no speed. The flag is accepted for API compatibility; the
+semantics are those of :mod:`.single`.
 """
 
 from __future__ import annotations
@@ -16,18 +17,13 @@ from typing import Optional, Union
 
 import torch
 
-from . import attention_runtime as rt
-from ._checks import check_cuda
-from .api_logging import flashinfer_api
-from .page import _unpack_paged_kv_cache
-from .prefill import (
-    _BatchAttentionBase,
-    _check_head_dim,
-    _check_heads,
-    _check_single_kv,
-    _host_ints,
-    _single,
-    _variant,
+from ..page import unpack_paged_kv_cache
+from .wrapper import (
+    BatchAttentionBase,
+    check_head_dim,
+    check_page_ids,
+    host_ints,
+    make_variant,
     paged_kv_lens,
 )
 
@@ -38,56 +34,13 @@ _PLAN_ORDER = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_ty
                "disable_split_kv", "q_len_per_req", "window_right")
 
 
-@flashinfer_api
-def single_decode_with_kv_cache(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kv_layout: str = "NHD",
-    pos_encoding_mode: str = "NONE",
-    use_tensor_cores: bool = False,
-    q_scale: Optional[float] = None,
-    k_scale: Optional[float] = None,
-    v_scale: Optional[float] = None,
-    window_left: int = -1,
-    logits_soft_cap: Optional[float] = None,
-    sm_scale: Optional[float] = None,
-    rope_scale: Optional[float] = None,
-    rope_theta: Optional[float] = None,
-    return_lse: bool = False,
-) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """Attention of one query token ``q (Hq, D)`` over ``k``, ``v`` ``(kv_len, Hkv, D)`` (NHD)
-    or ``(Hkv, kv_len, D)`` (HND). Returns ``(Hq, D)``, or ``(o, lse (Hq,))`` with
-    ``return_lse``. The query sits at position ``kv_len - 1`` (RoPE)."""
-    layout = rt.check_kv_layout(kv_layout)
-    rt.check_pos_encoding(pos_encoding_mode)
-    if not isinstance(q, torch.Tensor) or q.dim() != 2:
-        raise ValueError(f"q must be 2-D (num_qo_heads, head_dim), got "
-                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
-    _check_single_kv(q, k, v)
-    num_qo_heads, head_dim = q.shape
-    _check_head_dim(head_dim)
-    if k.shape[-1] != head_dim or v.shape != k.shape:
-        raise ValueError(f"k and v must have the same shape with head_dim {head_dim}, got "
-                         f"{tuple(k.shape)} and {tuple(v.shape)}")
-    _check_heads(num_qo_heads, k.shape[1] if layout == 0 else k.shape[0])
-    check_cuda(q, "q")
-    qk_scale = None if q_scale is None and k_scale is None else (q_scale or 1.0) * (k_scale or 1.0)
-    result = _single(q.unsqueeze(0), k, v, layout, None, None, False, pos_encoding_mode,
-                     sm_scale, qk_scale, v_scale, window_left, logits_soft_cap, rope_scale,
-                     rope_theta, return_lse, q.dtype, fixed_split_size=None)
-    if return_lse:
-        return result[0].squeeze(0), result[1].squeeze(0)
-    return result.squeeze(0)
-
-
 @functools.lru_cache(maxsize=64)
 def _arange(n: int) -> torch.Tensor:
     """0..n-1 as int32 on the host (decode's qo_indptr: one query per request); not written."""
     return torch.arange(n, dtype=torch.int32)
 
 
-class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
+class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
     """Decode attention over a paged KV cache for a batch of requests.
 
     Parameters
@@ -164,7 +117,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
             raise ValueError(f"window_right must be 0, got {window_right}")
         if page_size <= 0:
             raise ValueError(f"page_size must be positive, got {page_size}")
-        _check_head_dim(head_dim)
+        check_head_dim(head_dim)
         self._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                           head_dim=head_dim, pos_encoding_mode=pos_encoding_mode,
                           sm_scale=sm_scale, window_left=window_left,
@@ -172,15 +125,17 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
                           rope_theta=rope_theta, q_data_type=q_data_type,
                           kv_data_type=kv_data_type, o_data_type=o_data_type,
                           data_type=data_type)
-        page_indptr = _host_ints(indptr, "indptr")
-        kv_lens = paged_kv_lens(page_indptr, _host_ints(last_page_len, "last_page_len"),
+        page_indptr = host_ints(indptr, "indptr")
+        self._max_page_id = check_page_ids(indices, page_indptr[-1] if page_indptr else 0,
+                                           "indices")
+        kv_lens = paged_kv_lens(page_indptr, host_ints(last_page_len, "last_page_len"),
                                 page_size)
         batch = len(kv_lens)
         if self._use_cuda_graph and batch != self._fixed_batch:
             raise ValueError(f"CUDA-graph mode: the batch size is fixed to {self._fixed_batch} "
                              f"(len(paged_kv_last_page_len_buffer)), got {batch}")
         self._batch = batch
-        self._variant = _variant(self._q_dtype, self._o_dtype, head_dim, "none",
+        self._variant = make_variant(self._q_dtype, self._o_dtype, head_dim, "none",
                                  pos_encoding_mode, paged=True)
         plan, buf = self._schedule([1] * batch, kv_lens, num_qo_heads, num_kv_heads, head_dim,
                                    False, fixed_split_size, disable_split_kv, page_indptr)
@@ -208,7 +163,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
             raise ValueError(f"q must have one row per request ({self._batch}), got {q.shape[0]}")
         if q_len_per_req not in (None, 1):
             raise ValueError(f"q_len_per_req must be 1, got {q_len_per_req}")
-        k, v = _unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
+        k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
         self._check_kv_dtype(k)
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
                             kw["q_scale"], kw["k_scale"], kw["v_scale"])
@@ -216,11 +171,13 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchAttentionBase):
     def forward(self, q, paged_kv_cache, pos_encoding_mode: str = "NONE", **kwargs):
         warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
                       stacklevel=2)
+        self._check_legacy_options(kwargs, pos_encoding_mode=pos_encoding_mode)
         return self.run(q, paged_kv_cache, **kwargs)
 
     def forward_return_lse(self, q, paged_kv_cache, pos_encoding_mode: str = "NONE", **kwargs):
         warnings.warn("forward_return_lse is deprecated; use plan() and run_return_lse()",
                       DeprecationWarning, stacklevel=2)
+        self._check_legacy_options(kwargs, pos_encoding_mode=pos_encoding_mode)
         return self.run(q, paged_kv_cache, return_lse=True, **kwargs)
 
 

@@ -1,4 +1,4 @@
-"""``flashinfer.cascade``: merging attention states.
+"""Merging attention states (the public names are re-exported by :mod:`flashinfer.cascade`).
 
 An attention state over a set of keys is ``(v, s)``: ``v`` the attention output (the softmax-
 weighted sum of the values) and ``s`` its **base-2** log-sum-exp, ``s = log2(sum_j exp(logit_j))``
@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._checks import (
+from .._checks import (
     FLOAT_DTYPES,
     check_cuda,
     check_dtype,
@@ -35,23 +35,13 @@ from ._checks import (
     check_tensor,
     resolve_pdl,
 )
-from .api_logging import flashinfer_api
-from .jit.cascade import gen_cascade_module
+from ..api_logging import flashinfer_api
+from ..jit.cascade import gen_cascade_module
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states"]
 
 #: Longest head row the kernels take (one thread per vector of a row, see cascade.cuh).
 MAX_HEAD_DIM = 1024
-
-
-def __getattr__(name: str):
-    # The multi-level wrapper is built on the prefill wrappers (cascade_wrapper.py): imported on
-    # first use, so the merge ops (which prefill's split-KV path relies on) never import prefill.
-    if name == "MultiLevelCascadeAttentionWrapper":
-        from .cascade_wrapper import MultiLevelCascadeAttentionWrapper
-
-        return MultiLevelCascadeAttentionWrapper
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @functools.cache
@@ -235,7 +225,7 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> Tuple[torch.Tensor, torch.
 _LN2 = 0.6931471805599453
 
 
-def _merge_states_varlen(
+def merge_states_varlen(
     v_part: torch.Tensor,
     lse_part: torch.Tensor,
     indptr: torch.Tensor,

@@ -268,7 +268,7 @@ def schedule(
     item_capacity: Optional[int] = None,
     force_split: bool = False,
     cta: Optional[int] = None,
-    sm90: bool = False,
+    backend: str = "fa2",
     ctas_per_sm: Optional[int] = None,
     qo_begins: Optional[Sequence[int]] = None,
     kv_begins: Optional[Sequence[int]] = None,
@@ -289,8 +289,9 @@ def schedule(
         captured launches are the same whether a later plan splits or not; the FA2 kernels
         then write one-chunk requests' outputs directly and merge the others themselves, the
         Hopper kernel's are merged by the merge kernel).
-    sm90 : bool
-        The Hopper kernel may be chosen (compute capability 9.0 and a variant that has it).
+    backend : str
+        ``"fa3"``: the Hopper kernel may be chosen (``runtime.resolve_backend`` says where it
+        exists); ``"fa2"``: the FA2 shapes only.
     qo_begins, kv_begins : sequence of int, optional
         Each request's first q row and its first ``kv_indices`` entry (paged) or token (ragged):
         ``qo_indptr[:-1]`` and ``kv_indptr[:-1]``. Default: the running sums of the lengths.
@@ -312,7 +313,7 @@ def schedule(
         if fixed:
             tiles = [t * (-(-k // fixed) or 1) for t, k in zip(tiles, kv_lens)]
         batch_ctas = num_kv_heads * sum(tiles)
-        cta = choose_cta(max_rows, head_dim, sm90, batch_ctas, num_sms)
+        cta = choose_cta(max_rows, head_dim, backend == "fa3", batch_ctas, num_sms)
     if ctas_per_sm is None:
         ctas_per_sm = CTAS_PER_SM[cta]
     tile_q = tile_rows(cta, head_dim)
