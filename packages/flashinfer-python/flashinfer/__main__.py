@@ -34,6 +34,13 @@ def _jit_core():
     return core
 
 
+def _aot():
+    """flashinfer.aot (the registered modules), imported on first use."""
+    from . import aot
+
+    return aot
+
+
 def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
@@ -159,7 +166,7 @@ def show_config() -> None:
         "Downloaded Cubins",
         lambda: _artifacts_cli().downloaded_lines(_cubin_count(knobs.artifacts.cubin_dir)),
     )
-    _section("Module Status", lambda: [_module_counts(_jit_core().module_status())])
+    _section("Module Status", lambda: [_module_counts(_aot().module_status())])
 
 
 @cli.command("clear-cache")
@@ -186,7 +193,7 @@ def clear_cache() -> None:
 def module_status(detailed: bool, filter_: str) -> None:
     """List the known modules and whether they are compiled."""
     try:
-        modules = _jit_core().module_status()
+        modules = _aot().module_status()
     except Exception as e:
         raise click.ClickException(f"could not list modules: {_error_text(e)}") from e
     keep = STATUS_FILTERS[filter_]

@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Optional, Sequence
 
-from .jit.core import JitSpec, get_module
+from .jit.core import JitSpec, get_module, spec_status
 
 
 def registered_specs() -> list[JitSpec]:
@@ -36,6 +36,11 @@ def registered_specs() -> list[JitSpec]:
         gen_cascade_module(),
         *(v.spec() for v in common_variants() + extra_variants()),
     ]
+
+
+def module_status() -> list[dict]:
+    """Every registered module, with where it would come from (:func:`~flashinfer.jit.core.spec_status`)."""
+    return [spec_status(spec) for spec in registered_specs()]
 
 
 def _minutes(s: float) -> str:
