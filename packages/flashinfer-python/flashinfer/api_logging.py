@@ -54,8 +54,7 @@ def flashinfer_api(func: F) -> F:
     """Log calls of a public API at ``FLASHINFER_LOGLEVEL`` >= 1; identity at level 0.
 
     Works on functions and methods (the logged name is the ``__qualname__``, e.g.
-    ``BatchDecodeWithPagedKVCacheWrapper.run``). Combined with
-    :func:`flashinfer.utils.backend_requirement`, put this decorator below it.
+    ``BatchDecodeWithPagedKVCacheWrapper.run``).
     """
     level = _decoration_level()
     if level == 0:
