@@ -103,6 +103,19 @@ def get_attention_module(variant: AttentionVariant) -> Any:
     return variant.spec().build_and_load()
 
 
+#: Resolved launches of single-request problems (:mod:`.single`), by problem.
+single_launches: dict = {}
+
+
+def set_module_source(fetch: Any) -> None:
+    """From now on fetch each variant's module with ``fetch(variant)`` (tuning tools: builds of
+    the same variants with other tuning macros); launches resolved with earlier modules are
+    forgotten. A wrapper's plan keeps its launch until its next plan()."""
+    global get_attention_module
+    get_attention_module = fetch
+    single_launches.clear()
+
+
 @functools.cache
 def num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count

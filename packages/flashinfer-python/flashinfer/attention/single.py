@@ -160,22 +160,23 @@ def run_single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_enc
                sm_scale, k_scale, v_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
                return_lse, o_dtype, fixed_split_size, backend="auto"):
     """Shared by single prefill and single decode: one request through the batch kernel, its
-    launch (plan, upload, parameter record) made once per problem (``_SINGLE_LAUNCHES``)."""
+    launch (plan, upload, parameter record) made once per problem (``runtime.single_launches``)."""
     qo_len, num_qo_heads, head_dim = q.shape
     use_mask = custom_mask is not None or packed_custom_mask is not None
     sm, o_scale = rt.resolve_scales(head_dim, sm_scale, None, k_scale, v_scale)
     device = q.device
     key = (device, q.dtype, o_dtype, q.shape, k.shape, layout, causal, pos_encoding_mode,
            window_left, logits_soft_cap, rope_scale, rope_theta, fixed_split_size, backend)
-    launch = None if use_mask else _SINGLE_LAUNCHES.get(key)
+    launch = None if use_mask else rt.single_launches.get(key)
     if launch is None:
         launch = _single_launch(q, k, layout, custom_mask, packed_custom_mask, causal,
                                 pos_encoding_mode, sm, o_scale, window_left, logits_soft_cap,
                                 rope_scale, rope_theta, o_dtype, fixed_split_size, backend)
         if not use_mask:
-            if len(_SINGLE_LAUNCHES) >= _SINGLE_CACHE_SIZE:
-                _SINGLE_LAUNCHES.pop(next(iter(_SINGLE_LAUNCHES)))
-            _SINGLE_LAUNCHES[key] = launch
+            cache = rt.single_launches
+            if len(cache) >= _SINGLE_CACHE_SIZE:
+                cache.pop(next(iter(cache)))
+            cache[key] = launch
     o = torch.empty(qo_len, num_qo_heads, head_dim, dtype=o_dtype, device=device)
     lse = torch.empty(qo_len, num_qo_heads, dtype=torch.float32, device=device) \
         if return_lse else None
@@ -191,13 +192,16 @@ def run_single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_enc
 # among all its single-request calls: concurrent calls of one problem on different streams are
 # not supported.
 _SINGLE_CACHE_SIZE = 64
-_SINGLE_LAUNCHES: dict = {}
 
 
 def _single_launch(q, k, layout, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
                    sm, o_scale, window_left, logits_soft_cap, rope_scale, rope_theta, o_dtype,
                    fixed_split_size, backend) -> rt.Launch:
-    """Plan one request, upload the plan and resolve its launch."""
+    """Plan one request, upload the plan and resolve its launch (its options checked first:
+    nothing is compiled for arguments that are wrong)."""
+    window_left = rt.check_window_left(window_left)
+    softcap = rt.soft_cap(logits_soft_cap)
+    rs, rth = rt.rope_defaults(rope_scale, rope_theta)
     device = q.device
     qo_len, num_qo_heads, head_dim = q.shape
     kv_len = k.shape[0] if layout == 0 else k.shape[1]
@@ -226,14 +230,13 @@ def _single_launch(q, k, layout, custom_mask, packed_custom_mask, causal, pos_en
     if use_mask:
         mask, mask_indptr = pack_mask(custom_mask, packed_custom_mask, [qo_len], [kv_len], device)
         mask_indptr = upload(mask_indptr, device)
-    rs, rth = rt.rope_defaults(rope_scale, rope_theta)
     return rt.prepare(
         rt.get_attention_module(variant), plan, dev[:n], num_qo_heads=num_qo_heads,
         num_kv_heads=num_kv_heads, kv_layout=layout, qo_indptr=dev[n:n + 2],
         kv_indptr=dev[n + 2:n + 4], partials=partials,
         counters=dev[n + 4:] if counters else None, custom_mask=mask, mask_indptr=mask_indptr,
         alibi_slopes=rt.alibi_slopes_for(pos_encoding_mode, num_qo_heads, device),
-        sm_scale=sm, logits_soft_cap=rt.soft_cap(logits_soft_cap), o_scale=o_scale,
+        sm_scale=sm, logits_soft_cap=softcap, o_scale=o_scale,
         rope_scale=rs, rope_theta=rth, window_left=window_left,
         enable_pdl=resolve_pdl(None, device))
 

@@ -86,6 +86,10 @@ def check_single_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"k and v must have q's dtype ({rt.dtype_name(q.dtype)}), got "
                          f"{rt.dtype_name(k.dtype)} and {rt.dtype_name(v.dtype)}")
+    device = q.device
+    if k.device != device or v.device != device:
+        raise ValueError(f"k and v must be on q's device ({device}), got {k.device} and "
+                         f"{v.device}")
 
 
 def lens_from_indptr(indptr: list[int], name: str) -> list[int]:
@@ -280,6 +284,8 @@ class BatchAttentionBase:
         if tuple(q.shape) != shape:
             raise ValueError(f"q must have shape {shape}, got {tuple(q.shape)}")
         if out is not None:
+            if out.device != q.device:
+                raise ValueError(f"out must be on q's device ({q.device}), got {out.device}")
             if tuple(out.shape) != shape or out.dtype != self._o_dtype:
                 raise ValueError(f"out must have shape {shape} and dtype "
                                  f"{rt.dtype_name(self._o_dtype)}, got {tuple(out.shape)} "
@@ -302,9 +308,11 @@ class BatchAttentionBase:
             out = torch.empty(q.shape, dtype=self._o_dtype, device=q.device)
         if lse is None and return_lse:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-        pdl = resolve_pdl(enable_pdl, q.device)
         launch = self._launcher
-        if launch is None:  # the first run of this plan
+        if launch is None:  # the first run of this plan: q's device before any device query
+            check_cuda_device(q.device, "q")
+        pdl = resolve_pdl(enable_pdl, q.device)
+        if launch is None:  # the module is fetched (built on first use) from here on
             launch = self._launcher = self._prepare(q.device, pdl)
         sm, o_scale = self._scales if q_scale is None and k_scale is None and v_scale is None \
             else rt.resolve_scales(self._head_dim, self._sm_scale, q_scale, k_scale, v_scale)
@@ -312,7 +320,6 @@ class BatchAttentionBase:
         return (out, lse) if return_lse else out
 
     def _prepare(self, device: torch.device, enable_pdl: bool) -> rt.Launch:
-        check_cuda_device(device, "q")  # before the module is fetched (built on first use)
         partials = self._ws.partial_views(self._num_qo_heads, self._head_dim) \
             if self._plan.split_kv else None
         return rt.prepare(
