@@ -1,7 +1,8 @@
 """Host time per call of small ops and plan/run paths, through the public API only.
 
     python benchmarks/host_cost.py measure --label ours OUT.json [--cases SUBSTR,...]
-    python benchmarks/host_cost.py merge OURS.json PEER.json RESULT.json [--commit C]
+    python benchmarks/host_cost.py warmup [--cases SUBSTR,...]   (first calls only: JIT builds)
+    python benchmarks/host_cost.py merge RESULT.json --ours A.json [B.json] --peer C.json [D.json]
 
 ``measure`` uses nothing but ``flashinfer``'s public names, so the same file runs against this
 package or against the peer (FlashInfer 0.7.2) in a separate process (never both packages in
@@ -93,22 +94,24 @@ def _rand(*shape, dtype=DT):
     return torch.randn(*shape, dtype=dtype, device="cuda")
 
 
-def build_cases(fi) -> dict[str, tuple[Callable[[], Any], dict]]:
-    """name -> (call, info). Inputs are built once; every call reuses them."""
-    cases: dict[str, tuple[Callable[[], Any], dict]] = {}
+Case = tuple[Callable[[], Any], dict]  # (the call, info: {"plan": True} / {"reference": True})
 
-    # single-request attention
-    single_decode = _public(fi, "decode.single_decode_with_kv_cache", "single_decode_with_kv_cache")
-    q1, k512, v512 = _rand(HQ, D), _rand(512, HKV, D), _rand(512, HKV, D)
-    cases["single_decode_with_kv_cache (kv 512)"] = (lambda: single_decode(q1, k512, v512), {})
-    single_prefill = _public(fi, "prefill.single_prefill_with_kv_cache",
-                             "single_prefill_with_kv_cache")
-    q128, k128, v128 = _rand(128, HQ, D), _rand(128, HKV, D), _rand(128, HKV, D)
-    cases["single_prefill_with_kv_cache (128 x 128, causal)"] = (
-        lambda: single_prefill(q128, k128, v128, causal=True), {})
 
-    # append 8 tokens, one per request, to a paged cache of 8 requests x 64 pages
-    append = _public(fi, "page.append_paged_kv_cache", "append_paged_kv_cache")
+def _single_decode(fi) -> Case:
+    f = _public(fi, "decode.single_decode_with_kv_cache", "single_decode_with_kv_cache")
+    q, k, v = _rand(HQ, D), _rand(512, HKV, D), _rand(512, HKV, D)
+    return lambda: f(q, k, v), {}
+
+
+def _single_prefill(fi) -> Case:
+    f = _public(fi, "prefill.single_prefill_with_kv_cache", "single_prefill_with_kv_cache")
+    q, k, v = _rand(128, HQ, D), _rand(128, HKV, D), _rand(128, HKV, D)
+    return lambda: f(q, k, v, causal=True), {}
+
+
+def _append(fi) -> Case:
+    """8 tokens, one per request, into a paged cache of 8 requests x 64 pages."""
+    f = _public(fi, "page.append_paged_kv_cache", "append_paged_kv_cache")
     b, pages = 8, 64
     cache = _rand(b * pages, 2, PAGE, HKV, D)
     kv_indptr = torch.arange(b + 1, dtype=torch.int32, device="cuda") * pages
@@ -116,75 +119,153 @@ def build_cases(fi) -> dict[str, tuple[Callable[[], Any], dict]]:
     last = torch.full((b,), 5, dtype=torch.int32, device="cuda")
     batch_idx = torch.arange(b, dtype=torch.int32, device="cuda")
     positions = torch.full((b,), (pages - 1) * PAGE + 4, dtype=torch.int32, device="cuda")
-    ak, av = _rand(b, HKV, D), _rand(b, HKV, D)
-    cases["append_paged_kv_cache (8 tokens)"] = (
-        lambda: append(ak, av, batch_idx, positions, cache, kv_indices, kv_indptr, last, "NHD"), {})
+    k, v = _rand(b, HKV, D), _rand(b, HKV, D)
+    return lambda: f(k, v, batch_idx, positions, cache, kv_indices, kv_indptr, last, "NHD"), {}
 
-    merge_state = _public(fi, "cascade.merge_state", "merge_state")
+
+def _merge_state(fi) -> Case:
+    f = _public(fi, "cascade.merge_state", "merge_state")
     va, vb = _rand(1, 32, 128), _rand(1, 32, 128)
     sa, sb = _rand(1, 32, dtype=torch.float32), _rand(1, 32, dtype=torch.float32)
-    cases["merge_state (1 x 32 x 128)"] = (lambda: merge_state(va, sa, vb, sb), {})
+    return lambda: f(va, sa, vb, sb), {}
 
-    fused_add = _public(fi, "norm.fused_add_rmsnorm", "fused_add_rmsnorm")
-    rmsnorm = _public(fi, "norm.rmsnorm", "rmsnorm")
-    x, r, w = _rand(1, 4096), _rand(1, 4096), _rand(4096)
-    cases["fused_add_rmsnorm (1 x 4096)"] = (lambda: fused_add(x, r, w, 1e-6), {})
-    cases["rmsnorm (1 x 4096)"] = (lambda: rmsnorm(x, w, 1e-6), {})
-    if hasattr(F, "rms_norm"):
-        cases["torch F.rms_norm (1 x 4096, reference)"] = (
-            lambda: F.rms_norm(x, (4096,), w, 1e-6), {"reference": True})
 
-    silu = _public(fi, "activation.silu_and_mul", "silu_and_mul")
-    xa = _rand(1, 28672)
-    cases["silu_and_mul (1 x 28672)"] = (lambda: silu(xa), {})
+def _norm_inputs():
+    return _rand(1, 4096), _rand(1, 4096), _rand(4096)
 
-    rope = _public(fi, "rope.apply_rope_pos_ids", "apply_rope_pos_ids")
-    rq, rk = _rand(8, HQ, D), _rand(8, HKV, D)
+
+def _fused_add_rmsnorm(fi) -> Case:
+    f = _public(fi, "norm.fused_add_rmsnorm", "fused_add_rmsnorm")
+    x, r, w = _norm_inputs()
+    return lambda: f(x, r, w, 1e-6), {}
+
+
+def _rmsnorm(fi) -> Case:
+    f = _public(fi, "norm.rmsnorm", "rmsnorm")
+    x, _, w = _norm_inputs()
+    return lambda: f(x, w, 1e-6), {}
+
+
+def _torch_rms_norm(fi) -> Case:
+    x, _, w = _norm_inputs()
+    return lambda: F.rms_norm(x, (4096,), w, 1e-6), {"reference": True}
+
+
+def _silu_and_mul(fi) -> Case:
+    f = _public(fi, "activation.silu_and_mul", "silu_and_mul")
+    x = _rand(1, 28672)
+    return lambda: f(x), {}
+
+
+def _rope(fi) -> Case:
+    f = _public(fi, "rope.apply_rope_pos_ids", "apply_rope_pos_ids")
+    q, k = _rand(8, HQ, D), _rand(8, HKV, D)
     pos = torch.randint(0, 4096, (8,), dtype=torch.int32, device="cuda")
-    cases["apply_rope_pos_ids (8 tokens)"] = (lambda: rope(rq, rk, pos), {})
+    return lambda: f(q, k, pos), {}
 
+
+def _torch_add(fi) -> Case:
     small = _rand(128)
-    cases["torch.add (one small kernel, reference)"] = (
-        lambda: torch.add(small, small), {"reference": True})
+    return lambda: torch.add(small, small), {"reference": True}
 
-    # ragged prefill plan, 4 requests x 128 (host metadata, as serving frameworks pass it)
-    ragged_cls = _public(fi, "prefill.BatchPrefillWithRaggedKVCacheWrapper",
-                         "BatchPrefillWithRaggedKVCacheWrapper")
-    rw = ragged_cls(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD")
-    indptr4 = torch.arange(5, dtype=torch.int32) * 128
-    cases["ragged prefill plan (4 x 128)"] = (
-        lambda: rw.plan(indptr4, indptr4, HQ, HKV, D, causal=True, q_data_type=DT),
-        {"plan": True})
 
-    # batch decode, 8 requests x 1024 keys (host metadata)
-    dec_cls = _public(fi, "decode.BatchDecodeWithPagedKVCacheWrapper",
-                      "BatchDecodeWithPagedKVCacheWrapper")
-    dw = dec_cls(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD")
-    dpages = 1024 // PAGE
-    d_indptr = torch.arange(b + 1, dtype=torch.int32) * dpages
-    d_indices = torch.randperm(b * dpages).to(torch.int32)
-    d_last = torch.full((b,), PAGE, dtype=torch.int32)
-    dcache = _rand(b * dpages, 2, PAGE, HKV, D)
-    dq = _rand(b, HQ, D)
+def _ragged_plan(fi) -> Case:
+    """Ragged prefill plan, 4 requests x 128 (host metadata, as serving frameworks pass it)."""
+    cls = _public(fi, "prefill.BatchPrefillWithRaggedKVCacheWrapper",
+                  "BatchPrefillWithRaggedKVCacheWrapper")
+    w = cls(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD")
+    indptr = torch.arange(5, dtype=torch.int32) * 128
+    return lambda: w.plan(indptr, indptr, HQ, HKV, D, causal=True, q_data_type=DT), {"plan": True}
 
-    def dplan():
-        dw.plan(d_indptr, d_indices, d_last, HQ, HKV, D, PAGE, q_data_type=DT)
 
-    dplan()
-    cases["decode run (batch 8)"] = (lambda: dw.run(dq, dcache), {})
-    cases["decode plan (batch 8)"] = (dplan, {"plan": True})
-    return cases
+def _decode_wrapper(fi):
+    """A batch decode wrapper of 8 requests x 1024 keys (host metadata) and its plan call."""
+    cls = _public(fi, "decode.BatchDecodeWithPagedKVCacheWrapper",
+                  "BatchDecodeWithPagedKVCacheWrapper")
+    w = cls(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD")
+    b, pages = 8, 1024 // PAGE
+    indptr = torch.arange(b + 1, dtype=torch.int32) * pages
+    indices = torch.randperm(b * pages).to(torch.int32)
+    last = torch.full((b,), PAGE, dtype=torch.int32)
+
+    def plan():
+        w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=DT)
+
+    return w, plan, b * pages
+
+
+def _decode_run(fi) -> Case:
+    w, plan, pages = _decode_wrapper(fi)
+    plan()
+    cache, q = _rand(pages, 2, PAGE, HKV, D), _rand(8, HQ, D)
+    return lambda: w.run(q, cache), {}
+
+
+def _decode_plan(fi) -> Case:
+    _, plan, _ = _decode_wrapper(fi)
+    return plan, {"plan": True}
+
+
+#: name -> factory, in the order of the issue's table (the references after their rows).
+CASES: dict[str, Callable[[Any], Case]] = {
+    "single_decode_with_kv_cache (kv 512)": _single_decode,
+    "single_prefill_with_kv_cache (128 x 128, causal)": _single_prefill,
+    "append_paged_kv_cache (8 tokens)": _append,
+    "merge_state (1 x 32 x 128)": _merge_state,
+    "fused_add_rmsnorm (1 x 4096)": _fused_add_rmsnorm,
+    "rmsnorm (1 x 4096)": _rmsnorm,
+    "torch F.rms_norm (1 x 4096, reference)": _torch_rms_norm,
+    "silu_and_mul (1 x 28672)": _silu_and_mul,
+    "apply_rope_pos_ids (8 tokens)": _rope,
+    "torch.add (one small kernel, reference)": _torch_add,
+    "ragged prefill plan (4 x 128)": _ragged_plan,
+    "decode run (batch 8)": _decode_run,
+    "decode plan (batch 8)": _decode_plan,
+}
+
+
+def _selected(args) -> tuple[Any, dict]:
+    """The flashinfer module and name -> built case of the cases ``--cases`` selects (only
+    those are built: a wrapper's plan may compile a module)."""
+    import flashinfer as fi
+
+    wanted = [s.strip() for s in args.cases.split(",") if s.strip()] if args.cases else None
+    cases = {}
+    for name, make in CASES.items():
+        if wanted and not any(w in name for w in wanted):
+            continue
+        try:
+            cases[name] = make(fi)
+        except Exception as e:  # e.g. a name this release lacks: the row records the error
+            err = f"{type(e).__name__}: {e}"[:500]
+
+            def fail(err=err):
+                raise RuntimeError(f"case setup failed: {err}")
+
+            cases[name] = (fail, {})
+    return fi, cases
+
+
+def warmup(args) -> int:
+    """One call of each selected case (compiles or loads its modules), nothing timed."""
+    _, cases = _selected(args)
+    failed = 0
+    for name, (fn, _) in cases.items():
+        t0 = time.perf_counter()
+        try:
+            fn()
+            _sync()
+            print(f"warm {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+        except Exception as e:
+            failed += 1
+            print(f"warm {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    return 1 if failed else 0
 
 
 def measure(args) -> int:
-    import flashinfer as fi
-
-    wanted = [s.strip() for s in args.cases.split(",")] if args.cases else None
-    cases = build_cases(fi)
+    fi, cases = _selected(args)
     rows = []
     for name, (fn, info) in cases.items():
-        if wanted and not any(w in name for w in wanted):
-            continue
         row: dict[str, Any] = {"name": name}
         try:
             fn()  # first call: compiles or loads the module
@@ -208,13 +289,23 @@ def measure(args) -> int:
         "flashinfer_file": str(Path(fi.__file__).parent.name),
         "device": {"name": p.name, "capability": f"{p.major}.{p.minor}",
                    "torch": torch.__version__, "cuda": torch.version.cuda,
-                   "cpu": platform.processor() or platform.machine()},
+                   "cpu": _cpu_name()},
         "method": {"calls_per_rep": N, "plan_calls_per_rep": N_PLAN, "reps": REPS,
                    "warmup": WARMUP, "gpu_calls": N_GPU},
         "rows": rows,
     }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _commit() -> str:
@@ -225,12 +316,22 @@ def _commit() -> str:
         return "unknown"
 
 
+def _load_rows(paths: list[str]) -> tuple[dict, list[dict]]:
+    """The first file's header and the rows of all files (a later row of one name wins)."""
+    head, rows = None, {}
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        head = head or d
+        rows.update({r["name"]: r for r in d["rows"]})
+    return head, list(rows.values())
+
+
 def merge(args) -> int:
-    ours = json.loads(Path(args.ours).read_text())
-    peer = json.loads(Path(args.peer).read_text())
-    prow = {r["name"]: r for r in peer["rows"]}
+    ours, our_rows = _load_rows(args.ours)
+    peer, peer_rows = _load_rows(args.peer)
+    prow = {r["name"]: r for r in peer_rows}
     cases = []
-    for r in ours["rows"]:
+    for r in our_rows:
         p = prow.get(r["name"], {})
         case = {"name": r["name"], "host_us": r.get("host_us"), "gpu_us": r.get("gpu_us"),
                 "peer_host_us": p.get("host_us"), "peer_gpu_us": p.get("gpu_us")}
@@ -271,13 +372,16 @@ def main(argv=None) -> int:
     m.add_argument("out")
     m.add_argument("--label", default="ours")
     m.add_argument("--cases", default="", help="comma-separated substrings of case names")
+    w = sub.add_parser("warmup")
+    w.add_argument("--label", default="ours")
+    w.add_argument("--cases", default="", help="comma-separated substrings of case names")
     g = sub.add_parser("merge")
-    g.add_argument("ours")
-    g.add_argument("peer")
     g.add_argument("out")
+    g.add_argument("--ours", nargs="+", required=True)
+    g.add_argument("--peer", nargs="+", required=True)
     g.add_argument("--commit", default="")
     args = ap.parse_args(argv)
-    return measure(args) if args.cmd == "measure" else merge(args)
+    return {"measure": measure, "warmup": warmup, "merge": merge}[args.cmd](args)
 
 
 if __name__ == "__main__":
