@@ -299,13 +299,10 @@ def measure(args) -> int:
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    info = Path("/proc/cpuinfo")
+    models = [ln.split(":", 1)[1].strip() for ln in (info.read_text().splitlines()
+              if info.exists() else []) if ln.startswith("model name")]
+    return models[0] if models else platform.machine()
 
 
 def _commit() -> str:
