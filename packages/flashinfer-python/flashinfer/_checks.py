@@ -7,7 +7,7 @@ tensors without a GPU, and nothing compiles before the arguments are known to be
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Dict, Iterable, Optional, Sequence
 
 import torch
 
@@ -90,10 +90,19 @@ def check_out(
         raise ValueError(f"{name} must be on {device}, got {out.device}")
 
 
+#: torch.device -> PDL default, filled by resolve_pdl (a dict lookup is the whole per-call cost).
+_PDL_DEFAULT: Dict[torch.device, bool] = {}
+
+
 def resolve_pdl(enable_pdl: Optional[bool], device: torch.device) -> bool:
     """``None`` means on iff the device supports Programmatic Dependent Launch (SM90+)."""
     if enable_pdl is None:
-        return device_support_pdl(device)
+        pdl = _PDL_DEFAULT.get(device)
+        if pdl is None:
+            pdl = device_support_pdl(device)
+            if isinstance(device, torch.device) and device.index is not None:  # a tensor's
+                _PDL_DEFAULT[device] = pdl
+        return pdl
     return bool(enable_pdl)
 
 

@@ -49,6 +49,10 @@ def get_cascade_module():
     return gen_cascade_module().build_and_load()
 
 
+#: Bindings the checked paths have fetched (so a fast path that finds one compiles nothing).
+_LOADED: dict = {}
+
+
 def _check_v(v: torch.Tensor, name: str, ndim: int) -> None:
     check_tensor(v, name)
     check_ndim(v, name, (ndim,))
@@ -110,6 +114,22 @@ def merge_state(
     >>> v.shape, s.shape
     (torch.Size([2048, 32, 128]), torch.Size([2048, 32]))
     """
+    binding = _LOADED.get("merge_state")
+    if binding is not None and type(v_a) is torch.Tensor and v_a.is_cuda:
+        # Fast path (the module is loaded): the binding checks everything the checked path
+        # below does, with the same typed errors; what it refuses (or a float s it would take
+        # after a cast, or head_dim 0) goes through the checked path, which raises or handles
+        # it. Nothing is launched before the binding's checks pass.
+        shape = v_a.shape
+        if len(shape) == 3 and shape[2]:
+            device = v_a.device
+            v = torch.empty(shape, dtype=v_a.dtype, device=device)
+            s = torch.empty(shape[:2], dtype=torch.float32, device=device)
+            try:
+                binding(v, s, v_a, s_a, v_b, s_b, resolve_pdl(None, device))
+                return v, s
+            except (TypeError, ValueError):
+                pass
     _check_v(v_a, "v_a", 3)
     _check_like(v_a, "v_a", v_b, "v_b")
     s_a = _lse(s_a, "s_a", v_a.shape[:2], v_a, "v_a")
@@ -118,7 +138,8 @@ def merge_state(
     v = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
     s = torch.empty(v_a.shape[:2], dtype=torch.float32, device=v_a.device)
     if v.numel() > 0:
-        get_cascade_module().merge_state(v, s, v_a, s_a, v_b, s_b, resolve_pdl(None, v.device))
+        binding = _LOADED["merge_state"] = get_cascade_module().merge_state
+        binding(v, s, v_a, s_a, v_b, s_b, resolve_pdl(None, v.device))
     elif s.numel() > 0:  # head_dim 0: only the log-sum-exps are defined
         torch.logaddexp2(s_a, s_b, out=s)
     return v, s

@@ -47,7 +47,8 @@ class AttentionPlan:
     ----------
     cta : int
         CTA shape (0: 16 rows x 4 key streams, 1: 64 rows, 2: 128 rows, 3: the Hopper kernel's
-        128 rows, 4: 16 rows x 2 key streams, 5: 16 rows x 8 key streams; csrc/attention.cu).
+        128 rows, 4: 16 rows x 2 key streams, 5: 16 rows x 8 key streams;
+        include/flashinfer/attention/launch.cuh).
     tile_q : int
         Packed query rows per item.
     num_items : int
@@ -68,7 +69,7 @@ class AttentionPlan:
     cluster_merge : bool
         The items are the chunks of one query tile (batch-1 decode): the CTAs of each KV head
         form one thread-block cluster and merge in shared memory, where the GPU runs one wave
-        of them (csrc/attention.cu; otherwise as any split plan).
+        of them (include/flashinfer/attention/launch.cuh; otherwise as any split plan).
     sm90_tma_q : bool
         The Hopper kernel loads Q through a TMA tensor map (where q's layout allows one) rather
         than with cp.async: where its CTAs take several short items (``TMA_Q_MAX_KEYS``).
@@ -150,7 +151,8 @@ def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, batch_ct
 
 
 def tile_rows(cta: int, head_dim: int) -> int:
-    """Packed query rows per CTA of shape ``cta`` (mirrors the table in csrc/attention.cu)."""
+    """Packed query rows per CTA of shape ``cta``: what include/flashinfer/attention/launch.cuh
+    compiles (``cta_tile_q`` of a module; tests/test_package_layout.py checks the two agree)."""
     return {0: 16, 1: 64, 2: 128 if head_dim <= 128 else 64, 3: 128, 4: 16, 5: 16}[cta]
 
 
@@ -234,6 +236,17 @@ def _items(qo_lens, kv_lens, qtiles, chunks, tile_q, chunk, group_size, causal):
     kchunk: list[int] = []
     slot: list[int] = []
     cost: list[int] = []
+    g = group_size
+    if max(chunks, default=1) == 1:  # no split (most prefills): one item per tile, slot = index
+        for b, (qo, kv, nq) in enumerate(zip(qo_lens, kv_lens, qtiles)):
+            req += [b] * nq
+            qtile += range(nq)
+            if causal:  # keys up to the tile's last row's position (bottom-right aligned)
+                cost += [max(0, min(kv, kv - qo + min(qo, ((qt + 1) * tile_q + g - 1) // g)))
+                         for qt in range(nq)]
+            else:
+                cost += [kv] * nq
+        return req, qtile, [0] * len(req), list(range(len(req))), cost
     tile = 0
     for b, (qo, kv, nq, nc) in enumerate(zip(qo_lens, kv_lens, qtiles, chunks)):
         for qt in range(nq):

@@ -21,7 +21,8 @@ POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
 INT_WORKSPACE_BYTES = 8 << 20
 # The int workspace holds a plan and the batch's metadata from int 0 on (Workspace.stage) and,
 # in its last MERGE_COUNTERS ints, the split-KV merge counters (item_capacity x num_kv_heads of
-# them are used; csrc/attention.cu): zeroed with the workspace, left at 0 by every launch.
+# them are used; include/flashinfer/attention/launch.cuh): zeroed with the workspace, left at 0 by
+# every launch.
 MERGE_COUNTERS = 1 << 17
 _DTYPE_NAMES = {
     "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,

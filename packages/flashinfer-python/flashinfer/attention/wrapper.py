@@ -45,7 +45,7 @@ def host_ints(x: torch.Tensor, name: str) -> list[int]:
                          f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     if x.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{name} must be int32, got {rt.dtype_name(x.dtype)}")
-    return x.detach().to("cpu", torch.int64).tolist()
+    return (x.cpu() if x.is_cuda else x).tolist()  # one device copy at most; ints either way
 
 
 def check_page_ids(indices: torch.Tensor, used: int, name: str) -> int:
@@ -151,8 +151,10 @@ def device_num_sms(device: torch.device) -> int:
     return rt.num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.lru_cache(maxsize=256)
 def make_variant(q_dtype: torch.dtype, o_dtype: torch.dtype, head_dim: int, mask_mode: str,
-             pos_encoding_mode: str, paged: bool) -> AttentionVariant:
+                 pos_encoding_mode: str, paged: bool) -> AttentionVariant:
+    """The compiled variant of these options (made once: plan() asks per batch)."""
     return AttentionVariant(rt.dtype_name(q_dtype), rt.dtype_name(o_dtype), head_dim, mask_mode,
                             pos_encoding_mode, paged)
 
