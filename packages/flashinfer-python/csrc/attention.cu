@@ -58,14 +58,15 @@ void run(TensorView q, TensorView k, TensorView v, TensorView o, Optional<Tensor
                                            dtype_code<DTypeQ>(), dtype_code<DTypeO>());
   const int64_t cta = rec[kCta], grid_x = rec[kGridX], cap = rec[kItemCapacity];
   check_cta(cta);
-  TVM_FFI_CHECK(Launch::tile_q(cta) > 0, ValueError)
-      << "cta " << cta << " is not in this module (head_dim " << kHeadDim << ", pos_encoding "
-      << int(kPos) << "): the Hopper kernel (3) takes head_dim 64 or 128 without in-kernel "
-      << "RoPE, eight key streams (5) head_dim <= 128";
   if (cta == kCtaSm90) {
+    TVM_FFI_CHECK(Launch::kHasSm90, ValueError)
+        << "cta 3 (the Hopper kernel) takes head_dim 64 or 128 without in-kernel RoPE; this "
+        << "module is head_dim " << kHeadDim << ", pos_encoding " << int(kPos);
     TVM_FFI_CHECK(device_has_sm90(q.device().device_id), ValueError)
         << "cta 3 (the Hopper kernel) needs a compute capability 9.0 GPU";
   }
+  TVM_FFI_CHECK(cta != 5 || Launch::kHasCta5, ValueError)
+      << "cta 5 (eight key streams) takes head_dim <= 128; this module is head_dim " << kHeadDim;
   // The FA2 kernels take the first item of CTA blockIdx.x without a bound check.
   TVM_FFI_CHECK(grid_x >= 0 && (cta == kCtaSm90 || grid_x <= cap), ValueError)
       << "params.grid_x (" << grid_x << ") must be in [0, item_capacity = " << cap << "]";
