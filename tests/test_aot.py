@@ -21,7 +21,7 @@ EXPORTS = {
     "page": ["append_paged_kv_cache", "get_batch_indices_positions"],
     "cascade": ["merge_state", "merge_state_in_place", "merge_states", "merge_states_varlen"],
 }
-ATTENTION_EXPORTS = ["run", "cta_tile_q"]
+ATTENTION_EXPORTS = ["run", "cta_tile_q", "cluster_capacity", "run_params_version"]
 # Every attention variant is one instantiation of the same source (~20 s of nvcc each): CI
 # compiles one paged and one ragged variant, the GPU run compiles all of them.
 ATTENTION_SAMPLE = ("attention_paged_bf16_obf16_d128_causal_none",
