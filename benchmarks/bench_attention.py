@@ -60,9 +60,16 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
     return Case(f"batch decode {batch} x kv {kv_len} ({tc}{note})",
                 lambda: w.run(q, cache, out=out, enable_pdl=enable_pdl), bytes_moved=kv_bytes + 2 * q.numel() * 2,
                 published_us=baseline, target=target, ceiling="read",
-                extra={"split": w._plan.kv_chunk_size, "items": w._plan.num_items,
-                       "cta": w._plan.cta},
+                extra=_plan_fields(w),
                 use_cuda_graph=use_cuda_graph, l2_flush=l2_flush)
+
+
+def _plan_fields(w) -> dict:
+    """The plan's split, items and CTA shape (none for the peer, whose wrappers differ)."""
+    plan = getattr(w, "_plan", None)
+    if not hasattr(plan, "cta"):
+        return {}
+    return {"split": plan.kv_chunk_size, "items": plan.num_items, "cta": plan.cta}
 
 
 def _causal_flops(qo, kv):
@@ -108,26 +115,38 @@ def _paged_prefill(batch, n, baseline, target):
 
 
 def _with_cta(cta, make, *args):
-    """Build a case with the scheduler's CTA shape forced (to compare shapes in one run)."""
+    """Build a case with the scheduler's CTA shape forced (to compare shapes in one run): the
+    wrappers plan with it, and a single-request call resolves its launch with it, kept apart
+    from the unforced launch of the same problem."""
     import functools
 
-    import flashinfer.prefill as prefill
+    import flashinfer.attention.runtime as rt
+    import flashinfer.attention.single as single
+    import flashinfer.attention.wrapper as wrapper
 
-    original = prefill.schedule
-    forced = functools.partial(original, cta=cta)
-    prefill.schedule = forced
+    modules = (wrapper, single)
+    originals = [m.schedule for m in modules]
+    launches = {}  # the forced single-request launches
+
+    def force(on: bool) -> None:
+        for m, original in zip(modules, originals):
+            m.schedule = functools.partial(original, cta=cta) if on else original
+
+    force(True)
     try:
         case = make(*args)
     finally:
-        prefill.schedule = original
+        force(False)
     run = case.fn
 
-    def fn():  # single prefill schedules on every call
-        prefill.schedule = forced
+    def fn():
+        force(True)
+        kept, rt.single_launches = rt.single_launches, launches
         try:
             return run()
         finally:
-            prefill.schedule = original
+            force(False)
+            rt.single_launches = kept
 
     case.fn = fn
     case.name += f" [cta {cta}]"

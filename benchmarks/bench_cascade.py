@@ -13,7 +13,7 @@ Kernel variants are compared side by side by tune_cascade.py.
 import torch
 
 import flashinfer
-from flashinfer.cascade import _merge_states_varlen
+from flashinfer.attention.merge import merge_states_varlen
 from harness import Case
 
 TARGET = "<= 70 us (FlashInfer 0.7.2: 69.2 us); ~97% of copy bandwidth"
@@ -72,7 +72,7 @@ def _varlen(counts, H, D, note):
     lse = torch.empty(rows, H, dtype=torch.float32, device="cuda")
     return Case(
         f"merge_states_varlen f32->bf16 {note}: {rows} rows x {H} heads x {D}, {parts} parts",
-        lambda: _merge_states_varlen(v, s, indptr, out=out, lse=lse),
+        lambda: merge_states_varlen(v, s, indptr, out=out, lse=lse),
         bytes_moved=parts * H * (D + 1) * 4 + rows * H * (D * 2 + 4) + indptr.numel() * 4)
 
 

@@ -23,7 +23,7 @@ EXPORTS = {
     "topk": ["top_k", "top_k_page_table_transform", "top_k_ragged_transform"],
     "sampling": ["sample", "transform", "chain_speculative"],
 }
-ATTENTION_EXPORTS = ["run", "cta_tile_q"]
+ATTENTION_EXPORTS = ["run", "cta_tile_q", "cluster_capacity", "run_params_version"]
 # Every attention variant is one instantiation of the same source (~20 s of nvcc each): CI
 # compiles one paged and one ragged variant, the GPU run compiles all of them.
 ATTENTION_SAMPLE = ("attention_paged_bf16_obf16_d128_causal_none",

@@ -341,23 +341,3 @@ def test_cuda_tensors_and_graph_capture(logging_knobs, capsys):
     torch.cuda.synchronize()
     assert torch.equal(y, x * 2)
     assert "[stats skipped: graph capture]" in capsys.readouterr().out
-
-
-def test_stacks_under_backend_requirement(logging_knobs, capsys):
-    from flashinfer.utils import backend_requirement, supported_compute_capability
-
-    logging_knobs.level = 3
-
-    @supported_compute_capability([90])
-    def _check(x, backend):
-        return True
-
-    @backend_requirement({"fa2": _check})
-    @flashinfer_api
-    def attention(x, backend="fa2"):
-        return x
-
-    assert attention.has_backend("fa2") and attention.__name__ == "attention"
-    attention(torch.ones(1), skip_check=True)  # skip_check reaches neither the log nor the op
-    out = capsys.readouterr().out
-    assert "x: Tensor(shape=(1,)" in out and "skip_check" not in out

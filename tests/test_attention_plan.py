@@ -1,4 +1,4 @@
-"""The host scheduler (flashinfer.attention_plan): pure functions, tested on the CPU."""
+"""The host scheduler (flashinfer.attention.plan): pure functions, tested on the CPU."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from flashinfer.attention_plan import COLUMNS, HEADER, choose_chunk_size, choose_cta, schedule
+from flashinfer.attention.plan import COLUMNS, HEADER, choose_chunk_size, choose_cta, schedule
 
 SMS = 132
 
@@ -274,11 +274,11 @@ def test_cluster_merge_only_for_the_chunks_of_one_query_tile():
 ])
 def test_hopper_q_through_the_tma_only_for_several_short_items_per_cta(qo_lens, tma_q):
     plan, _ = schedule(qo_lens, qo_lens, group_size=4, num_kv_heads=8, head_dim=128,
-                       num_sms=SMS, causal=True, sm90=True)
+                       num_sms=SMS, causal=True, backend="fa3")
     assert plan.cta == 3 and plan.sm90_tma_q == tma_q
     # Not a question for the FA2 shapes.
     fa2, _ = schedule(qo_lens, qo_lens, group_size=4, num_kv_heads=8, head_dim=128,
-                      num_sms=SMS, causal=True, sm90=False)
+                      num_sms=SMS, causal=True, backend="fa2")
     assert fa2.cta != 3 and not fa2.sm90_tma_q
 
 

@@ -1,5 +1,5 @@
 """flashinfer.cascade: merge_state, merge_state_in_place, merge_states, and the split-KV reduction
-(MergeStatesVarlen, through the private _merge_states_varlen binding).
+(MergeStatesVarlen, through flashinfer.attention.merge.merge_states_varlen).
 
 References are float64 from the rounded inputs. LSEs are base 2. Inputs include empty states
 (s = -inf, whose v is garbage: inf/NaN must not leak into the result), rows where every state is
@@ -18,6 +18,7 @@ import torch
 from cascade_ref import poison_empty, rand_lse, ref_merge
 
 import flashinfer
+import flashinfer.attention.merge as merge
 import flashinfer.cascade as cascade
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -48,7 +49,7 @@ def no_compile(monkeypatch):
     def refuse():
         raise RuntimeError("validation must fail before the module is built")
 
-    monkeypatch.setattr(cascade, "get_cascade_module", refuse)
+    monkeypatch.setattr(merge, "get_cascade_module", refuse)
 
 
 def test_both_import_paths():
@@ -136,7 +137,7 @@ def test_merge_states_validation(no_compile):
 
 
 def test_merge_states_varlen_validation(no_compile):
-    f = cascade._merge_states_varlen
+    f = merge.merge_states_varlen
     v, s = torch.randn(6, 3, 8), torch.randn(6, 3)
     indptr = torch.tensor([0, 2, 6], dtype=torch.int32)
     with pytest.raises(ValueError, match="CUDA"):
@@ -159,7 +160,7 @@ def test_merge_states_varlen_validation(no_compile):
 
 @pytest.mark.nvcc
 def test_module_builds():
-    mod = cascade.get_cascade_module()
+    mod = merge.get_cascade_module()
     for name in ("merge_state", "merge_state_in_place", "merge_states", "merge_states_varlen"):
         assert callable(getattr(mod, name))
 
@@ -400,7 +401,7 @@ COUNTS = [
 @pytest.mark.parametrize("H,D", [(32, 128), (3, 64), (8, 256), (5, 33), (1, 128)])
 def test_merge_states_varlen(counts, H, D, out_dtype):
     v, s, indptr = varlen_case(counts, H, D)
-    out, lse = cascade._merge_states_varlen(v, s, indptr, out_dtype=out_dtype)
+    out, lse = merge.merge_states_varlen(v, s, indptr, out_dtype=out_dtype)
     want_v, want_s = ref_varlen(v, s, indptr)
     check(out, lse, want_v, want_s)
     for r, c in enumerate(counts):
@@ -413,7 +414,7 @@ def test_merge_states_varlen_strided_out_without_lse():
     v, s, indptr = varlen_case([4, 1, 0, 9], 6, 128)
     wide = torch.full((4, 8, 128 + 8), math.nan, device="cuda", dtype=torch.bfloat16)
     out = wide[:, 1:7, 8:]
-    got, lse = cascade._merge_states_varlen(v, s, indptr, out=out, return_lse=False)
+    got, lse = merge.merge_states_varlen(v, s, indptr, out=out, return_lse=False)
     assert got is out and lse is None
     torch.testing.assert_close(out.double(), ref_varlen(v, s, indptr)[0], **TOL[out.dtype])
     assert wide[:, 0].isnan().all() and wide[:, 7].isnan().all() and wide[..., :8].isnan().all()
@@ -426,11 +427,11 @@ def test_merge_states_varlen_cuda_graph_follows_indptr():
     v, s, indptr = varlen_case([100, 30, 2], H, D)
     out = torch.empty(3, H, D, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(3, H, device="cuda")
-    cascade._merge_states_varlen(v, s, indptr, out=out, lse=lse)  # compile and warm up
+    merge.merge_states_varlen(v, s, indptr, out=out, lse=lse)  # compile and warm up
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        cascade._merge_states_varlen(v, s, indptr, out=out, lse=lse)
+        merge.merge_states_varlen(v, s, indptr, out=out, lse=lse)
     for counts in ([1, 1, 130], [0, 132, 0], [60, 60, 12]):
         indptr.copy_(torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist()))
         graph.replay()

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import flashinfer.__main__ as cli_module
+from flashinfer import aot
 from flashinfer.__main__ import cli
 from flashinfer.exceptions import NoSupportedArchError
 from flashinfer.jit import core
@@ -52,7 +53,7 @@ def fake_jit(monkeypatch):
     monkeypatch.setattr(core, "resolve_archs", lambda: ["9.0a", "10.0a"])
     monkeypatch.setattr(core, "find_nvcc", lambda: Path("/opt/cuda/bin/nvcc"))
     monkeypatch.setattr(core, "nvcc_version", lambda: "13.0")
-    monkeypatch.setattr(core, "module_status", lambda: [dict(m) for m in MODULES])
+    monkeypatch.setattr(aot, "module_status", lambda: [dict(m) for m in MODULES])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,6 +174,7 @@ def test_each_section_reports_its_own_failure(workspace, monkeypatch):
         raise ImportError("flashinfer.jit.core is broken")
 
     monkeypatch.setattr(cli_module, "_jit_core", broken)
+    monkeypatch.setattr(cli_module, "_aot", broken)  # the module registry's section
     monkeypatch.setenv("FLASHINFER_CUBIN_DIR", "")  # empty counts as unset
     result = run("show-config")
     assert result.exit_code == 0
@@ -253,7 +255,7 @@ def test_module_status_detailed(fake_jit):
 
 
 def test_module_status_nothing_matches(monkeypatch):
-    monkeypatch.setattr(core, "module_status", lambda: [])
+    monkeypatch.setattr(aot, "module_status", lambda: [])
     result = run("module-status", "--filter", "aot")
     assert result.exit_code == 0
     assert "No modules match --filter aot." in result.output
@@ -269,7 +271,7 @@ def test_module_status_failure_is_an_error_message(monkeypatch):
     def broken():
         raise RuntimeError("registry unavailable")
 
-    monkeypatch.setattr(core, "module_status", broken)
+    monkeypatch.setattr(aot, "module_status", broken)
     result = run("module-status")
     assert result.exit_code == 1
     assert "could not list modules: RuntimeError: registry unavailable" in result.output

@@ -10,7 +10,8 @@ import torch
 from attention_ref import attention_ref, make_paged
 
 import flashinfer
-from flashinfer import attention_plan, attention_runtime
+from flashinfer.attention import plan as attention_plan
+from flashinfer.attention import runtime as attention_runtime
 
 TOL = {torch.float16: dict(atol=4e-3, rtol=1e-2), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
@@ -294,9 +295,9 @@ def test_decode_graph_capacity_on_cpu(monkeypatch, batch, cta, capacity):
     """The captured grid of a CUDA-graph decode wrapper: the first plan's items (each request is
     one query tile), or what the split heuristic fills where the first plan split or leaves
     more than half of it empty."""
-    import flashinfer.prefill as prefill
+    import flashinfer.attention.wrapper as wrapper
 
-    monkeypatch.setattr(prefill, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(wrapper, "device_num_sms", lambda device: 132)
     pages = 256
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
         torch.empty(1 << 20, dtype=torch.uint8), "NHD", use_cuda_graph=True,
@@ -316,9 +317,9 @@ def test_decode_graph_metadata_keeps_its_addresses_across_plans_on_cpu(monkeypat
     """A captured run reads the plan, decode's qo_indptr (staged right after the plan) and the
     caller's buffers: re-plans with other page counts, split or not, keep all their addresses
     and leave the staged values right."""
-    import flashinfer.prefill as prefill
+    import flashinfer.attention.wrapper as wrapper
 
-    monkeypatch.setattr(prefill, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(wrapper, "device_num_sms", lambda device: 132)
     batch = 3
     bufs = dict(paged_kv_indptr_buffer=torch.empty(batch + 1, dtype=torch.int32),
                 paged_kv_indices_buffer=torch.empty(4096, dtype=torch.int32),
@@ -350,11 +351,13 @@ class _FakeModule:
 
 
 def _cpu_decode_wrapper(monkeypatch, batch=3, hkv=2):
-    import flashinfer.attention_runtime as rt
-    import flashinfer.prefill as prefill
+    import flashinfer.attention.runtime as rt
+    import flashinfer.attention.wrapper as wrapper
 
     fake = _FakeModule()
-    monkeypatch.setattr(prefill, "_num_sms", lambda device: 132)
+    # The device check comes before the module is fetched; the fake module takes CPU tensors.
+    monkeypatch.setattr(wrapper, "check_cuda_device", lambda device, name: None)
+    monkeypatch.setattr(wrapper, "device_num_sms", lambda device: 132)
     monkeypatch.setattr(rt, "get_attention_module", lambda variant: fake)
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
     pages = 4
@@ -372,8 +375,11 @@ def _cpu_decode_wrapper(monkeypatch, batch=3, hkv=2):
 
 
 def test_decode_run_resolves_its_launch_once_per_plan_on_cpu(monkeypatch):
-    """``run`` passes the module what ``plan`` decided, resolved at the plan's first run and
-    reused (an eager caller's host time per layer), and again after a re-plan."""
+    """``run`` passes the module q, k, v, o, lse and the plan's parameter record, resolved at the
+    plan's first run and reused (an eager caller's host time per layer), a copy where a call
+    changes a scale, and a new record after a re-plan."""
+    import flashinfer.attention.runtime as rt
+
     w, fake, plan, cache, q = _cpu_decode_wrapper(monkeypatch)
     out = torch.empty_like(q)
     w.run(q, cache, out=out, enable_pdl=False)
@@ -381,15 +387,27 @@ def test_decode_run_resolves_its_launch_once_per_plan_on_cpu(monkeypatch):
     w.run(q, cache, out=out, enable_pdl=False, v_scale=2.0)
     assert w._launcher is launch and len(fake.calls) == 2
     first, second = fake.calls
-    assert first[:2] == (w._plan.cta, w._plan.grid_x)
-    assert first[2] is q and first[5] is out and first[6] is None  # q, o, lse
-    assert first[7:24] == second[7:24] == launch.meta  # layout ... alibi_slopes
-    assert first[24] == pytest.approx(64 ** -0.5) and first[26] == 1.0  # sm_scale, o_scale
-    assert second[26] == 2.0 and first[-1] is False  # v_scale -> o_scale; enable_pdl
+    assert first[0] is q and first[3] is out and first[4] is None  # q, k, v, o, lse
+    assert first[5] is launch.params and second[5] is not launch.params
+
+    def field(rec, name):
+        value = int(rec[rt.RUN_PARAMS.index(name)])
+        if name in ("sm_scale", "o_scale"):
+            return torch.tensor([value], dtype=torch.int64).view(torch.float64).item()
+        return value
+
+    assert field(first[5], "version") == rt.RUN_PARAMS_VERSION
+    assert field(first[5], "length") == len(rt.RUN_PARAMS) == first[5].numel()
+    assert (field(first[5], "cta"), field(first[5], "grid_x")) == (w._plan.cta, w._plan.grid_x)
+    assert field(first[5], "plan") == w._plan_dev.data_ptr()
+    assert field(first[5], "kv_indices") == w._kv_indices.data_ptr()
+    assert field(first[5], "sm_scale") == pytest.approx(64 ** -0.5)
+    assert field(first[5], "o_scale") == 1.0 and field(second[5], "o_scale") == 2.0
+    assert field(first[5], "enable_pdl") == 0
     plan(kv_pages=1)
     assert w._launcher is None
     w.run(q, cache, out=out, enable_pdl=False)
-    assert w._launcher is not launch and fake.calls[-1][7:24] == w._launcher.meta
+    assert w._launcher is not launch and fake.calls[-1][5] is w._launcher.params
 
 
 def test_decode_run_rejects_a_cache_with_other_kv_heads_on_cpu(monkeypatch):

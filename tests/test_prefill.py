@@ -469,9 +469,9 @@ def test_every_fa2_cta_shape_on_any_batch(monkeypatch, cta, causal, split, head_
     shape 5 and says so."""
     import functools
 
-    import flashinfer.prefill as prefill
+    import flashinfer.attention.wrapper as wrapper
 
-    monkeypatch.setattr(prefill, "schedule", functools.partial(prefill.schedule, cta=cta))
+    monkeypatch.setattr(wrapper, "schedule", functools.partial(wrapper.schedule, cta=cta))
     gen = torch.Generator().manual_seed(cta * 10 + head_dim)
     dtype, hq, hkv = torch.bfloat16, 8, 2
     qo_lens, kv_lens = [1, 37, 0, 130, 5], [700, 37, 9, 1030, 5]

@@ -43,13 +43,13 @@ def test_one_version():
 
 
 def test_tuning_switches_exist():
-    """Every FLASHINFER_ATTENTION_* switch that benchmarks/tuning/tune_attention.py compiles a variant
+    """Every FLASHINFER_ATTENTION_* macro that benchmarks/tuning/tune_attention.py compiles a variant
     with is read somewhere in the attention sources (a misspelt one would build the default
     kernel under another name and compare it with itself)."""
     tune = (ROOT / "benchmarks" / "tuning" / "tune_attention.py").read_text()
     variants = tune.split("VARIANTS = {", 1)[1].split("\n}", 1)[0]
     switches = set(re.findall(r'"([A-Z0-9_]+)=[^"]*"', variants))
-    assert len(switches) > 10
+    assert len(switches) >= 5  # the parse found the list (numeric parameters and probes)
     pkg = ROOT / "packages" / "flashinfer-python"
     sources = "".join(p.read_text() for d in ("include", "csrc") for p in (pkg / d).rglob("*")
                       if p.suffix in (".cuh", ".cu", ".h"))

@@ -21,7 +21,7 @@ TILE_KB = 64  # K + V of 128 keys at head_dim 128, bf16
 
 
 def items(qo: int, kv: int, batch: int, group: int = 4, tile_q: int = 128):
-    """(visible keys, request) per item, longest first, as flashinfer/attention_plan.py orders
+    """(visible keys, request) per item, longest first, as flashinfer/attention/plan.py orders
     them for bottom-right causal prefill."""
     out = []
     for b in range(batch):

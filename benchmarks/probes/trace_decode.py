@@ -26,7 +26,7 @@ import bench_attention as ba  # noqa: E402
 import torch  # noqa: E402
 import tune_attention as ta  # noqa: E402
 
-import flashinfer.attention_runtime as rt  # noqa: E402
+import flashinfer.attention.runtime as rt  # noqa: E402
 import harness  # noqa: E402
 from flashinfer import aot, testing  # noqa: E402
 from flashinfer.jit.core import get_module  # noqa: E402
@@ -111,7 +111,7 @@ def main() -> int:
     result = {"replays": REPLAYS, "events": EVENTS, "variants": {}}
     for name in names:
         module = get_module(built[name])
-        rt.get_attention_module = lambda v, module=module: module
+        rt.set_module_source(lambda v, module=module: module)
         rows = result["variants"][name] = {}
         for batch, kv_len, split in CASES:
             label = f"{batch} x {kv_len}" + (f", chunk {split}" if split else "")

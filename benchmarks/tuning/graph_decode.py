@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, bench_*
 
 import bench_attention as ba  # noqa: E402
 
-import flashinfer.prefill as prefill  # noqa: E402
+import flashinfer.attention.wrapper as prefill  # noqa: E402  (the wrappers' schedule)
 import harness  # noqa: E402
 
 

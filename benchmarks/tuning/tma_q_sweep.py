@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import tune_attention as ta  # noqa: E402
 
 import flashinfer  # noqa: E402
-import flashinfer.attention_runtime as rt  # noqa: E402
+import flashinfer.attention.runtime as rt  # noqa: E402
 import harness  # noqa: E402
 from flashinfer import aot  # noqa: E402
 from flashinfer.jit.core import get_module  # noqa: E402
@@ -70,7 +70,7 @@ def main() -> int:
     modules = {name: {v: get_module(s) for v, s in m.items()} for name, m in built.items()}
     for round_ in range(2):
         for name in VARIANTS:
-            rt.get_attention_module = lambda v, mods=modules[name]: mods[v]
+            rt.set_module_source(lambda v, mods=modules[name]: mods[v])
             rows = harness.run_cases(cases(), ceilings, group="attention")
             for r in rows:
                 r.setdefault("extra", {}).update(variant=name, round=round_)

@@ -1,5 +1,5 @@
 """Compile variants of the attention module side by side (the FLASHINFER_ATTENTION_* macros of
-csrc/attention.cu and include/flashinfer/attention/prefill.cuh), check each against a float64
+include/flashinfer/attention/tuning.cuh, and the probes of common.cuh), check each against a float64
 reference, and time each on issue 3's headline shapes (the three decode cases and the three
 prefill ones), with the copy, read-only and matmul ceilings measured in the same run. GPU only.
 
@@ -27,26 +27,21 @@ import torch  # noqa: E402
 from attention_ref import attention_ref  # noqa: E402
 
 import flashinfer  # noqa: E402
-import flashinfer.attention_runtime as rt  # noqa: E402
+import flashinfer.attention.runtime as rt  # noqa: E402
 import harness  # noqa: E402
 from flashinfer import aot  # noqa: E402
 from flashinfer.jit.attention import AttentionVariant  # noqa: E402
 from flashinfer.jit.core import get_module  # noqa: E402
 
-# The Hopper kernel's switches (include/flashinfer/attention/prefill_sm90.cuh); "default" is
-# head-major work order with the O epilogue through shared memory, the last one is a810e42.
+# The numeric tuning parameters of include/flashinfer/attention/tuning.cuh; "default" is the
+# headers' own values. Switches between two finished designs were measured here and removed:
+# their results are in benchmarks/notes/attention-ab-switches.md.
 VARIANTS = {
     "default": (),
-    "sm90 item-major": ("SM90_HEAD_MAJOR=0",),
-    "sm90 register epilogue": ("SM90_EPILOGUE_SMEM=0",),
-    "sm90 item-major, register epilogue": ("SM90_HEAD_MAJOR=0", "SM90_EPILOGUE_SMEM=0"),
     # setmaxnreg split (producer / consumers; 88 / 208 default since 981a959): the producer
     # spills 116 / 144 bytes at 72 / 216 (D = 128 paged causal), 60 / 52 at 88 / 208.
     "sm90 regs 72/216": ("SM90_PRODUCER_REGS=72", "SM90_CONSUMER_REGS=216"),
-    # FlashAttention-3's ping-pong between the consumer warpgroups (off: no gain measured while
-    # the paged producer was the bottleneck, before f78cd90).
-    "sm90 pingpong": ("SM90_PINGPONG=1",),
-    "sm90 no Q prefetch": ("SM90_PREFETCH_Q=0",),
+    # The two sides of the plan's TMA-Q threshold (benchmarks/tuning/tma_q_sweep.py).
     "sm90 Q by cp.async": ("SM90_TMA_Q=0",),
     "sm90 Q by TMA always": ("SM90_TMA_Q=2",),
     # FA2 prefill shapes (cta 1, 2): K/V tiles in flight per stream (default 3).
@@ -70,20 +65,6 @@ VARIANTS = {
     "cta0 3 streams": ("CTA0_WARPS_KV=3",),
     "cta0 8 streams": ("CTA0_WARPS_KV=8",),
     "cta0 8 streams, stages 3": ("CTA0_WARPS_KV=8", "CTA0_STAGES=3"),
-    # FA2 kernels: split-KV merge in the kernel (default since 46861cd) or by the merge kernel.
-    # (Loading the first item's plan entries after num_items, the PREFETCH_ITEM=0 switch until
-    # 1349704, measured 1.5 us slower on decode: benchmarks/NOTES.md.)
-    "merge kernel": ("FUSED_MERGE=0",),
-    # The in-kernel merge's count: a fence by every thread around a relaxed atomic (until this
-    # variant) instead of one acq_rel atomic by thread 0.
-    "merge sc fences": ("MERGE_ACQ_REL=0",),
-    # Batch-1 split decode merged by the counted last CTA instead of within a cluster.
-    "no cluster merge": ("CLUSTER_MERGE=0",),
-    # The plan's first loads after griddepcontrol.wait (until this variant), not before it.
-    "plan after pdl wait": ("PLAN_BEFORE_PDL_WAIT=0",),
-    # FA2 grid: item-major over the linear CTA index (default since this variant) or
-    # (blockIdx.x = item, blockIdx.y = KV head).
-    "head-major grid": ("ITEM_MAJOR_GRID=0",),
     # Timing probes (include/flashinfer/attention/common.cuh): wrong outputs, so their check
     # fails and their cases run anyway. What the math and the split-KV merge cost a decode.
     "probe: no compute": ("PROBE_NO_COMPUTE=1",),
@@ -234,7 +215,7 @@ def main() -> int:
     for i, name in enumerate(names):
         label = name if name not in names[:i] else f"{name} (repeat {names[:i].count(name)})"
         mods = {v: get_module(s) for v, s in built[name].items()}
-        rt.get_attention_module = lambda v, mods=mods: mods[v]
+        rt.set_module_source(lambda v, mods=mods: mods[v])
         entry = {"flags": VARIANTS[name], "check": check(label)}
         if entry["check"]["ok"] or name.startswith("probe:"):
             print(f"== {label}", flush=True)

@@ -1,10 +1,11 @@
-// Argument checks and AttentionParams filling shared by the attention bindings (attention.cu,
-// decode.cu). Every user-facing problem raises ValueError / TypeError naming the argument, what
-// was expected and what was received.
+// Argument checks and AttentionParams filling of the attention binding (attention.cu): the
+// tensors of a call, and the run-time parameter record. Every user-facing problem raises
+// ValueError / TypeError naming the argument, what was expected and what was received.
 #pragma once
 #include <flashinfer/attention/params.cuh>
 
 #include <cmath>
+#include <cstring>
 
 #include "tvm_ffi_utils.h"
 
@@ -133,105 +134,124 @@ inline void fill_tensor_params(AttentionParams& p, const TensorView& q, const Te
   p.group_size = p.num_qo_heads / p.num_kv_heads;
 }
 
-inline void check_int32_vector(const TensorView& t, const char* name, const TensorView& q) {
-  check_same_device(q, "q", t, name);
-  check_ndim(t, name, 1);
-  check_contiguous(t, name);
-  TVM_FFI_CHECK(is_dtype(t.dtype(), kDLInt, 32), TypeError)
-      << name << " must be int32, got " << dtype_name(t.dtype());
-}
+/// The run-time parameter record: one int64 host tensor, device addresses as integers and
+/// floats as their float64 bits. Its layout is stated here and in flashinfer/attention/runtime.py
+/// (RUN_PARAMS, the same names in snake case); the version and the length are checked on every
+/// call, and tests/test_attention_layout.py holds the two lists together.
+enum RunParam : int {
+  kVersion,
+  kLength,
+  kDeviceId,
+  kCta,
+  kGridX,
+  kKvLayout,
+  kQoIndptr,
+  kKvIndptr,
+  kKvIndices,
+  kKvLastPageLen,
+  kPlan,
+  kItemCapacity,
+  kSplitKv,
+  kClusterMerge,
+  kSm90TmaQ,
+  kOPart,
+  kLsePart,
+  kNumRows,
+  kMergeCounters,
+  kCustomMask,
+  kMaskIndptr,
+  kAlibiSlopes,
+  kSmScale,
+  kLogitsSoftCap,
+  kOScale,
+  kRopeScale,
+  kRopeTheta,
+  kWindowLeft,
+  kEnablePdl,
+  kNumRunParams
+};
+inline constexpr int64_t kRunParamsVersion = 1;
 
-inline void fill_batch_params(AttentionParams& p, const TensorView& q,
-                              const TensorView& qo_indptr, const TensorView& kv_indptr,
-                              const Optional<TensorView>& kv_indices,
-                              const Optional<TensorView>& kv_last_page_len, bool paged) {
-  check_int32_vector(qo_indptr, "qo_indptr", q);
-  check_int32_vector(kv_indptr, "kv_indptr", q);
-  check_size(kv_indptr, "kv_indptr", 0, qo_indptr.size(0));
-  p.qo_indptr = data_ptr<int32_t>(qo_indptr);
-  p.kv_indptr = data_ptr<int32_t>(kv_indptr);
-  if (paged) {
-    TVM_FFI_CHECK(kv_indices.has_value() && kv_last_page_len.has_value(), ValueError)
-        << "a paged KV cache needs kv_indices and kv_last_page_len";
-    check_int32_vector(*kv_indices, "kv_indices", q);
-    check_int32_vector(*kv_last_page_len, "kv_last_page_len", q);
-    check_size(*kv_last_page_len, "kv_last_page_len", 0, qo_indptr.size(0) - 1);
-    p.kv_indices = data_ptr<int32_t>(*kv_indices);
-    p.kv_last_page_len = data_ptr<int32_t>(*kv_last_page_len);
+/// Read access to a checked record.
+struct RunRecord {
+  const int64_t* r;
+  int64_t operator[](RunParam k) const { return r[k]; }
+  double real(RunParam k) const {
+    double d;
+    std::memcpy(&d, &r[k], sizeof(d));
+    return d;
   }
+  template <typename T>
+  T* ptr(RunParam k) const {
+    return reinterpret_cast<T*>(static_cast<uintptr_t>(r[k]));
+  }
+};
+
+/// `params` is a record of this layout's version and length, for q's device.
+inline RunRecord check_run_params(const TensorView& params, const TensorView& q) {
+  TVM_FFI_CHECK(params.device().device_type == kDLCPU, ValueError)
+      << "params must be a host (CPU) tensor, got device type " << params.device().device_type;
+  check_ndim(params, "params", 1);
+  check_contiguous(params, "params");
+  TVM_FFI_CHECK(is_dtype(params.dtype(), kDLInt, 64), TypeError)
+      << "params must be int64, got " << dtype_name(params.dtype());
+  TVM_FFI_CHECK(params.size(0) == kNumRunParams, ValueError)
+      << "params must hold " << int(kNumRunParams) << " entries (version " << kRunParamsVersion
+      << "), got " << params.size(0);
+  const RunRecord rec{data_ptr<int64_t>(params)};
+  TVM_FFI_CHECK(rec[kVersion] == kRunParamsVersion && rec[kLength] == kNumRunParams, ValueError)
+      << "params is a record of version " << rec[kVersion] << " and length " << rec[kLength]
+      << "; this module takes version " << kRunParamsVersion << ", length " << int(kNumRunParams);
+  TVM_FFI_CHECK(rec[kDeviceId] == q.device().device_id, ValueError)
+      << "params were made for device " << rec[kDeviceId] << ", q is on device "
+      << q.device().device_id;
+  return rec;
 }
 
-/// The plan buffer (int32, on the device): [num_items, kv_chunk_size, 0, 0,
-/// request_idx[cap], qo_tile_idx[cap], kv_chunk_idx[cap], merge_indptr[rows + 1]].
-inline void fill_plan_params(AttentionParams& p, const TensorView& q, const TensorView& plan,
-                             int64_t item_capacity, bool split_kv,
-                             const Optional<TensorView>& o_part,
-                             const Optional<TensorView>& lse_part, int64_t num_rows,
-                             int64_t head_dim) {
-  check_int32_vector(plan, "plan", q);
-  TVM_FFI_CHECK(item_capacity > 0 && plan.size(0) >= 4 + 8 * item_capacity, ValueError)
-      << "plan must hold 4 + 8 * item_capacity (" << item_capacity << ") ints, got "
-      << plan.size(0);
-  const int32_t* base = data_ptr<int32_t>(plan);
+/// The plan and batch metadata of a record (device addresses that plan() checked and keeps
+/// alive): the plan buffer (int32 on the device) is [num_items, kv_chunk_size, 0, 0,
+/// request_idx[cap], qo_tile_idx[cap], kv_chunk_idx[cap], merge_slot[cap], qo_begin[cap],
+/// qo_len[cap], kv_begin[cap], kv_len[cap], merge_indptr[rows + 1] (split KV)].
+inline void fill_record_params(AttentionParams& p, const RunRecord& rec, bool paged) {
+  auto need = [&](RunParam k, const char* name) {
+    TVM_FFI_CHECK(rec[k] != 0, ValueError) << "params." << name << " is missing";
+  };
+  need(kQoIndptr, "qo_indptr");
+  need(kKvIndptr, "kv_indptr");
+  need(kPlan, "plan");
+  p.qo_indptr = rec.ptr<const int32_t>(kQoIndptr);
+  p.kv_indptr = rec.ptr<const int32_t>(kKvIndptr);
+  if (paged) {
+    need(kKvIndices, "kv_indices");
+    need(kKvLastPageLen, "kv_last_page_len");
+    p.kv_indices = rec.ptr<const int32_t>(kKvIndices);
+    p.kv_last_page_len = rec.ptr<const int32_t>(kKvLastPageLen);
+  }
+  const int64_t cap = rec[kItemCapacity];
+  TVM_FFI_CHECK(cap > 0, ValueError) << "params.item_capacity must be positive, got " << cap;
+  const int32_t* base = rec.ptr<const int32_t>(kPlan);
   p.num_items = base;
   p.kv_chunk_size = base + 1;
   p.request_idx = base + 4;
-  p.qo_tile_idx = base + 4 + item_capacity;
-  p.kv_chunk_idx = base + 4 + 2 * item_capacity;
-  p.merge_slot = base + 4 + 3 * item_capacity;
-  p.item_qo_begin = base + 4 + 4 * item_capacity;
-  p.item_qo_len = base + 4 + 5 * item_capacity;
-  p.item_kv_begin = base + 4 + 6 * item_capacity;
-  p.item_kv_len = base + 4 + 7 * item_capacity;
-  p.split_kv = split_kv;
-  if (split_kv) {
-    TVM_FFI_CHECK(plan.size(0) >= 4 + 8 * item_capacity + num_rows + 1, ValueError)
-        << "a split-KV plan must hold merge_indptr of " << num_rows + 1 << " ints";
-    TVM_FFI_CHECK(o_part.has_value() && lse_part.has_value(), ValueError)
-        << "a split-KV plan needs o_part and lse_part";
-    for (const TensorView* t : {&*o_part, &*lse_part}) {
-      check_same_device(q, "q", *t, "o_part");
-      check_contiguous(*t, "o_part");
-      TVM_FFI_CHECK(is_dtype(t->dtype(), kDLFloat, 32), TypeError)
-          << "o_part and lse_part must be float32, got " << dtype_name(t->dtype());
-    }
-    TVM_FFI_CHECK(o_part.value().numel() >= lse_part.value().numel() * head_dim, ValueError)
-        << "o_part must hold head_dim floats per lse_part entry";
-    p.merge_indptr = base + 4 + 8 * item_capacity;
-    p.o_part = data_ptr<float>(*o_part);
-    p.lse_part = data_ptr<float>(*lse_part);
+  p.qo_tile_idx = base + 4 + cap;
+  p.kv_chunk_idx = base + 4 + 2 * cap;
+  p.merge_slot = base + 4 + 3 * cap;
+  p.item_qo_begin = base + 4 + 4 * cap;
+  p.item_qo_len = base + 4 + 5 * cap;
+  p.item_kv_begin = base + 4 + 6 * cap;
+  p.item_kv_len = base + 4 + 7 * cap;
+  p.split_kv = rec[kSplitKv] != 0;
+  if (p.split_kv) {
+    need(kOPart, "o_part");
+    need(kLsePart, "lse_part");
+    p.merge_indptr = base + 4 + 8 * cap;
+    p.o_part = rec.ptr<float>(kOPart);
+    p.lse_part = rec.ptr<float>(kLsePart);
+    p.merge_counters = rec.ptr<int32_t>(kMergeCounters);  // null: the merge kernel merges
   }
-}
-
-/// The split-KV merge counters (int32, item_capacity x num_kv_heads, all 0): with them the
-/// kernel merges its own partial states (merge_if_last) and no merge kernel is launched.
-inline void fill_merge_counters(AttentionParams& p, const TensorView& q,
-                                const TensorView& counters, int64_t item_capacity) {
-  check_int32_vector(counters, "merge_counters", q);
-  TVM_FFI_CHECK(counters.size(0) >= item_capacity * p.num_kv_heads, ValueError)
-      << "merge_counters must hold item_capacity x num_kv_heads (" << item_capacity << " x "
-      << p.num_kv_heads << ") ints, got " << counters.size(0);
-  p.merge_counters = data_ptr<int32_t>(counters);
-}
-
-inline void fill_mask_params(AttentionParams& p, const TensorView& q,
-                             const TensorView& custom_mask, const TensorView& mask_indptr) {
-  check_same_device(q, "q", custom_mask, "custom_mask");
-  check_ndim(custom_mask, "custom_mask", 1);
-  TVM_FFI_CHECK(is_dtype(custom_mask.dtype(), kDLUInt, 8), TypeError)
-      << "custom_mask must be the packed uint8 mask, got " << dtype_name(custom_mask.dtype());
-  check_int32_vector(mask_indptr, "mask_indptr", q);
-  p.custom_mask = data_ptr<uint8_t>(custom_mask);
-  p.mask_indptr = data_ptr<int32_t>(mask_indptr);
-}
-
-inline void fill_alibi_params(AttentionParams& p, const TensorView& q, const TensorView& slopes) {
-  check_same_device(q, "q", slopes, "alibi_slopes");
-  check_ndim(slopes, "alibi_slopes", 1);
-  check_size(slopes, "alibi_slopes", 0, q.size(1));
-  TVM_FFI_CHECK(is_dtype(slopes.dtype(), kDLFloat, 32), TypeError)
-      << "alibi_slopes must be float32, got " << dtype_name(slopes.dtype());
-  p.alibi_slopes = data_ptr<float>(slopes);
+  p.custom_mask = rec.ptr<const uint8_t>(kCustomMask);
+  p.mask_indptr = rec.ptr<const int32_t>(kMaskIndptr);
+  p.alibi_slopes = rec.ptr<const float>(kAlibiSlopes);
 }
 
 inline void fill_scalar_params(AttentionParams& p, double sm_scale, double logits_soft_cap,

@@ -66,7 +66,7 @@ _SUBMODULES = {
     "aot",
     "api_logging",
     "artifacts",
-    "attention_plan",
+    "attention",
     "cascade",
     "decode",
     "exceptions",

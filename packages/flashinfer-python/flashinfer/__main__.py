@@ -39,6 +39,13 @@ def _jit_core():
     return core
 
 
+def _aot():
+    """flashinfer.aot (the registered modules), imported on first use."""
+    from . import aot
+
+    return aot
+
+
 def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
@@ -163,14 +170,14 @@ def _module_rows() -> Tuple[List[dict], List[str]]:
         archs = " ".join(wheel.arch_list)
         with knobs.jit.scope():
             knobs.jit.cuda_arch_list = archs
-            rows = core.module_status()
+            rows = _aot().module_status()
         notes.append(
             "no CUDA GPU is visible and FLASHINFER_CUDA_ARCH_LIST is unset: status for the archs "
             f"of the installed flashinfer-jit-cache {wheel.version} ({archs}); set "
             "FLASHINFER_CUDA_ARCH_LIST for others"
         )
     else:
-        rows = core.module_status()
+        rows = _aot().module_status()
         if no_arch:
             wheel_state = ("flashinfer-jit-cache is not installed" if wheel is None else
                            "the installed flashinfer-jit-cache is not used: " + wheel.problem)

@@ -32,8 +32,12 @@ def check_tensor(x: object, name: str) -> None:
 
 
 def check_cuda(x: torch.Tensor, name: str) -> None:
-    if x.device.type != "cuda":
-        raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {x.device}")
+    check_cuda_device(x.device, name)
+
+
+def check_cuda_device(device: torch.device, name: str) -> None:
+    if device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {device}")
 
 
 def check_same_device(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str) -> None:
@@ -128,9 +132,14 @@ class ModuleFunctions:
         return fn
 
 
-def check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(
-            f"backend must be 'auto' (the JIT-compiled module) or 'cubin' (the verified kernel "
-            f"binary of the pinned artifact release), got {backend!r}"
-        )
+def check_backend(backend: str, allowed: Sequence[str] = BACKENDS) -> str:
+    """``backend`` if it is one of ``allowed`` (the op's vocabulary: :data:`BACKENDS` for the
+    ops that cubins serve, ``flashinfer.attention.runtime.BACKENDS`` for attention)."""
+    if backend not in allowed:
+        names = {"auto": "'auto' (the JIT-compiled module)",
+                 "cubin": "'cubin' (the verified kernel binary of the pinned artifact release)"}
+        raise ValueError(f"backend must be "
+                         f"{' or '.join(names.get(b, repr(b)) for b in allowed)}, got {backend!r}")
+    return backend
+
+

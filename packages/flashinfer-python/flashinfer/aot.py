@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Optional, Sequence
 
 from .jit.archs import parse_arch_list
-from .jit.core import JitSpec, get_module
+from .jit.core import JitSpec, get_module, spec_status
 
 
 def custom_mask_variants() -> list:
@@ -101,6 +101,9 @@ def missing_module_message(spec: JitSpec, uri: str, archs: Sequence[Any]) -> str
                  f"\"{targets}\" and flashinfer {__version__}) and copy "
                  "$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/ to this machine's")
     return "\n".join(lines)
+def module_status() -> list[dict]:
+    """Every registered module, with where it would come from (:func:`~flashinfer.jit.core.spec_status`)."""
+    return [spec_status(spec) for spec in registered_specs()]
 
 
 def _minutes(s: float) -> str:

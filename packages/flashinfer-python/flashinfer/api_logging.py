@@ -55,10 +55,9 @@ def flashinfer_api(func: Optional[F] = None, *, trace: Any = None) -> F:
     """Log calls of a public API at ``FLASHINFER_LOGLEVEL`` >= 1; identity at level 0.
 
     Works on functions and methods (the logged name is the ``__qualname__``, e.g.
-    ``BatchDecodeWithPagedKVCacheWrapper.run``). Combined with
-    :func:`flashinfer.utils.backend_requirement`, put this decorator below it.
-    ``@flashinfer_api(trace=template)`` gives the op its :class:`~flashinfer.fi_trace.TraceTemplate`
-    (default: the one named after the op in :mod:`flashinfer.trace_templates`).
+    ``BatchDecodeWithPagedKVCacheWrapper.run``). ``@flashinfer_api(trace=template)`` gives the op
+    its :class:`~flashinfer.fi_trace.TraceTemplate` (default: the one named after the op in
+    :mod:`flashinfer.trace_templates`).
     """
     if func is None:  # @flashinfer_api(trace=...)
         return functools.partial(flashinfer_api, trace=trace)  # type: ignore[return-value]

@@ -23,10 +23,6 @@ class KnobError(FlashInferError, ValueError):
         super().__init__(f"{name} must be {expected}, got {value!r}")
 
 
-class BackendSupportedError(FlashInferError, ValueError):
-    """The requested backend or the device's compute capability is not supported by an op."""
-
-
 class JitError(FlashInferError, RuntimeError):
     """A module could not be provided by the JIT (base class)."""
 

@@ -461,3 +461,7 @@ def append_paged_kv_cache(
         k_cache, v_cache, append_key, append_value, batch_indices, positions, kv_indices,
         kv_indptr, kv_last_page_len, layout, resolve_pdl(None, append_key.device),
     )
+
+
+#: The public name of the paged-cache unpacking the attention wrappers share.
+unpack_paged_kv_cache = _unpack_paged_kv_cache

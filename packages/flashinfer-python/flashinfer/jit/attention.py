@@ -69,7 +69,9 @@ class AttentionVariant:
     @property
     def has_sm90(self) -> bool:
         """Whether the module holds the Hopper kernel (CTA shape 3): head_dim 64 or 128, no
-        in-kernel RoPE (mirrors ``kHasSm90`` in csrc/attention.cu)."""
+        in-kernel RoPE: ``kHasSm90`` of include/flashinfer/attention/launch.cuh, which a compiled
+        module answers through ``cta_tile_q(3)`` (tests/test_package_layout.py holds the two
+        together)."""
         return self.head_dim in (64, 128) and self.pos_encoding != "ROPE_LLAMA"
 
     def spec(self) -> JitSpec:

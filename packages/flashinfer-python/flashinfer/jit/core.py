@@ -713,24 +713,21 @@ def nvcc_version() -> Optional[str]:
     return toolchain.nvcc_version()
 
 
-def module_status() -> list[dict]:
-    """Every module registered in :mod:`flashinfer.aot`, with where it would come from."""
-    from ..aot import registered_specs
-
-    rows = []
-    for spec in registered_specs():
-        try:
-            plan = plan_build(spec)
-        except Exception as e:  # noqa: BLE001 - status must describe, not raise
-            rows.append({"name": spec.name, "uri": None, "status": "not-compiled",
-                         "path": None, "error": str(e)})
-            continue
-        aot = _aot_module(spec, plan.archs)
-        if aot is not None:
-            status, path = "aot", str(aot.path)
-        elif plan.so_path.is_file():
-            status, path = "compiled", str(plan.so_path)
-        else:
-            status, path = "not-compiled", None
-        rows.append({"name": spec.name, "uri": plan.uri, "status": status, "path": path})
-    return rows
+def spec_status(spec: JitSpec) -> dict:
+    """Where ``spec``'s module would come from: ``{"name", "uri", "status", "path"}`` with status
+    "aot" (the installed flashinfer-jit-cache), "compiled" (the JIT cache on disk) or
+    "not-compiled" (and "error" where the spec cannot be planned). :func:`flashinfer.aot.module_status`
+    lists it for every registered module."""
+    try:
+        plan = plan_build(spec)
+    except Exception as e:  # noqa: BLE001 - status must describe, not raise
+        return {"name": spec.name, "uri": None, "status": "not-compiled", "path": None,
+                "error": str(e)}
+    aot = _aot_module(spec, plan.archs)
+    if aot is not None:
+        status, path = "aot", str(aot.path)
+    elif plan.so_path.is_file():
+        status, path = "compiled", str(plan.so_path)
+    else:
+        status, path = "not-compiled", None
+    return {"name": spec.name, "uri": plan.uri, "status": status, "path": path}

@@ -14,7 +14,7 @@
 #include "mma.cuh"
 #include "params.cuh"
 
-// Timing probes for benchmarks/tune_attention.py (wrong outputs; never set in a build that is
+// Timing probes for benchmarks/tuning/tune_attention.py (wrong outputs; never set in a build that is
 // used): PROBE_NO_COMPUTE keeps the FA2 main loop's K/V loads and waits but not its math;
 // PROBE_NO_MERGE skips the in-kernel split-KV merge (partial states are written, not merged).
 #ifndef FLASHINFER_ATTENTION_PROBE_NO_COMPUTE
@@ -25,15 +25,9 @@
 #endif
 // PROBE_TRACE (a timing probe with correct outputs): thread 0 of each FA2 CTA stamps
 // %globaltimer at the points of TraceEvent into attention_trace[CTA], which the module's
-// trace_copy reads back (benchmarks/trace_decode.py).
+// trace_copy reads back (benchmarks/probes/trace_decode.py).
 #ifndef FLASHINFER_ATTENTION_PROBE_TRACE
 #define FLASHINFER_ATTENTION_PROBE_TRACE 0
-#endif
-// The in-kernel split-KV merge's count: 1 = one acq_rel atomic by thread 0 after the CTA's
-// barrier (the release is cumulative over the CTA's partial-state stores, the acquire covers
-// the last CTA's reads of the others'); 0 = a __threadfence by every thread on both sides.
-#ifndef FLASHINFER_ATTENTION_MERGE_ACQ_REL
-#define FLASHINFER_ATTENTION_MERGE_ACQ_REL 1
 #endif
 
 namespace flashinfer {
@@ -426,7 +420,8 @@ __device__ __forceinline__ void merge_if_last(const AttentionParams& p, const It
   const int n = item_chunks(p, r);
   if (n <= 1) return;  // CTA-uniform, like the tests above
   int* counter = p.merge_counters + int64_t(r.slot) * p.num_kv_heads + kv_head;
-#if FLASHINFER_ATTENTION_MERGE_ACQ_REL
+  // One acq_rel atomic by thread 0 after the CTA's barrier: the release is cumulative over the
+  // CTA's partial-state stores, the acquire covers the last CTA's reads of the others'.
   __syncthreads();  // every thread's partial-state stores come before thread 0's release
   if (threadIdx.x == 0) {
     int old;
@@ -439,14 +434,6 @@ __device__ __forceinline__ void merge_if_last(const AttentionParams& p, const It
   __syncthreads();  // and the others' reads below come after its acquire
   trace(kTraceCounted);
   if (!*flag) return;
-#else
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) *flag = atomicAdd(counter, 1) == n - 1;
-  __syncthreads();
-  if (!*flag) return;
-  __threadfence();
-#endif
 
   const int rows = min(tile_q, r.packed_len - r.row_begin);
   for (int idx = threadIdx.x; idx < rows * (D / 4); idx += kThreads) {

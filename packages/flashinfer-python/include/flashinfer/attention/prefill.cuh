@@ -32,28 +32,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "params.cuh"
-
-// Tiles in flight per key stream of the FA2 prefill shapes (head_dim <= 128); the decode shape
-// takes its own (FLASHINFER_ATTENTION_CTA0_STAGES, csrc/attention.cu).
-#ifndef FLASHINFER_ATTENTION_STAGES
-#define FLASHINFER_ATTENTION_STAGES 3
-#endif
-// Split-KV partial states merged by the kernel itself (merge_if_last; 0: by the merge kernel).
-// A switch for benchmarks/tune_attention.py.
-#ifndef FLASHINFER_ATTENTION_FUSED_MERGE
-#define FLASHINFER_ATTENTION_FUSED_MERGE 1
-#endif
-// The plan's first loads before griddepcontrol.wait (1) or after it (0). H100, two rounds each:
-// 1 x 32768 53.8 / 54.1 vs 54.5 / 54.5 us, after an RMSNorm (PDL) 58.5 / 58.7 vs 59.2 / 58.9;
-// 64 x 4096 347.8 / 348.6 vs 347.5 / 347.7 (benchmarks/NOTES.md).
-#ifndef FLASHINFER_ATTENTION_PLAN_BEFORE_PDL_WAIT
-#define FLASHINFER_ATTENTION_PLAN_BEFORE_PDL_WAIT 1
-#endif
-// Which (item, KV head) a CTA takes first: 1 = item-major over the linear CTA index (the KV
-// heads of one item adjacent), 0 = (blockIdx.x, blockIdx.y).
-#ifndef FLASHINFER_ATTENTION_ITEM_MAJOR_GRID
-#define FLASHINFER_ATTENTION_ITEM_MAJOR_GRID 1
-#endif
+#include "tuning.cuh"
 
 namespace flashinfer {
 namespace attn {
@@ -459,17 +438,11 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     }
   }
   trace(kTraceWritten);
-#if FLASHINFER_ATTENTION_FUSED_MERGE
-  // The flag takes the first word of the Q tile, unread since the main loop.
+  // Split-KV partial states are merged by the last of the request's CTAs to finish (with
+  // merge_counters; otherwise by the merge kernel). The flag takes the first word of the Q
+  // tile, unread since the main loop.
   merge_if_last<TO, D, KT::kThreads>(p, rng, kv_head, kTileQ, reinterpret_cast<int*>(smem));
-#endif
 }
-
-// CTAs per SM the decode shape (one warp of rows) is compiled for: its registers (~220 per
-// thread at head_dim 128) otherwise allow two of its 128-thread CTAs per SM.
-#ifndef FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS
-#define FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS 1
-#endif
 
 template <class KT>
 __global__ void __launch_bounds__(KT::kThreads,
@@ -477,9 +450,6 @@ __global__ void __launch_bounds__(KT::kThreads,
     attention_kernel(const __grid_constant__ AttentionParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   trace(kTraceEntry);
-#if !FLASHINFER_ATTENTION_PLAN_BEFORE_PDL_WAIT
-  pdl_wait();
-#endif
   const int num_items = *p.num_items;
   // CTA L = blockIdx.y * gridDim.x + blockIdx.x takes item L / H of KV head L % H (then items
   // + gridDim.x of that head): the KV heads of one item run side by side and read neighbouring
@@ -487,19 +457,16 @@ __global__ void __launch_bounds__(KT::kThreads,
   // on the H100; benchmarks/NOTES.md).
   // A cluster merge needs the CTAs of one KV head side by side: (blockIdx.x, blockIdx.y).
   const uint32_t linear = blockIdx.y * gridDim.x + blockIdx.x;
-  const bool item_major =
-      FLASHINFER_ATTENTION_ITEM_MAJOR_GRID && !(KT::kClusterMerge && p.cluster_merge);
+  const bool item_major = !(KT::kClusterMerge && p.cluster_merge);
   const int first = item_major ? int(linear / uint32_t(p.num_kv_heads)) : int(blockIdx.x);
   const uint32_t kv_head = item_major ? linear % uint32_t(p.num_kv_heads) : blockIdx.y;
   // The first item's plan entries are loaded together with num_items, not after it: each is a
   // dependent load ahead of the first K/V bytes (first < gridDim.x <= the item capacity).
   ItemIds ids = load_item_ids(p, first);
-#if FLASHINFER_ATTENTION_PLAN_BEFORE_PDL_WAIT
   // Only plan()'s host copy writes the plan, never a kernel (a copy ends before the next kernel
   // starts): its loads go out before the PDL wait, behind the previous kernel's tail. q, the
   // page ids and the cache may come from that kernel: they are read after.
   pdl_wait();
-#endif
   for (int item = first; item < num_items; item += gridDim.x) {
     attention_item<KT>(p, ids, kv_head, smem);
     if (item + int(gridDim.x) < num_items) ids = load_item_ids(p, item + gridDim.x);

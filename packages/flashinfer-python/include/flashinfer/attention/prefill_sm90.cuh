@@ -32,68 +32,29 @@
 #include "common.cuh"
 #include "params.cuh"
 #include "sm90.cuh"
+#include "tuning.cuh"
 
 
-// Ping-pong (FlashAttention-3): the two consumer warpgroups take turns issuing their MMAs, so
-// one's softmax runs while the other's MMAs use the tensor cores. Off: on the H100 it measured
-// no faster for causal prefill at 16384 and 16 x 1024 and 11% slower at 8 x 2048 paged
-// (benchmarks/results/*-tune-attention-sm90.json); kept as a tuning switch.
-#ifndef FLASHINFER_ATTENTION_SM90_PINGPONG
-#define FLASHINFER_ATTENTION_SM90_PINGPONG 0
-#endif
-
-// Work order of the persistent grid. Head-major (1): w = kv_head * num_items + item, so the CTAs
+// Work order of the persistent grid: head-major, w = kv_head * num_items + item, so the CTAs
 // running at one time share a KV head and read each request's K/V together (8-16 CTAs per
-// stream on 16 x 1024 ragged / 8 x 2048 paged prefill), and the L2 serves it. Item-major (0):
-// w = item * num_kv_heads + kv_head, the order up to a810e42: the CTAs running at one time
-// cover one query tile of every request and head, and each K/V stream comes back only after
-// the whole wave's K/V (up to 64 MB) has passed through the L2 (benchmarks/sm90_l2_model.py).
-#ifndef FLASHINFER_ATTENTION_SM90_HEAD_MAJOR
-#define FLASHINFER_ATTENTION_SM90_HEAD_MAJOR 1
-#endif
-
-// Epilogue. 1: each warp writes its 16 output rows (normalized, in the output dtype) into its
-// own rows of the item's Q buffer, which no MMA reads any more, and then stores whole rows with
-// 16-byte coalesced stores (8 rows x 16 bytes per 4-byte store instruction otherwise). 0: the
-// 4-byte stores straight from the accumulators (a810e42). Split-KV partials (float32) always
-// take the register path: they are twice the Q buffer's size.
-// Registers per thread after setmaxnreg: the producer warpgroup gives up what the two consumer
-// warpgroups take, within the CTA's 384 x 168 = 64512 (72 / 216 and 88 / 208 use all of it;
-// 80 / 216 would need 65536 and hangs: measured, 3b134a7). 88 / 208: the producer's spills
-// drop from 116 to 60 bytes (D = 128 paged), paged prefill 8 x 2048 906 -> 864 us, ragged
-// 16 x 1024 432 -> 421 (981a959, benchmarks/NOTES.md).
-#ifndef FLASHINFER_ATTENTION_SM90_PRODUCER_REGS
-#define FLASHINFER_ATTENTION_SM90_PRODUCER_REGS 88
-#endif
-#ifndef FLASHINFER_ATTENTION_SM90_CONSUMER_REGS
-#define FLASHINFER_ATTENTION_SM90_CONSUMER_REGS 208
-#endif
-// Prefetch of the next item's Q rows into the L2 while the current item runs (1; 0: none).
-#ifndef FLASHINFER_ATTENTION_SM90_PREFETCH_Q
-#define FLASHINFER_ATTENTION_SM90_PREFETCH_Q 1
-#endif
-#ifndef FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM
-#define FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM 1
-#endif
+// stream on 16 x 1024 ragged / 8 x 2048 paged prefill), and the L2 serves it
+// (benchmarks/probes/sm90_l2_model.py). The epilogue stages each warp's 16 output rows in its rows of
+// the item's Q buffer and stores whole rows with 16-byte coalesced stores. The measurements
+// that chose both, and ping-pong between the consumer warpgroups (measured slower), are in
+// benchmarks/notes/attention-ab-switches.md.
 
 namespace flashinfer {
 namespace attn {
 
-/// Work unit w of the persistent grid: (item, KV head), in the order
-/// FLASHINFER_ATTENTION_SM90_HEAD_MAJOR chooses.
+/// Work unit w of the persistent grid: (item, KV head), head-major (above).
 struct WorkUnit {
   int item;
   uint32_t kv_head;
 };
 
 __device__ __forceinline__ WorkUnit work_unit(const AttentionParams& p, int num_items, int w) {
-#if FLASHINFER_ATTENTION_SM90_HEAD_MAJOR
   (void)p;
   return {w % num_items, uint32_t(w / num_items)};
-#else
-  (void)num_items;
-  return {w / p.num_kv_heads, uint32_t(w % p.num_kv_heads)};
-#endif
 }
 
 /// One work item as the producer hands it to the consumers.
@@ -129,7 +90,7 @@ struct Sm90Traits {
   static constexpr bool kPaged = PAGED_;
   static constexpr int kTileQ = 128;  // two consumer warpgroups x 64 rows
   static constexpr int kTileKV = 128;
-#ifdef FLASHINFER_ATTENTION_SM90_STAGES  // tuning override (benchmarks/tune_attention.py)
+#ifdef FLASHINFER_ATTENTION_SM90_STAGES  // tuning override (benchmarks/tuning/tune_attention.py)
   static constexpr int kStages = FLASHINFER_ATTENTION_SM90_STAGES;
 #else
   static constexpr int kStages = HEAD_DIM_ == 64 ? 4 : 2;  // as many as shared memory holds
@@ -249,7 +210,6 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
     auto look_up_next = [&] {
       if (!looked_up) {
         r_next = range_of(w_next);
-#if FLASHINFER_ATTENTION_SM90_PREFETCH_Q
         const int pr = r_next.row_begin + ptid;
         if (pr < r_next.packed_len) {
           const auto [qo, head] =
@@ -258,7 +218,6 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
 #pragma unroll
           for (int b = 0; b < kBlocks; ++b) prefetch_l2(src + 64 * b);  // 128-byte lines
         }
-#endif
       }
       looked_up = true;
     };
@@ -495,18 +454,6 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
 #pragma unroll
     for (int kk = 0; kk < kTileKV / 16; ++kk) pack_p<T>(pf[kk], s, 0, kk);
   };
-  // Turns: every MMA issue of a warpgroup waits for its turn (hardware barrier 1 + wg, the other
-  // warpgroup arrives there right after issuing its own) and then hands the turn over. Both
-  // warpgroups issue at the same points of the same items, so the turns alternate throughout;
-  // warpgroup 1 starts by handing warpgroup 0 the first turn.
-  constexpr bool kPingPong = FLASHINFER_ATTENTION_SM90_PINGPONG != 0;
-  auto my_turn = [&] {
-    if constexpr (kPingPong) sm90::named_barrier(1 + wg, KT::kConsumerThreads);
-  };
-  auto their_turn = [&] {
-    if constexpr (kPingPong) sm90::named_barrier_arrive(2 - wg, KT::kConsumerThreads);
-  };
-  if (wg == 1) their_turn();
 
   auto zero_o = [&] {
 #pragma unroll
@@ -538,9 +485,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
       {
         const int slot = c % S;
         sm90_acquire(sync.full_k(slot), (c / S) & 1);
-        my_turn();
         issue_qk(qb, slot);
-        their_turn();
         sm90::wgmma_wait<0>();
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
@@ -555,10 +500,8 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
         const int slot = cj % S, prev = (cj - 1) % S;
         sm90_acquire(sync.full_k(slot), (cj / S) & 1);
         sm90_acquire(sync.full_v(prev), ((cj - 1) / S) & 1);
-        my_turn();
         issue_qk(qb, slot);
         issue_pv(prev);
-        their_turn();
         sm90::wgmma_wait<1>();  // S_j
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
@@ -580,9 +523,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
       // The last tile's P V.
       const uint32_t cl = c + r.num_tiles - 1;
       sm90_acquire(sync.full_v(cl % S), (cl / S) & 1);
-      my_turn();
       issue_pv(cl % S);
-      their_turn();
       sm90::wgmma_wait<0>();
       sm90::fence_operands(o_flat);
       sm90::fence_operands(pf_flat);
@@ -593,7 +534,6 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
     quad_sum(d);
     // A row that saw no key writes 0 and lse -inf.
     const OutputWriter<TO, D> out{p, r, kv_head, writes_partial(p, r)};
-#if FLASHINFER_ATTENTION_SM90_EPILOGUE_SMEM
     // The item's Q buffer is free: every wgmma of the item has completed (its last P V needed
     // all four warps of the warpgroup past their last S wait), and each warp writes only the
     // 16 rows it owns; the producer refills the buffer after q_empty below.
@@ -603,15 +543,11 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
     } else {
       out.rows(o, m, d, first_row, g, t);
     }
-#else
-    out.rows(o, m, d, first_row, g, t);
-#endif
     // The epilogue's shared-memory accesses (generic proxy) come before the next TMA write of
     // this buffer (async proxy).
     sm90::fence_proxy_async();
     sm90_release(sync.q_empty(qb));
   }
-  if (wg == 0) my_turn();  // takes warpgroup 1's last hand-over: no arrival is left pending
 }
 
 #endif  // FLASHINFER_SM90_ENABLED

@@ -3,7 +3,7 @@ a beam's common history) runs one paged prefill per level and merges the per-lev
 
 Level i groups the query rows by ``qo_indptr_arr[i]`` (``[0, total_q]``: one prefix shared by
 every row) and reads that level's pages; the outputs are combined with
-:func:`flashinfer.cascade.merge_state_in_place` (base-2 lse). ``causal`` applies only to the last
+:func:`flashinfer.merge_state_in_place` (base-2 lse). ``causal`` applies only to the last
 level, where each request's own keys are.
 """
 
@@ -14,6 +14,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from .merge import merge_state_in_place
 from .prefill import BatchPrefillWithPagedKVCacheWrapper
 
 
@@ -81,8 +82,6 @@ class MultiLevelCascadeAttentionWrapper:
 
     def run(self, q: torch.Tensor, paged_kv_cache) -> torch.Tensor:
         """``q (total_q, Hq, D)`` -> the attention over all levels' keys, ``(total_q, Hq, D)``."""
-        from .cascade import merge_state_in_place
-
         out, lse = self._wrappers[0].run(q, paged_kv_cache, return_lse=True)
         for w in self._wrappers[1:]:
             o_level, lse_level = w.run(q, paged_kv_cache, return_lse=True)
@@ -92,6 +91,10 @@ class MultiLevelCascadeAttentionWrapper:
     def forward(self, q: torch.Tensor, paged_kv_cache, **kwargs) -> torch.Tensor:
         warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
                       stacklevel=2)
+        if kwargs:  # the options of the last level's plan (where causal applies)
+            self._wrappers[-1]._check_legacy_options(kwargs)
+        if kwargs:
+            raise TypeError(f"forward() got an unexpected keyword argument {next(iter(kwargs))!r}")
         return self.run(q, paged_kv_cache)
 
     def end_forward(self) -> None:

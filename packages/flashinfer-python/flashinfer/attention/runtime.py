@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+import struct
+from array import array
 from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from .attention_plan import AttentionPlan
-from .jit.attention import AttentionVariant
+from .. import _checks as checks
+from ..jit.attention import AttentionVariant
+from .plan import AttentionPlan
 
 KV_LAYOUTS = {"NHD": 0, "HND": 1}
 POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
 INT_WORKSPACE_BYTES = 8 << 20
 # The int workspace holds a plan and the batch's metadata from int 0 on (Workspace.stage) and,
 # in its last MERGE_COUNTERS ints, the split-KV merge counters (item_capacity x num_kv_heads of
-# them are used; csrc/attention.cu): zeroed with the workspace, left at 0 by every launch.
+# them are used; include/flashinfer/attention/launch.cuh): zeroed with the workspace, left at 0 by
+# every launch.
 MERGE_COUNTERS = 1 << 17
 _DTYPE_NAMES = {
     "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
@@ -67,30 +70,51 @@ def resolve_scales(head_dim: int, sm_scale: Optional[float], q_scale: Optional[f
     """(sm_scale, o_scale): sm_scale defaults to 1/sqrt(head_dim); q_scale and k_scale multiply
     it, v_scale multiplies the output."""
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
-    if scale <= 0:
-        raise ValueError(f"sm_scale must be positive, got {scale}")
-    for s in (q_scale, k_scale):
+    if not 0 < scale < math.inf:  # also nan
+        raise ValueError(f"sm_scale must be positive and finite, got {sm_scale}")
+    for name, s in (("q_scale", q_scale), ("k_scale", k_scale)):
         if s is not None:
+            if not 0 < s < math.inf:
+                raise ValueError(f"{name} must be positive and finite, got {s}")
             scale *= float(s)
+    if v_scale is not None and not math.isfinite(v_scale):
+        raise ValueError(f"v_scale must be finite, got {v_scale}")
     return scale, 1.0 if v_scale is None else float(v_scale)
 
 
 def soft_cap(logits_soft_cap: Optional[float]) -> float:
     if logits_soft_cap is None:
         return 0.0
-    if logits_soft_cap < 0:
+    if not 0 <= logits_soft_cap < math.inf:  # also nan
         raise ValueError(f"logits_soft_cap must be >= 0 or None, got {logits_soft_cap}")
     return float(logits_soft_cap)
 
 
 def rope_defaults(rope_scale: Optional[float], rope_theta: Optional[float]) -> tuple[float, float]:
-    return (1.0 if rope_scale is None else float(rope_scale),
-            1e4 if rope_theta is None else float(rope_theta))
+    scale = 1.0 if rope_scale is None else float(rope_scale)
+    theta = 1e4 if rope_theta is None else float(rope_theta)
+    for name, x in (("rope_scale", scale), ("rope_theta", theta)):
+        if not 0 < x < math.inf:
+            raise ValueError(f"{name} must be positive and finite, got {x}")
+    return scale, theta
 
 
 @functools.cache
 def get_attention_module(variant: AttentionVariant) -> Any:
     return variant.spec().build_and_load()
+
+
+#: Resolved launches of single-request problems (:mod:`.single`), by problem.
+single_launches: dict = {}
+
+
+def set_module_source(fetch: Any) -> None:
+    """From now on fetch each variant's module with ``fetch(variant)`` (tuning tools: builds of
+    the same variants with other tuning macros); launches resolved with earlier modules are
+    forgotten. A wrapper's plan keeps its launch until its next plan()."""
+    global get_attention_module
+    get_attention_module = fetch
+    single_launches.clear()
 
 
 @functools.cache
@@ -103,21 +127,22 @@ def _capability(device_index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)
 
 
+#: ``backend=`` of the attention ops: "fa2" the tensor-core kernel of every GPU, "fa3" the
+#: Hopper kernel, "auto" the Hopper kernel where the GPU and the variant have it.
 BACKENDS = ("auto", "fa2", "fa3")
 
 
 def check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    return backend
+    return checks.check_backend(backend, BACKENDS)
 
 
-def use_sm90(device: torch.device, variant: AttentionVariant, backend: str) -> bool:
-    """Whether plans may take the Hopper kernel: ``"auto"`` on a compute capability 9.0 GPU for
-    a variant that has it; ``"fa3"`` insists (and says why it cannot); ``"fa2"`` never."""
+def resolve_backend(device: torch.device, variant: AttentionVariant, backend: str) -> str:
+    """The kernel family a plan may use, ``"fa2"`` or ``"fa3"``: ``"auto"`` is ``"fa3"`` on a
+    compute capability 9.0 GPU for a variant that has the Hopper kernel; ``"fa3"`` insists (and
+    says why it cannot); ``"fa2"`` is itself."""
     check_backend(backend)
     if backend == "fa2" or device.type != "cuda":
-        return False
+        return "fa2"
     index = device.index if device.index is not None else torch.cuda.current_device()
     ok = _capability(index) == (9, 0) and variant.has_sm90
     if backend == "fa3" and not ok:
@@ -125,7 +150,16 @@ def use_sm90(device: torch.device, variant: AttentionVariant, backend: str) -> b
                          f"and head_dim 64 or 128 without pos_encoding_mode='ROPE_LLAMA'; got "
                          f"capability {_capability(index)}, head_dim {variant.head_dim}, "
                          f"pos_encoding_mode {variant.pos_encoding!r}")
-    return ok
+    return "fa3" if ok else "fa2"
+
+
+def check_window_left(window_left: Optional[int]) -> int:
+    """-1 (or None): no window; w >= 0 keeps the w keys before each row's position."""
+    if window_left is None:
+        return -1
+    if not isinstance(window_left, int) or window_left < -1:
+        raise ValueError(f"window_left must be an int >= -1 (-1: no window), got {window_left!r}")
+    return window_left
 
 
 class Workspace:
@@ -255,28 +289,83 @@ class Workspace:
         return block
 
 
-@dataclass(frozen=True)
-class Launch:
-    """What every launch of one plan passes the compiled module, resolved once (``prepare``):
-    ``run`` of a batch wrapper then only checks its tensors and calls the module (its host time
-    per call is what an eager caller pays per layer: benchmarks/host_cost.py)."""
+# The run-time parameter record: what csrc/attention.cu's ``run`` takes besides q, k, v, o and
+# lse, as one int64 host tensor (device addresses as integers, floats as their float64 bits).
+# Its layout is stated here and in csrc/attention_utils.h (``RunParam``); the version and the
+# length are checked there, and tests/test_attention_layout.py holds the two lists together.
+RUN_PARAMS_VERSION = 1
+RUN_PARAMS = (
+    "version", "length", "device_id", "cta", "grid_x", "kv_layout",
+    "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "plan",
+    "item_capacity", "split_kv", "cluster_merge", "sm90_tma_q",
+    "o_part", "lse_part", "num_rows", "merge_counters",
+    "custom_mask", "mask_indptr", "alibi_slopes",
+    "sm_scale", "logits_soft_cap", "o_scale", "rope_scale", "rope_theta",
+    "window_left", "enable_pdl",
+)
+_SLOT = {name: i for i, name in enumerate(RUN_PARAMS)}
+_INDEX_DTYPES = {"qo_indptr": (torch.int32,), "kv_indptr": (torch.int32,),
+                 "kv_indices": (torch.int32,), "kv_last_page_len": (torch.int32,),
+                 "custom_mask": (torch.uint8,), "mask_indptr": (torch.int32,)}
+_FLOATS = ("sm_scale", "logits_soft_cap", "o_scale", "rope_scale", "rope_theta")
 
-    module: Any
-    cta: int
-    grid_x: int
-    # The module's arguments between lse and sm_scale (csrc/attention.cu's run).
-    meta: tuple
+
+def _float_bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def run_params(**values: Any) -> torch.Tensor:
+    """The record as an int64 CPU tensor: tensors by address (None -> 0), floats as bits."""
+    rec = array("q", bytes(8 * len(RUN_PARAMS)))
+    rec[0], rec[1] = RUN_PARAMS_VERSION, len(RUN_PARAMS)
+    for name, value in values.items():
+        if isinstance(value, torch.Tensor):
+            value = value.data_ptr()
+        elif value is None:
+            value = 0
+        elif name in _FLOATS:
+            value = _float_bits(value)
+        rec[_SLOT[name]] = int(value)
+    return torch.frombuffer(rec, dtype=torch.int64)
+
+
+class Launch:
+    """Every launch of one plan: the compiled module and the plan's parameter record, resolved
+    once (``prepare``). A call passes q, k, v, o, lse and the record; the per-call scalars
+    (``sm_scale``, ``o_scale``, ``enable_pdl``) are the record's unless a call changes them (a
+    copy of the record, kept for the next call). Its host time per call is what an eager caller
+    pays per layer (benchmarks/host_cost.py)."""
+
+    __slots__ = ("module", "params", "_scalars", "_last", "_keep")
+
+    def __init__(self, module: Any, params: torch.Tensor, scalars: tuple, keep: tuple) -> None:
+        self.module = module
+        self._keep = keep
+        self.params = params
+        self._scalars = scalars  # (sm_scale, o_scale, enable_pdl) of ``params``
+        self._last = (scalars, params)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                 lse: Optional[torch.Tensor], sm_scale: float, softcap: float, o_scale: float,
-                 rope_scale: float, rope_theta: float, window_left: int,
+                 lse: Optional[torch.Tensor], sm_scale: float, o_scale: float,
                  enable_pdl: bool) -> None:
-        self.module.run(self.cta, self.grid_x, q, k, v, o, lse, *self.meta, sm_scale, softcap,
-                        o_scale, rope_scale, rope_theta, window_left, enable_pdl)
+        scalars = (sm_scale, o_scale, enable_pdl)
+        if scalars == self._scalars:
+            params = self.params
+        elif scalars == self._last[0]:
+            params = self._last[1]
+        else:
+            params = self.params.clone()
+            params[_SLOT["sm_scale"]] = _float_bits(sm_scale)
+            params[_SLOT["o_scale"]] = _float_bits(o_scale)
+            params[_SLOT["enable_pdl"]] = int(enable_pdl)
+            self._last = (scalars, params)
+        self.module.run(q, k, v, o, lse, params)
 
 
 def prepare(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *, num_qo_heads: int,
             num_kv_heads: int, kv_layout: int, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+            sm_scale: float, logits_soft_cap: float, o_scale: float, rope_scale: float,
+            rope_theta: float, window_left: int, enable_pdl: bool,
             kv_indices: Optional[torch.Tensor] = None,
             kv_last_page_len: Optional[torch.Tensor] = None,
             partials: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
@@ -286,7 +375,9 @@ def prepare(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *, num_qo_
     """The launches of a compiled attention module (and its split-KV merge) for a plan.
 
     ``counters`` (int32, all 0) lets the kernel merge its own split-KV partial states; with too
-    few of them (fewer than ``item_capacity * num_kv_heads``) a merge kernel does it."""
+    few of them (fewer than ``item_capacity * num_kv_heads``) a merge kernel does it. Every
+    tensor must live on ``plan_dev``'s device and outlive the launch (the record holds their
+    addresses only)."""
     o_part = lse_part = merge_counters = None
     if plan.split_kv:
         if partials is None:
@@ -299,29 +390,32 @@ def prepare(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *, num_qo_
         needed = plan.item_capacity * num_kv_heads
         if counters is not None and counters.numel() >= needed:
             merge_counters = counters[:needed]
-    meta = (kv_layout, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, plan_dev,
-            plan.item_capacity, plan.split_kv, plan.cluster_merge, plan.sm90_tma_q, o_part,
-            lse_part, plan.num_rows, merge_counters, custom_mask, mask_indptr, alibi_slopes)
-    return Launch(module, plan.cta, plan.grid_x, meta)
-
-
-def run_attention(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *,
-                  q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                  lse: Optional[torch.Tensor], kv_layout: int, sm_scale: float, softcap: float,
-                  o_scale: float, rope_scale: float, rope_theta: float, window_left: int,
-                  enable_pdl: bool, **inputs: Any) -> None:
-    """One launch of ``prepare``'s (``inputs``: its keyword arguments) for a plan used once."""
-    # KV heads: k is [..., Hkv, D] (NHD) or [..., Hkv, tokens, D] (HND), ragged or paged
-    num_kv_heads = k.shape[-2] if kv_layout == 0 else k.shape[-3]
-    launch = prepare(module, plan, plan_dev, num_qo_heads=q.shape[1], num_kv_heads=num_kv_heads,
-                     kv_layout=kv_layout, **inputs)
-    launch(q, k, v, o, lse, sm_scale, softcap, o_scale, rope_scale, rope_theta, window_left,
-           enable_pdl)
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
+                    ("kv_indices", kv_indices), ("kv_last_page_len", kv_last_page_len),
+                    ("custom_mask", custom_mask), ("mask_indptr", mask_indptr)):
+        if t is not None and (t.device != plan_dev.device or t.dtype not in _INDEX_DTYPES[name]
+                              or not t.is_contiguous()):
+            raise ValueError(f"{name} must be a contiguous {_INDEX_DTYPES[name][0]} tensor on "
+                             f"{plan_dev.device}, got {t.dtype} on {t.device}")
+    params = run_params(
+        device_id=plan_dev.device.index or 0, cta=plan.cta, grid_x=plan.grid_x,
+        kv_layout=kv_layout, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+        kv_last_page_len=kv_last_page_len, plan=plan_dev, item_capacity=plan.item_capacity,
+        split_kv=plan.split_kv, cluster_merge=plan.cluster_merge, sm90_tma_q=plan.sm90_tma_q,
+        o_part=o_part, lse_part=lse_part, num_rows=plan.num_rows,
+        merge_counters=merge_counters, custom_mask=custom_mask, mask_indptr=mask_indptr,
+        alibi_slopes=alibi_slopes, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
+        o_scale=o_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+        window_left=window_left, enable_pdl=enable_pdl)
+    # The record holds addresses: the launch keeps what they point to alive.
+    keep = (plan_dev, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, o_part, lse_part,
+            merge_counters, custom_mask, mask_indptr, alibi_slopes)
+    return Launch(module, params, (sm_scale, o_scale, enable_pdl), keep)
 
 
 @functools.cache
 def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
-    from .utils import get_alibi_slopes
+    from ..utils import get_alibi_slopes
 
     return get_alibi_slopes(num_heads).to(device=device, dtype=torch.float32)
 

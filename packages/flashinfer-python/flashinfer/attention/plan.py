@@ -47,7 +47,8 @@ class AttentionPlan:
     ----------
     cta : int
         CTA shape (0: 16 rows x 4 key streams, 1: 64 rows, 2: 128 rows, 3: the Hopper kernel's
-        128 rows, 4: 16 rows x 2 key streams, 5: 16 rows x 8 key streams; csrc/attention.cu).
+        128 rows, 4: 16 rows x 2 key streams, 5: 16 rows x 8 key streams;
+        include/flashinfer/attention/launch.cuh).
     tile_q : int
         Packed query rows per item.
     num_items : int
@@ -68,7 +69,7 @@ class AttentionPlan:
     cluster_merge : bool
         The items are the chunks of one query tile (batch-1 decode): the CTAs of each KV head
         form one thread-block cluster and merge in shared memory, where the GPU runs one wave
-        of them (csrc/attention.cu; otherwise as any split plan).
+        of them (include/flashinfer/attention/launch.cuh; otherwise as any split plan).
     sm90_tma_q : bool
         The Hopper kernel loads Q through a TMA tensor map (where q's layout allows one) rather
         than with cp.async: where its CTAs take several short items (``TMA_Q_MAX_KEYS``).
@@ -107,7 +108,7 @@ CTAS_PER_SM = {0: 2, 1: 2, 2: 2, 3: 1, 4: 4, 5: 1}
 # (15.5, 4.1), paged 8 x 2048 678 / 701 / 671 (31, 8.1), ragged 2 x 2048 - / 250 / 256 (7.8,
 # 8.1), ragged 4 x 4096 1188 / 1194 / 1205 (31, 16), single 8192 1290 / 1290 / 1313 (15.5, 32);
 # chunked prefills of 1024 and 2048 over 8192 and 32768 keys within 1% either way
-# (benchmarks/tma_q_sweep.py, benchmarks/NOTES.md).
+# (benchmarks/tuning/tma_q_sweep.py, benchmarks/NOTES.md).
 TMA_Q_MAX_KEYS = 12 * 128
 
 
@@ -150,7 +151,8 @@ def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, batch_ct
 
 
 def tile_rows(cta: int, head_dim: int) -> int:
-    """Packed query rows per CTA of shape ``cta`` (mirrors the table in csrc/attention.cu)."""
+    """Packed query rows per CTA of shape ``cta``: what include/flashinfer/attention/launch.cuh
+    compiles (``cta_tile_q`` of a module; tests/test_package_layout.py checks the two agree)."""
     return {0: 16, 1: 64, 2: 128 if head_dim <= 128 else 64, 3: 128, 4: 16, 5: 16}[cta]
 
 
@@ -234,6 +236,17 @@ def _items(qo_lens, kv_lens, qtiles, chunks, tile_q, chunk, group_size, causal):
     kchunk: list[int] = []
     slot: list[int] = []
     cost: list[int] = []
+    g = group_size
+    if max(chunks, default=1) == 1:  # no split (most prefills): one item per tile, slot = index
+        for b, (qo, kv, nq) in enumerate(zip(qo_lens, kv_lens, qtiles)):
+            req += [b] * nq
+            qtile += range(nq)
+            if causal:  # keys up to the tile's last row's position (bottom-right aligned)
+                cost += [max(0, min(kv, kv - qo + min(qo, ((qt + 1) * tile_q + g - 1) // g)))
+                         for qt in range(nq)]
+            else:
+                cost += [kv] * nq
+        return req, qtile, [0] * len(req), list(range(len(req))), cost
     tile = 0
     for b, (qo, kv, nq, nc) in enumerate(zip(qo_lens, kv_lens, qtiles, chunks)):
         for qt in range(nq):
@@ -268,7 +281,7 @@ def schedule(
     item_capacity: Optional[int] = None,
     force_split: bool = False,
     cta: Optional[int] = None,
-    sm90: bool = False,
+    backend: str = "fa2",
     ctas_per_sm: Optional[int] = None,
     qo_begins: Optional[Sequence[int]] = None,
     kv_begins: Optional[Sequence[int]] = None,
@@ -289,8 +302,9 @@ def schedule(
         captured launches are the same whether a later plan splits or not; the FA2 kernels
         then write one-chunk requests' outputs directly and merge the others themselves, the
         Hopper kernel's are merged by the merge kernel).
-    sm90 : bool
-        The Hopper kernel may be chosen (compute capability 9.0 and a variant that has it).
+    backend : str
+        ``"fa3"``: the Hopper kernel may be chosen (``runtime.resolve_backend`` says where it
+        exists); ``"fa2"``: the FA2 shapes only.
     qo_begins, kv_begins : sequence of int, optional
         Each request's first q row and its first ``kv_indices`` entry (paged) or token (ragged):
         ``qo_indptr[:-1]`` and ``kv_indptr[:-1]``. Default: the running sums of the lengths.
@@ -312,7 +326,7 @@ def schedule(
         if fixed:
             tiles = [t * (-(-k // fixed) or 1) for t, k in zip(tiles, kv_lens)]
         batch_ctas = num_kv_heads * sum(tiles)
-        cta = choose_cta(max_rows, head_dim, sm90, batch_ctas, num_sms)
+        cta = choose_cta(max_rows, head_dim, backend == "fa3", batch_ctas, num_sms)
     if ctas_per_sm is None:
         ctas_per_sm = CTAS_PER_SM[cta]
     tile_q = tile_rows(cta, head_dim)

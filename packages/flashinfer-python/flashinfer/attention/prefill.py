@@ -1,0 +1,212 @@
+"""Prefill attention over a batch of requests: :class:`BatchPrefillWithPagedKVCacheWrapper`
+(paged KV cache) and :class:`BatchPrefillWithRaggedKVCacheWrapper` (ragged K/V), both plan once
+per batch and run per layer (:class:`.wrapper.BatchAttentionBase`). The semantics are those of
+:mod:`.single`."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional, Union
+
+import torch
+
+from ..page import unpack_paged_kv_cache
+from .wrapper import (
+    BatchAttentionBase,
+    check_head_dim,
+    check_page_ids,
+    host_ints,
+    lens_from_indptr,
+    paged_kv_lens,
+)
+
+
+class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
+    """Prefill attention over a paged KV cache for a batch of requests (plan once, run per layer).
+
+    The cache is one 5-D tensor ``[pages, 2, page_size, Hkv, D]`` (NHD) /
+    ``[pages, 2, Hkv, page_size, D]`` (HND) or a ``(k, v)`` tuple of 4-D tensors; the page table
+    is ``paged_kv_indptr [B+1]``, ``paged_kv_indices`` and ``paged_kv_last_page_len [B]``.
+    """
+
+    _paged = True
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
+                 use_cuda_graph: bool = False, qo_indptr_buf: Optional[torch.Tensor] = None,
+                 paged_kv_indptr_buf: Optional[torch.Tensor] = None,
+                 paged_kv_indices_buf: Optional[torch.Tensor] = None,
+                 paged_kv_last_page_len_buf: Optional[torch.Tensor] = None,
+                 custom_mask_buf: Optional[torch.Tensor] = None,
+                 mask_indptr_buf: Optional[torch.Tensor] = None, backend: str = "auto",
+                 jit_args: Optional[list] = None, jit_kwargs: Optional[dict] = None) -> None:
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
+        if use_cuda_graph and any(b is None for b in (qo_indptr_buf, paged_kv_indptr_buf,
+                                                      paged_kv_indices_buf,
+                                                      paged_kv_last_page_len_buf)):
+            raise ValueError("use_cuda_graph=True needs qo_indptr_buf, paged_kv_indptr_buf, "
+                             "paged_kv_indices_buf and paged_kv_last_page_len_buf")
+        self._bufs = {"qo_indptr": qo_indptr_buf, "kv_indptr": paged_kv_indptr_buf,
+                      "kv_indices": paged_kv_indices_buf,
+                      "kv_last_page_len": paged_kv_last_page_len_buf,
+                      "custom_mask": custom_mask_buf, "mask_indptr": mask_indptr_buf}
+
+    def plan(self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor,
+             paged_kv_indices: torch.Tensor, paged_kv_last_page_len: torch.Tensor,
+             num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, page_size: int,
+             head_dim_vo: Optional[int] = None, custom_mask: Optional[torch.Tensor] = None,
+             packed_custom_mask: Optional[torch.Tensor] = None, causal: bool = False,
+             pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+             sm_scale: Optional[float] = None, window_left: int = -1,
+             logits_soft_cap: Optional[float] = None, rope_scale: Optional[float] = None,
+             rope_theta: Optional[float] = None, q_data_type: Union[str, torch.dtype] = "float16",
+             kv_data_type: Optional[Union[str, torch.dtype]] = None,
+             o_data_type: Optional[Union[str, torch.dtype]] = None, non_blocking: bool = True,
+             prefix_len_ptr=None, token_pos_in_items_ptr=None, token_pos_in_items_len: int = 0,
+             max_item_len_ptr=None, seq_lens=None, seq_lens_q=None, block_tables=None,
+             max_token_per_sequence=None, max_sequence_kv=None,
+             fixed_split_size: Optional[int] = None, disable_split_kv: bool = False) -> None:
+        """Schedule the batch; see the class docstring for the metadata layout."""
+        check_head_dim(head_dim_qk, head_dim_vo)
+        if page_size <= 0:
+            raise ValueError(f"page_size must be positive, got {page_size}")
+        self._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                          head_dim=head_dim_qk, pos_encoding_mode=pos_encoding_mode,
+                          sm_scale=sm_scale, window_left=window_left,
+                          logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+                          rope_theta=rope_theta, q_data_type=q_data_type,
+                          kv_data_type=kv_data_type, o_data_type=o_data_type)
+        page_indptr = host_ints(paged_kv_indptr, "paged_kv_indptr")
+        self._max_page_id = check_page_ids(paged_kv_indices, page_indptr[-1] if page_indptr else 0,
+                                           "paged_kv_indices")
+        kv_lens = paged_kv_lens(page_indptr,
+                                host_ints(paged_kv_last_page_len, "paged_kv_last_page_len"),
+                                page_size)
+        self._page_size = page_size
+        qo_lens = lens_from_indptr(host_ints(qo_indptr, "qo_indptr"), "qo_indptr")
+        _, _, self._kv_indices, self._kv_last_page_len = self._plan_prefill(
+            qo_lens, kv_lens, [
+                (self._bufs.get("qo_indptr"), qo_indptr, "qo_indptr"),
+                (self._bufs["kv_indptr"], paged_kv_indptr, "paged_kv_indptr"),
+                (self._bufs["kv_indices"], paged_kv_indices, "paged_kv_indices"),
+                (self._bufs["kv_last_page_len"], paged_kv_last_page_len,
+                 "paged_kv_last_page_len")],
+            custom_mask, packed_custom_mask, causal, num_qo_heads, num_kv_heads, head_dim_qk,
+            non_blocking, fixed_split_size, disable_split_kv, self._bufs, kv_begins=page_indptr)
+
+    begin_forward = plan
+
+    def run(self, q: torch.Tensor, paged_kv_cache, *args, q_scale: Optional[float] = None,
+            k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+            out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+            return_lse: bool = False, enable_pdl: Optional[bool] = None,
+            window_left: Optional[int] = None, **extra):
+        """``q (qo_indptr[-1], Hq, D)`` -> output ``(.., Hq, D)`` (and the lse when
+        ``return_lse``)."""
+        kw = self._legacy_run_args(args, dict(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                                              out=out, lse=lse, return_lse=return_lse))
+        self._check_run_common(q, kw["out"], kw["lse"], kw["return_lse"], window_left, extra)
+        if self._plan.num_rows and q.shape[0] < self._plan.num_rows and not self._use_cuda_graph:
+            raise ValueError(f"q must have qo_indptr[-1] = {self._plan.num_rows} rows, got "
+                             f"{q.shape[0]}")
+        k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
+        self._check_kv_dtype(k)
+        return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
+                            kw["q_scale"], kw["k_scale"], kw["v_scale"])
+
+    def forward(self, q, paged_kv_cache, causal: bool = False, **kwargs):
+        """Deprecated: plan() then run()."""
+        warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
+                      stacklevel=2)
+        self._check_legacy_options(kwargs, causal=causal)
+        return self.run(q, paged_kv_cache, **kwargs)
+
+    def forward_return_lse(self, q, paged_kv_cache, causal: bool = False, **kwargs):
+        warnings.warn("forward_return_lse is deprecated; use plan() and run_return_lse()",
+                      DeprecationWarning, stacklevel=2)
+        self._check_legacy_options(kwargs, causal=causal)
+        return self.run(q, paged_kv_cache, return_lse=True, **kwargs)
+
+
+class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
+    """Prefill attention over ragged K/V: request b's keys are rows
+    ``kv_indptr[b]:kv_indptr[b+1]`` of ``k (nnz_kv, Hkv, D)`` (HND: ``(Hkv, nnz_kv, D)``)."""
+
+    _paged = False
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
+                 use_cuda_graph: bool = False, qo_indptr_buf: Optional[torch.Tensor] = None,
+                 kv_indptr_buf: Optional[torch.Tensor] = None,
+                 custom_mask_buf: Optional[torch.Tensor] = None,
+                 mask_indptr_buf: Optional[torch.Tensor] = None, backend: str = "auto",
+                 jit_args: Optional[list] = None, jit_kwargs: Optional[dict] = None) -> None:
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
+        if use_cuda_graph and (qo_indptr_buf is None or kv_indptr_buf is None):
+            raise ValueError("use_cuda_graph=True needs qo_indptr_buf and kv_indptr_buf")
+        self._bufs = {"qo_indptr": qo_indptr_buf, "kv_indptr": kv_indptr_buf,
+                      "custom_mask": custom_mask_buf, "mask_indptr": mask_indptr_buf}
+        self._kv_indices = self._kv_last_page_len = None
+
+    def plan(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, num_qo_heads: int,
+             num_kv_heads: int, head_dim_qk: int, head_dim_vo: Optional[int] = None,
+             custom_mask: Optional[torch.Tensor] = None,
+             packed_custom_mask: Optional[torch.Tensor] = None, causal: bool = False,
+             pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+             window_left: int = -1, logits_soft_cap: Optional[float] = None,
+             sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+             rope_theta: Optional[float] = None, q_data_type: Union[str, torch.dtype] = "float16",
+             kv_data_type: Optional[Union[str, torch.dtype]] = None,
+             o_data_type: Optional[Union[str, torch.dtype]] = None, non_blocking: bool = True,
+             prefix_len_ptr=None, token_pos_in_items_ptr=None, token_pos_in_items_len: int = 0,
+             max_item_len_ptr=None, fixed_split_size: Optional[int] = None,
+             disable_split_kv: bool = False, v_indptr=None, o_indptr=None) -> None:
+        """Schedule the batch (note: ``window_left, logits_soft_cap, sm_scale`` come in another
+        order than in the paged wrapper's plan, as in FlashInfer)."""
+        check_head_dim(head_dim_qk, head_dim_vo)
+        self._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                          head_dim=head_dim_qk, pos_encoding_mode=pos_encoding_mode,
+                          sm_scale=sm_scale, window_left=window_left,
+                          logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+                          rope_theta=rope_theta, q_data_type=q_data_type,
+                          kv_data_type=kv_data_type, o_data_type=o_data_type)
+        kv_lens = lens_from_indptr(host_ints(kv_indptr, "kv_indptr"), "kv_indptr")
+        self._kv_nnz = sum(kv_lens)
+        qo_lens = lens_from_indptr(host_ints(qo_indptr, "qo_indptr"), "qo_indptr")
+        self._plan_prefill(qo_lens, kv_lens, [
+            (self._bufs.get("qo_indptr"), qo_indptr, "qo_indptr"),
+            (self._bufs["kv_indptr"], kv_indptr, "kv_indptr")],
+            custom_mask, packed_custom_mask, causal, num_qo_heads, num_kv_heads, head_dim_qk,
+            non_blocking, fixed_split_size, disable_split_kv, self._bufs)
+
+    begin_forward = plan
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args,
+            q_scale: Optional[float] = None, k_scale: Optional[float] = None,
+            v_scale: Optional[float] = None, o_scale: Optional[float] = None,
+            out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+            return_lse: bool = False, enable_pdl: Optional[bool] = None, **extra):
+        """``q (qo_indptr[-1], Hq, D)``, ``k``/``v (kv_indptr[-1], Hkv, D)`` -> output."""
+        kw = self._legacy_run_args(args, dict(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                                              out=out, lse=lse, return_lse=return_lse))
+        self._check_run_common(q, kw["out"], kw["lse"], kw["return_lse"], None, extra)
+        for name, x in (("k", k), ("v", v)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 3:
+                raise ValueError(f"{name} must be a 3-D tensor")
+        nnz = k.shape[0] if self._kv_layout == "NHD" else k.shape[1]
+        if nnz < self._kv_nnz:
+            raise ValueError(f"k must hold kv_indptr[-1] = {self._kv_nnz} rows, got {nnz}")
+        self._check_kv_dtype(k)
+        v_scale_total = kw["v_scale"] if o_scale is None else (kw["v_scale"] or 1.0) * o_scale
+        return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
+                            kw["q_scale"], kw["k_scale"], v_scale_total)
+
+    def forward(self, q, k, v, causal: bool = False, **kwargs):
+        warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
+                      stacklevel=2)
+        self._check_legacy_options(kwargs, causal=causal)
+        return self.run(q, k, v, **kwargs)
+
+    def forward_return_lse(self, q, k, v, causal: bool = False, **kwargs):
+        warnings.warn("forward_return_lse is deprecated; use plan() and run_return_lse()",
+                      DeprecationWarning, stacklevel=2)
+        self._check_legacy_options(kwargs, causal=causal)
+        return self.run(q, k, v, return_lse=True, **kwargs)

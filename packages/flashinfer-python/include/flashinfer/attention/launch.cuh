@@ -1,0 +1,224 @@
+// Launch policy of the attention kernels, stated once: the CTA shapes a plan chooses among, what
+// each shape is for one compiled variant, and what a launch of a shape runs (the kernel, the
+// Q tensor map of the Hopper kernel, the split-KV merge). The binding (csrc/attention.cu) checks
+// the arguments and calls AttentionLaunch<...>::run. flashinfer/attention/plan.py chooses the
+// shape per batch; the tile of each shape and whether the variant has it are read from the
+// compiled module (cta_tile_q), and tests/test_attention_layout.py holds plan.py's table to it.
+// Numeric tuning parameters: tuning.cuh.
+#pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../cascade.cuh"
+#include "params.cuh"
+#include "prefill.cuh"
+#include "prefill_sm90.cuh"
+#include "tuning.cuh"
+
+namespace flashinfer {
+namespace attn {
+
+/// CTA shapes (the plan's `cta`):
+///   0: 16 rows,  1 x 4 warps (decode, short queries), 16-key steps
+///   1: 64 rows,  4 x 1 warps, one 16-row MMA tile per warp
+///   2: 128 rows, 4 x 1 warps, two MMA tiles per warp (head_dim <= 128: register budget)
+///   3: the Hopper kernel (wgmma, 128 rows, sm_90 only): head_dim 64/128, no in-kernel RoPE
+///   4: 16 rows,  1 x 2 warps: shape 0 with two key streams (decode batches of 2-4 CTAs per SM)
+///   5: 16 rows,  1 x 8 warps: shape 0 with eight key streams, one CTA per SM (small and split
+///      decode batches; head_dim <= 128: shared memory)
+inline constexpr int kNumCtaShapes = 6;
+inline constexpr int kCtaSm90 = 3;
+
+/// The driver's cuTensorMapEncodeTiled (through the runtime: no link against libcuda), or null.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn,
+                                                             12000, cudaEnableDefault, &found);
+#else  // toolkits 12.0 - 12.4 have only the unversioned query
+    const cudaError_t err =
+        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+/// Whether `device_id` runs the Hopper kernel (compute capability 9.0: wgmma is sm_90a's).
+inline bool device_has_sm90(int device_id) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id);
+  return major == 9 && minor == 0;
+}
+
+/// What a launch takes besides AttentionParams: the plan's choices for this launch.
+struct LaunchChoice {
+  int cta;             // CTA shape (above)
+  int grid_x;          // CTAs per KV head (FA2 shapes) or the persistent grid (cta 3)
+  bool cluster_merge;  // split KV over one query tile, merged within a cluster where it fits
+  bool sm90_tma_q;     // the Hopper kernel loads Q through a TMA tensor map (where allowed)
+  int64_t num_tokens;  // q's rows (the Q tensor map's extent)
+  int64_t num_rows;    // query rows the split-KV merge writes (merge_indptr has one more)
+};
+
+/*!
+ * @brief The CTA shapes of one compiled attention variant and their launch.
+ * @tparam DTypeQ q, k and v element type; DTypeO the output's
+ */
+template <typename DTypeQ, typename DTypeO, int kHeadDim, MaskMode kMask, PosEncoding kPos,
+          bool kPaged>
+struct AttentionLaunch {
+  template <int WQ, int WKV, int MQ, int MKV, int STAGES = FLASHINFER_ATTENTION_STAGES>
+  using Traits =
+      KernelTraits<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, WKV, MQ, MKV, STAGES>;
+
+  using Cta0 = Traits<1, FLASHINFER_ATTENTION_CTA0_WARPS_KV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
+                      FLASHINFER_ATTENTION_CTA0_STAGES>;
+  using Cta1 = Traits<4, 1, 1, FLASHINFER_ATTENTION_CTA1_MMA_KV>;
+  using Cta2 = Traits<FLASHINFER_ATTENTION_CTA2_WARPS_Q, 1, FLASHINFER_ATTENTION_CTA2_MMA_Q,
+                      FLASHINFER_ATTENTION_CTA2_MMA_KV>;
+  // Half the warps of shape 0, so four CTAs per SM fit the registers: a decode batch of 2-4
+  // CTAs per SM runs in one wave instead of two (H100, 64 x 4096 at 8 KV heads: 348.9 vs 351.2
+  // us; it loses on larger and split batches, whose shape stays 0: benchmarks/NOTES.md).
+  using Cta4 = Traits<1, 2, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV, FLASHINFER_ATTENTION_CTA0_STAGES>;
+  // Twice the warps, one CTA per SM (registers; 195 KB of shared memory at head_dim 128): twice
+  // the bytes in flight per CTA for batches that fill at most one CTA per SM, split or not
+  // (H100, against shape 0 at two per SM: 1 x 32768 55.0 vs 56.3 us, 1 x 131072 183.6 vs 186.2,
+  // 16 x 4096 95.3 vs 97.7, 4 x 16384 equal; benchmarks/NOTES.md). head_dim 256 needs twice
+  // the shared memory: there Cta5 names shape 4 as a stand-in that is never launched.
+  static constexpr bool kHasCta5 = kHeadDim <= 128;
+  using Cta5 = Traits<1, kHasCta5 ? 8 : 2, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
+                      FLASHINFER_ATTENTION_CTA0_STAGES>;
+  // The Hopper kernel: head_dim 64/128, no in-kernel RoPE (it rotates K in shared memory, which
+  // only the FA2 kernel does). Where the variant has none, Cta3 names a valid stand-in that is
+  // never launched.
+  static constexpr bool kHasSm90 =
+      (kHeadDim == 64 || kHeadDim == 128) && kPos != PosEncoding::kRopeLlama;
+  using Cta3 = Sm90Traits<DTypeQ, DTypeO, kHasSm90 ? kHeadDim : 128, kMask,
+                          kHasSm90 ? kPos : PosEncoding::kNone, kPaged>;
+
+  /// Packed query rows per CTA of shape `cta`; 0 where this variant lacks the shape.
+  static int tile_q(int64_t cta) {
+    switch (cta) {
+      case 0: return Cta0::kTileQ;
+      case 1: return Cta1::kTileQ;
+      case 2: return Cta2::kTileQ;
+      case 3: return kHasSm90 ? Cta3::kTileQ : 0;
+      case 4: return Cta4::kTileQ;
+      case 5: return kHasCta5 ? Cta5::kTileQ : 0;
+    }
+    return 0;
+  }
+
+  /// Q's tensor map for the Hopper kernel, where the plan asks for one (`wanted`) and the layout
+  /// allows it: the group size divides the 128-row tile, and the base and strides are 16-byte
+  /// multiples (any q the binding takes otherwise loads with cp.async).
+  static Sm90Q sm90_q(const AttentionParams& p, int64_t num_tokens, bool wanted) {
+    Sm90Q qm = {};
+    const int64_t g = p.group_size, bytes = sizeof(DTypeQ);
+    const bool use =
+        FLASHINFER_ATTENTION_SM90_TMA_Q == 2 || (FLASHINFER_ATTENTION_SM90_TMA_Q == 1 && wanted);
+    if (!use || !kHasSm90 || num_tokens <= 0 || 128 % g != 0 ||
+        reinterpret_cast<uintptr_t>(p.q) % 16 != 0 || (p.q_stride_h * bytes) % 16 != 0 ||
+        (p.q_stride_n * bytes) % 16 != 0) {
+      return qm;
+    }
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (encode == nullptr) return qm;
+    const cuuint64_t dims[3] = {cuuint64_t(kHeadDim), cuuint64_t(p.num_qo_heads),
+                                cuuint64_t(num_tokens)};
+    const cuuint64_t strides[2] = {cuuint64_t(p.q_stride_h * bytes),
+                                   cuuint64_t(p.q_stride_n * bytes)};
+    const cuuint32_t box[3] = {64, cuuint32_t(g), cuuint32_t(128 / g)};
+    const cuuint32_t steps[3] = {1, 1, 1};
+    const CUtensorMapDataType type = std::is_same_v<DTypeQ, __half>
+                                         ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                         : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    qm.tma = encode(&qm.map, type, 3, const_cast<void*>(p.q), dims, strides, box, steps,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return qm;
+  }
+
+  /*!
+   * @brief One launch of shape `c.cta`, then the merge of the split-KV partial states where the
+   *   kernel did not merge them itself. The FA2 shapes merge in the kernel (given
+   *   p.merge_counters: the last CTA of a query tile to finish) or within a cluster (cluster
+   *   merge, where a wave holds the clusters); the Hopper kernel's states go to the merge kernel.
+   *   `p` must be filled but for the merge fields this sets.
+   */
+  static cudaError_t run(AttentionParams& p, const LaunchChoice& c, bool enable_pdl,
+                         cudaStream_t stream) {
+    if (c.cta == kCtaSm90) p.merge_counters = nullptr;
+    p.cluster_merge = c.cluster_merge && c.cta != kCtaSm90;
+    cudaError_t status = cudaErrorInvalidValue;
+    switch (c.cta) {
+      case 0: status = LaunchAttention<Cta0>(p, c.grid_x, enable_pdl, stream); break;
+      case 1: status = LaunchAttention<Cta1>(p, c.grid_x, enable_pdl, stream); break;
+      case 2: status = LaunchAttention<Cta2>(p, c.grid_x, enable_pdl, stream); break;
+      case 3: status = launch_sm90(p, c, enable_pdl, stream); break;
+      case 4: status = LaunchAttention<Cta4>(p, c.grid_x, enable_pdl, stream); break;
+      case 5:
+        if constexpr (kHasCta5) status = LaunchAttention<Cta5>(p, c.grid_x, enable_pdl, stream);
+        break;
+    }
+    if (status != cudaSuccess || !p.split_kv || p.merge_counters != nullptr || p.cluster_merge) {
+      return status;
+    }
+    return cascade::MergeStatesVarlen<DTypeO>(p.o_part, p.lse_part, p.merge_indptr,
+                                              static_cast<DTypeO*>(p.o), p.lse, c.num_rows,
+                                              p.num_qo_heads, kHeadDim, p.o_stride_n,
+                                              p.o_stride_h, enable_pdl, stream);
+  }
+
+  /// Clusters of `cluster_size` CTAs of shape `cta` that one wave holds on the current device
+  /// (minus the CUDA error code where the query is refused; 0 for a shape without the cluster
+  /// merge).
+  static int64_t cluster_capacity(int64_t cta, int cluster_size) {
+    auto query = [&](auto traits) -> int64_t {
+      using KT = decltype(traits);
+      if constexpr (!KT::kClusterMerge) {
+        return 0;
+      } else {
+        auto kernel = attention_kernel<KT>;
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(KT::kSmemBytes));
+        const int n = max_active_clusters(kernel, unsigned(cluster_size), dim3(KT::kThreads),
+                                          KT::kSmemBytes);
+        cudaGetLastError();
+        return n;
+      }
+    };
+    switch (cta) {
+      case 0: return query(Cta0{});
+      case 4: return query(Cta4{});
+      case 5: return kHasCta5 ? query(Cta5{}) : 0;
+      default: return 0;
+    }
+  }
+
+ private:
+  static cudaError_t launch_sm90(const AttentionParams& p, const LaunchChoice& c,
+                                 bool enable_pdl, cudaStream_t stream) {
+    if constexpr (kHasSm90) {
+      return LaunchAttentionSm90<Cta3>(p, sm90_q(p, c.num_tokens, c.sm90_tma_q), c.grid_x,
+                                       enable_pdl, stream);
+    } else {
+      return cudaErrorInvalidValue;
+    }
+  }
+};
+
+}  // namespace attn
+}  // namespace flashinfer

@@ -1,0 +1,76 @@
+// The numeric tuning parameters of the attention kernels, in one place. Each is a macro so that
+// benchmarks/tuning/tune_attention.py can compile variants side by side (-DFLASHINFER_ATTENTION_<NAME>=...
+// through the JIT's extra flags, part of the cache key); the defaults are what was measured
+// fastest, with the measurement beside each. Which CTA shape runs which problem is launch policy,
+// not tuning: launch.cuh. Switches between two finished designs are not kept here: the losing
+// side is deleted and its measurement is in benchmarks/notes/attention-ab-switches.md.
+#pragma once
+
+// ---- The FA2 kernel (prefill.cuh) ----------------------------------------------------------
+
+// Tiles in flight per key stream of the prefill shapes (cta 1, 2) at head_dim <= 128 (256 keeps
+// two for shared memory).
+#ifndef FLASHINFER_ATTENTION_STAGES
+#define FLASHINFER_ATTENTION_STAGES 3
+#endif
+
+// The decode shape (cta 0): four key streams of 16 keys per step, each with one tile ahead (68 KB
+// of shared memory; its ~220 registers per thread hold it at two CTAs per SM either way).
+// Against three stages, H100, pages in order: 64 x 4096 352.5 vs 356.1 us, 128 x 8192 1374 vs
+// 1401 us, CUDA-graph 1 x 32768 56.6 vs 58.6 us: fewer bytes in flight per stream read faster.
+#ifndef FLASHINFER_ATTENTION_CTA0_WARPS_KV
+#define FLASHINFER_ATTENTION_CTA0_WARPS_KV 4
+#endif
+#ifndef FLASHINFER_ATTENTION_CTA0_MMA_KV
+#define FLASHINFER_ATTENTION_CTA0_MMA_KV 1
+#endif
+#ifndef FLASHINFER_ATTENTION_CTA0_STAGES
+#define FLASHINFER_ATTENTION_CTA0_STAGES 2
+#endif
+// CTAs per SM the decode shapes (one warp of rows) are compiled for: their registers (~220 per
+// thread at head_dim 128) allow two 128-thread CTAs per SM; asking for three caps them at 168
+// and spills.
+#ifndef FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS
+#define FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS 1
+#endif
+
+// 64-row shape (cta 1): 16-key MMA tiles per step (default: 64 keys at head_dim <= 128, 32 at 256).
+#ifndef FLASHINFER_ATTENTION_CTA1_MMA_KV
+#define FLASHINFER_ATTENTION_CTA1_MMA_KV (kHeadDim <= 128 ? 4 : 2)
+#endif
+// 128-row shape (cta 2): warps x 16-row MMA tiles per warp = 128 rows. Two MMA tiles per warp
+// hold 2 x head_dim/8 x 4 accumulators: 32-key steps keep S small enough that almost nothing
+// spills at head_dim 128 (64-key steps spill 168 bytes and run 40% slower:
+// benchmarks/results/*-tune-attention.json).
+#ifndef FLASHINFER_ATTENTION_CTA2_MMA_KV
+#define FLASHINFER_ATTENTION_CTA2_MMA_KV (kHeadDim == 128 ? 2 : kHeadDim <= 128 ? 4 : 2)
+#endif
+#ifndef FLASHINFER_ATTENTION_CTA2_WARPS_Q
+#define FLASHINFER_ATTENTION_CTA2_WARPS_Q 4
+#endif
+#ifndef FLASHINFER_ATTENTION_CTA2_MMA_Q
+#define FLASHINFER_ATTENTION_CTA2_MMA_Q (kHeadDim <= 128 ? 2 : 1)
+#endif
+
+// ---- The Hopper kernel (prefill_sm90.cuh) --------------------------------------------------
+
+// Registers per thread after setmaxnreg: the producer warpgroup gives up what the two consumer
+// warpgroups take, within the CTA's 384 x 168 = 64512 (72 / 216 and 88 / 208 use all of it;
+// 80 / 216 would need 65536 and hangs: measured, 3b134a7). 88 / 208: the producer's spills
+// drop from 116 to 60 bytes (D = 128 paged), paged prefill 8 x 2048 906 -> 864 us, ragged
+// 16 x 1024 432 -> 421 (981a959, benchmarks/NOTES.md).
+#ifndef FLASHINFER_ATTENTION_SM90_PRODUCER_REGS
+#define FLASHINFER_ATTENTION_SM90_PRODUCER_REGS 88
+#endif
+#ifndef FLASHINFER_ATTENTION_SM90_CONSUMER_REGS
+#define FLASHINFER_ATTENTION_SM90_CONSUMER_REGS 208
+#endif
+// K/V stages of the Hopper kernel: by default as many as shared memory holds (prefill_sm90.cuh,
+// Sm90Traits::kStages); FLASHINFER_ATTENTION_SM90_STAGES overrides it for a tuning build.
+
+// Q through the TMA: 1 = where the plan asks for it (AttentionPlan.sm90_tma_q, whose threshold
+// benchmarks/tuning/tma_q_sweep.py measures), 0 = never, 2 = always; where q's layout allows. 0 and 2
+// exist for that sweep: they are the two sides the plan's threshold chooses between.
+#ifndef FLASHINFER_ATTENTION_SM90_TMA_Q
+#define FLASHINFER_ATTENTION_SM90_TMA_Q 1
+#endif
