@@ -409,3 +409,10 @@ def test_the_release_checks_version_is_one_its_pin_accepts():
     check = noxfile.check_version(version)
     assert check != version and noxfile._spelled_elsewhere(check) == []
     assert noxfile.check_version("1.2.3rc1") == "101.2.3" and noxfile.check_version("0.1.0") == "100.1.0"
+
+
+def test_the_readme_release_of_version_txt_passes_its_pin():
+    """The README's main job releases version.txt's version: no tracked file may spell it (a
+    doc example once did, and the release stopped at its pin on a fresh clone)."""
+    version = (ROOT / "version.txt").read_text().strip()
+    assert noxfile._spelled_elsewhere(version) == []
