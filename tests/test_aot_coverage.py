@@ -9,7 +9,7 @@ import pytest
 
 from flashinfer import __version__, _versions, aot, knobs
 from flashinfer.exceptions import MissingJITCacheError
-from flashinfer.jit import core, jit_cache
+from flashinfer.jit import core, jit_cache, remedy
 from flashinfer.jit.archs import parse_arch_list
 from flashinfer.jit.attention import AttentionVariant
 
@@ -52,7 +52,7 @@ def no_wheel(monkeypatch):
 
 def test_a_variant_no_wheel_holds_says_to_compile_it(no_wheel):
     spec = AttentionVariant("float16", "float16", 256, "none", "ROPE_LLAMA", True).spec()
-    head, ways = _lines(aot.missing_module_message(spec, "u_1", [parse_arch_list("9.0a")[0]]))
+    head, ways = _lines(remedy.missing_module_message(spec, "u_1", [parse_arch_list("9.0a")[0]]))
     assert head.startswith(f"JIT module {spec.name!r} (uri u_1, archs 9.0a) is not in any cache")
     assert "FLASHINFER_DISABLE_JIT is set" in head
     assert ways[0].startswith("- no flashinfer-jit-cache wheel precompiles this variant")
@@ -63,7 +63,7 @@ def test_a_variant_no_wheel_holds_says_to_compile_it(no_wheel):
 
 def test_a_precompiled_module_names_the_wheel_and_the_pip_command(no_wheel):
     spec = next(s for s in aot.registered_specs() if s.name == "norm")
-    _, ways = _lines(aot.missing_module_message(spec, "norm_1", [parse_arch_list("9.0a")[0]]))
+    _, ways = _lines(remedy.missing_module_message(spec, "norm_1", [parse_arch_list("9.0a")[0]]))
     assert ways[0].startswith(f"- install flashinfer-jit-cache {VERSION}, which precompiles it "
                               "for 8.0 9.0a 10.0a 12.0a: pip install "
                               f"'flashinfer-jit-cache=={VERSION}' --extra-index-url "
@@ -76,12 +76,12 @@ def test_an_installed_wheel_of_other_archs_says_so(monkeypatch):
                                                  "arch_list": ["8.0"]}, "", ())
     monkeypatch.setattr(jit_cache, "installed", lambda: wheel)
     spec = next(s for s in aot.registered_specs() if s.name == "norm")
-    _, ways = _lines(aot.missing_module_message(spec, "norm_1", [parse_arch_list("12.0a")[0]]))
+    _, ways = _lines(remedy.missing_module_message(spec, "norm_1", [parse_arch_list("12.0a")[0]]))
     assert ways[0] == (f"- the installed flashinfer-jit-cache {VERSION}+cu130 holds it for 8.0, "
                        "none of which serves 12.0a (docs/wheels.md, 'Which GPUs a wheel "
                        "serves'): it is compiled once, below")
     # sm_80 SASS serves 8.6: then the module is there, but of other sources or flags
-    _, ways = _lines(aot.missing_module_message(spec, "norm_1", parse_arch_list("8.6")))
+    _, ways = _lines(remedy.missing_module_message(spec, "norm_1", parse_arch_list("8.6")))
     assert "has it for these archs, but built from other sources or flags" in ways[0]
 
 
@@ -108,3 +108,11 @@ def test_release_archs_are_the_noxfile_release_list():
     import noxfile
 
     assert tuple(noxfile.RELEASE_ARCHS.split()) == aot.RELEASE_ARCHS
+
+
+def test_registry_and_spec_flag_agree():
+    """`JitSpec.precompiled` (what a missing module's error reads, below the registry) is true
+    exactly for the registered specs: a variant outside the policy says so."""
+    assert all(s.precompiled for s in aot.registered_specs())
+    off = AttentionVariant("float16", "float16", 256, "none", "ROPE_LLAMA", True).spec()
+    assert off.name not in NAMES and not off.precompiled

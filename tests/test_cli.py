@@ -324,7 +324,7 @@ def test_module_status_without_gpu_uses_the_jit_cache_wheels_archs(workspace, no
         seen.append(knobs.jit.cuda_arch_list)
         return [dict(m) for m in MODULES[:3]]
 
-    monkeypatch.setattr(core, "module_status", status)
+    monkeypatch.setattr(aot, "module_status", status)
     monkeypatch.setattr(core, "find_nvcc", lambda: Path("/opt/cuda/bin/nvcc"))
     out = run("module-status").output
     assert seen == ["8.0 9.0a"]

@@ -58,7 +58,7 @@ def fake_wheel(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     importlib.invalidate_caches()
-    monkeypatch.setattr(jit_cache, "_runtime_cuda", lambda: None)
+    monkeypatch.setattr(jit_cache, "runtime_cuda", lambda: None)
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "ws"))  # nothing on disk
     monkeypatch.delenv("FLASHINFER_DISABLE_VERSION_CHECK", raising=False)
@@ -218,11 +218,11 @@ def test_disable_version_check_uses_it_anyway(fake_wheel, monkeypatch):
 
 def test_cuda_major_mismatch_warns_and_ignores(fake_wheel, monkeypatch):
     fake_wheel(cuda="13.0")
-    monkeypatch.setattr(jit_cache, "_runtime_cuda", lambda: "12.8")
+    monkeypatch.setattr(jit_cache, "runtime_cuda", lambda: "12.8")
     with pytest.warns(_versions.VersionMismatchWarning, match="CUDA 13.0.*CUDA 12.8"):
         assert _candidates() == []
     jit_cache.reset()
-    monkeypatch.setattr(jit_cache, "_runtime_cuda", lambda: "13.1")
+    monkeypatch.setattr(jit_cache, "runtime_cuda", lambda: "13.1")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(_candidates()) == 1

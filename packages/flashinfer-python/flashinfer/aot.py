@@ -11,28 +11,16 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
-from .jit.archs import parse_arch_list
 from .jit.core import JitSpec, get_module, spec_status
-
-
-def custom_mask_variants() -> list:
-    """Custom (packed bit) masks at head_dim 64 and 256, both dtypes, paged and ragged: tree
-    masks of speculative decoding on models of those head dims (Gemma: 256; small Llamas: 64).
-    head_dim 128 is among ``extra_variants``. In-kernel RoPE and ALiBi stay at head_dim 128
-    (docs/wheels.md, "What the released set covers without nvcc")."""
-    from .jit.attention import AttentionVariant
-
-    return [AttentionVariant(dtype, dtype, head_dim, "custom", "NONE", paged)
-            for dtype in ("float16", "bfloat16") for head_dim in (64, 256)
-            for paged in (True, False)]
+from .jit.remedy import RELEASE_ARCHS  # noqa: F401  (re-exported: the release's archs)
 
 
 def registered_specs() -> list[JitSpec]:
     """Every module the package has, in a stable order: what the jit-cache wheel precompiles."""
     from .jit.activation import gen_activation_module
-    from .jit.attention import common_variants, extra_variants
+    from .jit.attention import precompiled_variants
     from .jit.cascade import gen_cascade_module
     from .jit.norm import gen_norm_module
     from .jit.page import gen_page_module
@@ -52,55 +40,10 @@ def registered_specs() -> list[JitSpec]:
         gen_cascade_module(),
         gen_topk_module(),
         gen_sampling_module(),
-        *(v.spec() for v in common_variants() + extra_variants() + custom_mask_variants()),
+        *(v.spec() for v in precompiled_variants()),
     ]
 
 
-#: The archs a release's jit-cache wheel holds (RELEASE_ARCHS in noxfile.py; docs/wheels.md).
-RELEASE_ARCHS = ("8.0", "9.0a", "10.0a", "12.0a")
-
-
-def missing_module_message(spec: JitSpec, uri: str, archs: Sequence[Any]) -> str:
-    """What :class:`~flashinfer.exceptions.MissingJITCacheError` says: the module, and each way
-    to get it, one a line. Called on that error path only (it reads the registry and the
-    installed jit-cache)."""
-    from . import __version__, _versions
-    from .jit import jit_cache
-
-    targets = " ".join(map(str, archs))
-    version = _versions.public_version(__version__)
-    lines = [f"JIT module {spec.name!r} (uri {uri}, archs {targets}) is not in any cache, and "
-             "FLASHINFER_DISABLE_JIT is set, so it is not compiled. Ways to get it:"]
-    wheel = jit_cache.installed()
-    registered = spec.name in {s.name for s in registered_specs()}
-    if not registered:
-        lines.append("- no flashinfer-jit-cache wheel precompiles this variant (docs/wheels.md, "
-                     "'What the released set covers without nvcc'): it is compiled once, below")
-    elif wheel is None:
-        cuda = jit_cache._runtime_cuda()
-        label = _versions.cuda_label(cuda) if cuda else "cu130"
-        lines.append(f"- install flashinfer-jit-cache {version}, which precompiles it for "
-                     f"{' '.join(RELEASE_ARCHS)}: pip install 'flashinfer-jit-cache=={version}' "
-                     f"--extra-index-url {_versions.WHEEL_INDEX_BASE}/{label}/")
-    elif not wheel.usable:
-        lines.append(f"- make the installed flashinfer-jit-cache usable: {wheel.problem}")
-    elif all(any(jit_cache.covers(b, t) for b in parse_arch_list(" ".join(wheel.arch_list)))
-             for t in archs):
-        lines.append(f"- the installed flashinfer-jit-cache {wheel.version} has it for these archs"
-                     ", but built from other sources or flags (a source checkout, "
-                     "FLASHINFER_EXTRA_CUDAFLAGS; docs/wheels.md, 'At run time'): build it, below")
-    else:
-        lines.append(f"- the installed flashinfer-jit-cache {wheel.version} holds it for "
-                     f"{' '.join(wheel.arch_list)}, none of which serves {targets} (docs/wheels.md"
-                     ", 'Which GPUs a wheel serves'): it is compiled once, below")
-    lines.append("- compile it here: install the CUDA toolkit (nvcc, found through "
-                 "FLASHINFER_NVCC, CUDA_HOME or PATH) and unset FLASHINFER_DISABLE_JIT; it is "
-                 "cached for every later process")
-    how = (f"python -m flashinfer.aot --only {spec.name}" if registered else "call the op once")
-    lines.append(f"- or compile it where nvcc is ({how}, with FLASHINFER_CUDA_ARCH_LIST="
-                 f"\"{targets}\" and flashinfer {__version__}) and copy "
-                 "$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/ to this machine's")
-    return "\n".join(lines)
 def module_status() -> list[dict]:
     """Every registered module, with where it would come from (:func:`~flashinfer.jit.core.spec_status`)."""
     return [spec_status(spec) for spec in registered_specs()]

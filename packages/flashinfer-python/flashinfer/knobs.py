@@ -18,6 +18,7 @@ import contextlib
 import os
 import re
 import shlex
+import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Generic, Iterator, Optional, Sequence, TypeVar, Union
 
@@ -148,10 +149,53 @@ def _parse_sha256(name: str, value: str) -> str:
     return digest
 
 
+# -- the value of FLASHINFER_CUBINS_REPOSITORY (pure parsing; artifacts.repository opens them) --
+
+
+def repository_problem(url: str) -> Optional[str]:
+    """Why ``url`` names no repository this client can open (None when it does): an unknown
+    scheme (``ftp://``, ``data:``), an http(s) URL without a host, ``s3://`` without a bucket,
+    a ``file://`` URL with a remote host."""
+    parsed = urllib.parse.urlparse(url.strip())
+    scheme = parsed.scheme.lower()
+    if scheme in ("http", "https"):
+        return None if parsed.hostname else "no host"
+    if scheme == "s3":
+        return None if parsed.netloc else "no bucket (s3://bucket[/prefix])"
+    if scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            return f"host {parsed.netloc!r}: a file:// URL names a path on this machine"
+        return None if parsed.path else "no path"
+    if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
+        return None if url.strip() else "empty"
+    return f"unknown scheme {scheme!r}"
+
+
+def _split(text: str) -> list[str]:
+    return [u for piece in text.split(",") for u in piece.split()]
+
+
+def repository_list_problem(text: str) -> Optional[str]:
+    """Why ``FLASHINFER_CUBINS_REPOSITORY``'s value ``text`` is not a list of repositories
+    (None when it is): an empty entry (``a,,b``, a leading or trailing comma), or an entry
+    :func:`repository_problem` refuses."""
+    if any(not piece.strip() for piece in text.split(",")):
+        return "an empty entry between commas"
+    for url in _split(text):
+        problem = repository_problem(url)
+        if problem:
+            return f"entry {url!r}: {problem}"
+    return None
+
+
+def parse_repository_list(text: Optional[str]) -> list[str]:
+    """``FLASHINFER_CUBINS_REPOSITORY``: URLs separated by whitespace or commas, tried in order
+    (the knob has checked them: :func:`repository_list_problem`)."""
+    return _split(text) if text else []
+
+
 def _parse_repositories(name: str, value: str) -> str:
     """The raw list, once every entry names a repository this client can open."""
-    from .artifacts.repository import repository_list_problem
-
     problem = repository_list_problem(value)
     if problem:
         raise KnobError(

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Tuple
 
 import torch
 
-from .fi_trace import Const, Tensor, TraceTemplate, Var
+from .trace_template import Const, Tensor, TraceTemplate, Var
 
 TEMPLATES: Dict[str, TraceTemplate] = {}
 

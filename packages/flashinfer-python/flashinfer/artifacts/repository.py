@@ -25,6 +25,7 @@ from typing import Iterator, Optional
 
 from .. import knobs
 from .._filelock import file_lock
+from ..knobs import parse_repository_list, repository_problem  # noqa: F401  (re-exported)
 from .errors import NotFoundError, PublishConflictError, RepositoryError, TransientError
 
 CHUNK = 1 << 20
@@ -532,25 +533,6 @@ class S3Repository(Repository):
 _SCHEMES = "use https://host, http://host, s3://bucket[/prefix], file:///path or a directory path"
 
 
-def repository_problem(url: str) -> Optional[str]:
-    """Why ``url`` names no repository this client can open (None when it does): an unknown
-    scheme (``ftp://``, ``data:``), an http(s) URL without a host, ``s3://`` without a bucket,
-    a ``file://`` URL with a remote host."""
-    parsed = urllib.parse.urlparse(url.strip())
-    scheme = parsed.scheme.lower()
-    if scheme in ("http", "https"):
-        return None if parsed.hostname else "no host"
-    if scheme == "s3":
-        return None if parsed.netloc else "no bucket (s3://bucket[/prefix])"
-    if scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
-            return f"host {parsed.netloc!r}: a file:// URL names a path on this machine"
-        return None if parsed.path else "no path"
-    if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
-        return None if url.strip() else "empty"
-    return f"unknown scheme {scheme!r}"
-
-
 def open_repository(url: str) -> Repository:
     """The backend for a repository URL: ``s3://``, ``http(s)://``, ``file://`` or a path.
 
@@ -572,26 +554,3 @@ def open_repository(url: str) -> Repository:
     if scheme == "file":
         return DirectoryRepository(Path(urllib.request.url2pathname(parsed.path)), url)
     return DirectoryRepository(Path(url).expanduser(), url)
-
-
-def _split(text: str) -> list[str]:
-    return [u for piece in text.split(",") for u in piece.split()]
-
-
-def repository_list_problem(text: str) -> Optional[str]:
-    """Why ``FLASHINFER_CUBINS_REPOSITORY``'s value ``text`` is not a list of repositories
-    (None when it is): an empty entry (``a,,b``, a leading or trailing comma), or an entry
-    :func:`repository_problem` refuses."""
-    if any(not piece.strip() for piece in text.split(",")):
-        return "an empty entry between commas"
-    for url in _split(text):
-        problem = repository_problem(url)
-        if problem:
-            return f"entry {url!r}: {problem}"
-    return None
-
-
-def parse_repository_list(text: Optional[str]) -> list[str]:
-    """``FLASHINFER_CUBINS_REPOSITORY``: URLs separated by whitespace or commas, tried in order
-    (the knob has checked them: :func:`repository_list_problem`)."""
-    return _split(text) if text else []

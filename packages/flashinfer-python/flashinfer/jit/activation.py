@@ -4,5 +4,5 @@ from .core import SM80_AND_NEWER, JitSpec
 
 
 def gen_activation_module() -> JitSpec:
-    return JitSpec(name="activation", sources=("activation.cu",),
+    return JitSpec(name="activation", precompiled=True, sources=("activation.cu",),
                    supported_major_versions=SM80_AND_NEWER)

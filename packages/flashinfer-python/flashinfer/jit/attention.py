@@ -8,6 +8,7 @@ sliding window, RoPE scale/theta) are kernel arguments and cost no extra module.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .core import SM80_AND_NEWER, JitSpec
@@ -84,7 +85,8 @@ class AttentionVariant:
             f"-DFI_PAGED={int(self.paged)}",
         )
         return JitSpec(name=self.name, sources=("attention.cu",), extra_cuda_cflags=flags,
-                       supported_major_versions=SM80_AND_NEWER)
+                       supported_major_versions=SM80_AND_NEWER,
+                       precompiled=self in _precompiled())
 
 
 def extra_variants() -> list[AttentionVariant]:
@@ -109,3 +111,24 @@ def common_variants() -> list[AttentionVariant]:
                 for mask in ("none", "causal"):
                     out.append(AttentionVariant(dtype, dtype, head_dim, mask, "NONE", paged))
     return out
+
+
+def custom_mask_variants() -> list[AttentionVariant]:
+    """Custom (packed bit) masks at head_dim 64 and 256, both dtypes, paged and ragged: tree
+    masks of speculative decoding on models of those head dims (Gemma: 256; small Llamas: 64).
+    head_dim 128 is among ``extra_variants``. In-kernel RoPE and ALiBi stay at head_dim 128
+    (docs/wheels.md, "What the released set covers without nvcc")."""
+    return [AttentionVariant(dtype, dtype, head_dim, "custom", "NONE", paged)
+            for dtype in ("float16", "bfloat16") for head_dim in (64, 256)
+            for paged in (True, False)]
+
+
+def precompiled_variants() -> list[AttentionVariant]:
+    """Every variant the flashinfer-jit-cache wheel holds (docs/wheels.md, "What the released
+    set covers without nvcc"), in a stable order."""
+    return common_variants() + extra_variants() + custom_mask_variants()
+
+
+@functools.cache
+def _precompiled() -> frozenset:
+    return frozenset(precompiled_variants())

@@ -79,6 +79,9 @@ class JitSpec:
         Include dirs on top of ``include/``, ``csrc/`` and TVM-FFI's.
     supported_major_versions : tuple of int, optional
         Compute capability majors the module compiles for; None means any.
+    precompiled : bool
+        The flashinfer-jit-cache wheel holds it (:func:`flashinfer.aot.registered_specs` lists
+        exactly these; a test holds the two together). Not part of the module's key.
     """
 
     name: str
@@ -88,6 +91,7 @@ class JitSpec:
     extra_ldflags: tuple[str, ...] = ()
     extra_include_dirs: tuple[str, ...] = ()
     supported_major_versions: Optional[tuple[int, ...]] = None
+    precompiled: bool = field(default=False, compare=False)
 
     def source_paths(self) -> list[Path]:
         return [Path(s) if os.path.isabs(s) else toolchain.csrc_dir() / s for s in self.sources]
@@ -592,7 +596,7 @@ def _disk_or_build(plan: BuildPlan) -> Path:
         stats["loaded_disk"] += 1
         return plan.so_path
     if knobs.jit.disable_jit:
-        from ..aot import missing_module_message  # the error path only (aot imports core)
+        from .remedy import missing_module_message  # the error path only
 
         found = (f"\n(Its cached copy {plan.so_path} is damaged, so it is not loaded: {damage}.)"
                  if exists else "")

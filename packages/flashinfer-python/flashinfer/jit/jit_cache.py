@@ -109,7 +109,7 @@ def package_dir() -> Optional[Path]:
     return None
 
 
-def _runtime_cuda() -> Optional[str]:
+def runtime_cuda() -> Optional[str]:
     """The CUDA version torch runs (None for a CPU build or without torch)."""
     try:
         import torch
@@ -143,7 +143,7 @@ def _problem(manifest: dict) -> str:
     message = _versions.check_sibling_version(DISTRIBUTION, version, __version__)
     if message is None:
         message = _versions.check_cuda_major(
-            DISTRIBUTION, version, manifest.get("cuda_version"), _runtime_cuda()
+            DISTRIBUTION, version, manifest.get("cuda_version"), runtime_cuda()
         )
     return message or ""
 

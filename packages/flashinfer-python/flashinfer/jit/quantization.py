@@ -4,5 +4,5 @@ from .core import SM80_AND_NEWER, JitSpec
 
 
 def gen_quantization_module() -> JitSpec:
-    return JitSpec(name="quantization", sources=("quantization.cu",),
+    return JitSpec(name="quantization", precompiled=True, sources=("quantization.cu",),
                    supported_major_versions=SM80_AND_NEWER)

@@ -4,5 +4,5 @@ from .core import SM80_AND_NEWER, JitSpec
 
 
 def gen_scale_module() -> JitSpec:
-    return JitSpec(name="scale", sources=("scale.cu",),
+    return JitSpec(name="scale", precompiled=True, sources=("scale.cu",),
                    supported_major_versions=SM80_AND_NEWER)

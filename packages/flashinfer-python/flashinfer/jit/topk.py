@@ -5,4 +5,4 @@ from .core import SM80_AND_NEWER, JitSpec
 
 
 def gen_topk_module() -> JitSpec:
-    return JitSpec(name="topk", sources=("topk.cu",), supported_major_versions=SM80_AND_NEWER)
+    return JitSpec(name="topk", precompiled=True, sources=("topk.cu",), supported_major_versions=SM80_AND_NEWER)
