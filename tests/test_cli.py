@@ -357,7 +357,7 @@ def test_collect_env_text_and_json(workspace, fake_jit, monkeypatch):
     assert text.exit_code == 0
     for part in ("flashinfer:", "packages:", "system:", "torch:", "toolchain:", "environment:"):
         assert f"\n{part}\n" in "\n" + text.output, part
-    assert f"  torch: {torch.__version__}" in text.output
+    assert f"\ntorch:\n  version: {torch.__version__}\n" in text.output
     result = run("collect-env", "--json")
     assert result.exit_code == 0
     report = json.loads(result.output)

@@ -233,10 +233,17 @@ def test_a_stored_cubin_that_does_not_verify_is_never_loaded(cubin_release, monk
     flashinfer.rmsnorm(x, w, backend="cubin")  # loaded already: the driver's copy is used
     clear_caches()  # as a new process: the file is read (and verified) again
     monkeypatch.setenv("FLASHINFER_NO_DOWNLOAD", "1")
+    # A directory repository is read even offline (no download): offer a network one only.
+    local = knobs.artifacts.repository
+    monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", "http://127.0.0.1:9/never")
     with pytest.raises(OfflineError):  # the tampered copy was refused and deleted
         flashinfer.rmsnorm(x, w, backend="cubin")
     assert not obj.exists()
     monkeypatch.delenv("FLASHINFER_NO_DOWNLOAD")
+    if local is None:
+        monkeypatch.delenv("FLASHINFER_CUBINS_REPOSITORY")
+    else:
+        monkeypatch.setenv("FLASHINFER_CUBINS_REPOSITORY", local)
     clear_caches()
     flashinfer.rmsnorm(x, w, backend="cubin")  # downloaded again from the repository
     assert obj.exists()
