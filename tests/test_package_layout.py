@@ -17,7 +17,6 @@ from flashinfer.attention import plan as attention_plan
 from flashinfer.attention import runtime as rt
 
 PKG = Path(flashinfer.__file__).resolve().parent
-SRC = PKG.parent  # packages/flashinfer-python
 
 
 def _modules() -> dict[str, Path]:
@@ -159,7 +158,10 @@ def _snake(name: str) -> str:
 def test_run_params_record_layout_matches_the_binding():
     """csrc/attention_utils.h's RunParam enum names the slots of runtime.RUN_PARAMS in order
     (kQoIndptr <-> "qo_indptr"), with the same version."""
-    text = (SRC / "csrc" / "attention_utils.h").read_text()
+    from flashinfer.jit import toolchain
+
+    # the sources the modules compile from: the checkout's, or those an installed wheel bundles
+    text = (toolchain.csrc_dir() / "attention_utils.h").read_text()
     body = re.search(r"enum RunParam : int \{(.*?)\};", text, re.S).group(1)
     names = [n.strip() for n in body.split(",") if n.strip()]
     assert names[-1] == "kNumRunParams"

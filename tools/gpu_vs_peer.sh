@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# One device call for issue 20 (the attention move), from a copy of the source tree under
-# .gpu/<name>/ of the lead's checkout: our modules built in parallel while the peer's
-# (FlashInfer 0.7.2: the host-cost and attention cases) build in the background; the whole
-# tests/ directory; then, on an idle machine, the host cost of ours and the peer and the
-# headline attention cases of ours and the peer, each pair merged into one results file.
-#   usage (device): bash tools/gpu_issue20.sh COMMIT      env: BUDGET (s, default 525)
+# One device call comparing ours with the peer (FlashInfer 0.7.2, ../shared/tools/peer-flashinfer.sh),
+# from the repository root: our modules built in parallel while the peer's (the host-cost and
+# attention cases) build in the background; the whole tests/ directory; then, on an idle
+# machine, the host cost of ours and the peer and the headline attention cases of ours and the
+# peer, each pair merged into one results file.
+#   usage (device): bash tools/gpu_vs_peer.sh COMMIT
+#   env: BUDGET (s, default 525); WHEELS (default .gpu/wheels), PEER_TAR (default
+#        .gpu/peer/flashinfer-peer.tar.xz); OURS_SITE: an installed set to measure instead of the
+#        source tree (e.g. a release's wheels; then no AOT and no tests); SKIP_TESTS=1
 # Back in $OUT: log.txt, pytest.log, host-cost.json, attention.json (or each side's file where
 # the merge could not run).
 set -uo pipefail
@@ -13,9 +16,9 @@ start=$(date +%s)
 left() { echo $(( ${BUDGET:-525} - ($(date +%s) - start) )); }
 log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a $OUT/log.txt; }
 export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ../wheels/*.whl || exit 1
-mkdir -p /tmp/peer && tar -xJf ../peer/flashinfer-peer.tar.xz -C /tmp/peer
-OURS="/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHEELS:-.gpu/wheels}/*.whl || exit 1
+mkdir -p /tmp/peer && tar -xJf ${PEER_TAR:-.gpu/peer/flashinfer-peer.tar.xz} -C /tmp/peer
+OURS="${OURS_SITE:+$OURS_SITE:}/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests"
 PEER="/tmp/peer:/tmp/site"
 ours() { PYTHONPATH=$OURS FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws "$@"; }
 peer() { PYTHONPATH=$PEER FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws "$@"; }
@@ -23,13 +26,17 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>
 ( peer nice -n 5 python3 benchmarks/host_cost.py warmup --label peer && echo hc-ready > /tmp/peer-hc
   peer nice -n 5 python3 benchmarks/attention_vs_peer.py warmup && echo ready > /tmp/peer-attn
 ) > /tmp/peer-warmup.log 2>&1 &
-log "aot"
-( time ours python3 -m flashinfer.aot --jobs 16 ) > /tmp/aot.log 2>&1; tail -4 /tmp/aot.log >> $OUT/log.txt
-t=$(( $(left) - 170 )); log "tests (timeout ${t}s)"
-ours timeout $t python3 -m pytest tests -q -p no:cacheprovider --maxfail=60 \
-  -rfEs > $OUT/pytest.log 2>&1
-log "pytest exit $?: $(tail -1 $OUT/pytest.log)"
-grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head -30 >> $OUT/log.txt
+if [ -z "${OURS_SITE:-}" ]; then
+  log "aot"
+  ( time ours python3 -m flashinfer.aot --jobs 16 ) > /tmp/aot.log 2>&1; tail -4 /tmp/aot.log >> $OUT/log.txt
+fi
+if [ -z "${OURS_SITE:-}" ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
+  t=$(( $(left) - 170 )); log "tests (timeout ${t}s)"
+  ours timeout $t python3 -m pytest tests -q -p no:cacheprovider --maxfail=60 \
+    -rfEs > $OUT/pytest.log 2>&1
+  log "pytest exit $?: $(tail -1 $OUT/pytest.log)"
+  grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head -30 >> $OUT/log.txt
+fi
 while [ ! -f /tmp/peer-hc ] && [ $(left) -gt 130 ]; do sleep 2; done
 log "host cost"
 ours python3 benchmarks/host_cost.py measure --label ours /tmp/hc-ours.json > /tmp/hc.log 2>&1
