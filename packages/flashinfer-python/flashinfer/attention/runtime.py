@@ -262,6 +262,9 @@ class Workspace:
                 out.append(self._ints[at[i]:at[i] + n] if i in at
                            else t.to(self.device, torch.int32, non_blocking=True))
                 continue
+            if i not in at and t.is_cuda and t.data_ptr() == buf.data_ptr():
+                out.append(buf)  # written in place by the caller (an engine's graph buffer)
+                continue
             if n > buf.numel():
                 raise ValueError(f"{name} has {n} entries, its CUDA-graph buffer only "
                                  f"{buf.numel()}")

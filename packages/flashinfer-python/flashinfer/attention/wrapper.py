@@ -19,8 +19,55 @@ from ..jit.attention import HEAD_DIMS, AttentionVariant
 from . import runtime as rt
 from .plan import CTAS_PER_SM, AttentionPlan, schedule
 
+# The options of the deprecated forward() that replace the planned ones.
+LEGACY_OPTIONS = ("causal", "pos_encoding_mode", "use_fp16_qk_reduction", "window_left",
+                  "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta")
 UNSUPPORTED_RUN = ("sinks", "kv_cache_sf", "skip_softmax_threshold_scale_factor",
                     "uses_spcompress")
+
+
+# Arguments FlashInfer's plan/constructors accept that this implementation cannot honour, with
+# the value that means "not used" and why (multi-item scoring, the trtllm-gen backend's page
+# table, JIT customization): any other value raises NotImplementedError naming it.
+UNSUPPORTED_PLAN = {
+    "prefix_len_ptr": (None, "multi-item scoring"),
+    "token_pos_in_items_ptr": (None, "multi-item scoring"),
+    "token_pos_in_items_len": (0, "multi-item scoring"),
+    "max_item_len_ptr": (None, "multi-item scoring"),
+    "use_fp16_qk_reduction": (False, "q.k is accumulated in float32"),
+    "block_tables": (None, "the trtllm-gen backend's page table; pass indptr/indices"),
+    "v_indptr": (None, "separate V/output layouts of the ragged wrapper"),
+    "o_indptr": (None, "separate V/output layouts of the ragged wrapper"),
+    "jit_args": (None, "JIT-customized attention variants"),
+    "jit_kwargs": (None, "JIT-customized attention variants"),
+}
+
+
+def refuse_unsupported(where: str, **given) -> None:
+    """``NotImplementedError`` naming the first of ``given`` (names of UNSUPPORTED_PLAN) whose
+    value is not the one meaning "not used"."""
+    for name, value in given.items():
+        default, why = UNSUPPORTED_PLAN[name]
+        if value is not default and (isinstance(value, torch.Tensor) or value != default):
+            raise NotImplementedError(f"{where}({name}=...) is not supported by this "
+                                      f"implementation ({why})")
+
+
+def check_given_lens(given, derived: Sequence[int], name: str, what: str) -> None:
+    """An optional per-request length tensor FlashInfer's plan also accepts (``seq_lens``,
+    ``seq_lens_q``): the same lengths the indptr arrays describe, or ``ValueError``."""
+    if given is None:
+        return
+    lens = host_ints(given.reshape(-1) if isinstance(given, torch.Tensor) else given, name)
+    if lens != list(derived):
+        raise ValueError(f"{name} must equal the {what} the plan's metadata describes "
+                         f"({list(derived)[:8]}), got {lens[:8]}")
+
+
+def check_given_max(given: Optional[int], derived: Sequence[int], name: str) -> None:
+    """``max_token_per_sequence`` / ``max_sequence_kv``: a bound, at least the real maximum."""
+    if given is not None and given < max(derived, default=0):
+        raise ValueError(f"{name} must be at least {max(derived, default=0)}, got {given}")
 
 
 def check_head_dim(head_dim: int, head_dim_vo: Optional[int] = None) -> None:
@@ -369,30 +416,106 @@ class BatchAttentionBase:
             raise ValueError(f"the KV cache must have the planned kv_data_type "
                              f"({rt.dtype_name(self._kv_dtype)}), got {rt.dtype_name(k.dtype)}")
 
-    def _check_legacy_options(self, kwargs: dict, **given) -> None:
-        """The deprecated ``forward``'s options (``given``, and those it finds in ``kwargs``,
-        which it removes): each must equal what ``plan`` was given, since a run cannot change
-        them; one that differs raises ``NotImplementedError`` naming it."""
+    # -- what serving engines read and write on a wrapper (docs/serving-engines.md) ----------
+    @property
+    def _logits_soft_cap(self) -> float:
+        """The planned soft cap, 0.0 when off (as FlashInfer stores it; vLLM asserts on it)."""
+        return self._softcap
+
+    def _buf_property(key: str, doc: str):  # noqa: N805 (a helper run at class creation)
+        def get(self):
+            buf = self._bufs.get(key)
+            if buf is None and key == "kv_indices":  # not graph mode: the planned page ids
+                return getattr(self, "_kv_indices", None)
+            return buf
+
+        def put(self, value):
+            """Replace the buffer; where a plan reads it already (graph mode, or the page ids of
+            the current plan), runs from now on read the new tensor."""
+            if key == "kv_indices" and self._plan is not None and \
+                    getattr(self, "_kv_indices", None) is not None:
+                if not (isinstance(value, torch.Tensor) and value.dtype == torch.int32
+                        and value.device == self._ws.device and value.dim() == 1):
+                    raise ValueError(f"_paged_kv_indices_buf must be a 1-D int32 tensor on "
+                                     f"{self._ws.device}, got {value!r:.60}")
+                self._kv_indices = value
+                self._max_page_id = -1  # device ids: not read back
+                self._launcher = None
+            if key in self._bufs:
+                self._bufs[key] = value
+
+        return property(get, put, doc=doc)
+
+    _paged_kv_indices_buf = _buf_property("kv_indices", "The page-id buffer run reads "
+                                          "(graph mode) or the planned page ids.")
+    _paged_kv_indptr_buf = _buf_property("kv_indptr", "The graph-mode indptr buffer.")
+    _paged_kv_last_page_len_buf = _buf_property("kv_last_page_len",
+                                                "The graph-mode last_page_len buffer.")
+    _qo_indptr_buf = _buf_property("qo_indptr", "The graph-mode qo_indptr buffer.")
+    _custom_mask_buf = _buf_property("custom_mask", "The graph-mode custom-mask buffer.")
+    _mask_indptr_buf = _buf_property("mask_indptr", "The graph-mode mask_indptr buffer.")
+    del _buf_property
+
+    # -- the deprecated entry points -------------------------------------------------------
+    def _remember_plan(self, args: dict) -> None:
+        """Keep a successful plan's arguments: the deprecated ``forward`` re-plans with them
+        when it is given another ``causal`` or ``pos_encoding_mode``."""
+        self._plan_args = {k: v for k, v in args.items() if k not in ("self", "args",
+                                                                      "__class__")}
+
+    def _forward(self, inputs: tuple, return_lse: bool, given: dict):
+        """The deprecated ``forward``/``forward_return_lse``: ``given`` (their arguments)
+        replace the planned options, then ``run(*inputs)`` with the scales among them."""
+        self._apply_legacy_options(**{name: given[name] for name in LEGACY_OPTIONS
+                                      if name in given})
+        return self.run(*inputs, return_lse=return_lse,
+                        **{name: given[name] for name in ("q_scale", "k_scale", "v_scale")
+                           if name in given})
+
+    def _apply_legacy_options(self, *, causal: Optional[bool] = None,
+                              pos_encoding_mode: str = "NONE",
+                              use_fp16_qk_reduction: bool = False, window_left: int = -1,
+                              logits_soft_cap: Optional[float] = None,
+                              sm_scale: Optional[float] = None,
+                              rope_scale: Optional[float] = None,
+                              rope_theta: Optional[float] = None) -> None:
+        """What FlashInfer's deprecated ``forward``/``forward_return_lse`` do before they run:
+        their options (defaults included) replace the planned ones. Scalars (``sm_scale``,
+        ``logits_soft_cap``, ``window_left``, ``rope_scale``, ``rope_theta``) update the plan in
+        place (host work only, so a CUDA-graph capture may call it); another ``causal`` or
+        ``pos_encoding_mode`` needs another kernel and schedule: the batch is planned again
+        with the stored plan arguments (host work that reads the metadata: not during a
+        capture). ``causal=None``: the wrapper has none (decode)."""
         if self._plan is None:
             raise RuntimeError("plan() must be called before forward()")
-        for name in ("sm_scale", "logits_soft_cap", "window_left", "rope_scale", "rope_theta"):
-            if name in kwargs:
-                given[name] = kwargs.pop(name)
-        planned = {
-            "causal": lambda x: bool(x) == (self._variant.mask_mode == "causal"),
-            "pos_encoding_mode": lambda x: x == self._pos_encoding_mode,
-            "sm_scale": lambda x: rt.resolve_scales(self._head_dim, x, None, None, None)[0]
-            == self._scales[0],
-            "logits_soft_cap": lambda x: rt.soft_cap(x) == self._softcap,
-            "window_left": lambda x: rt.check_window_left(x) == self._window_left,
-            "rope_scale": lambda x: rt.rope_defaults(x, None)[0] == self._rope_scale,
-            "rope_theta": lambda x: rt.rope_defaults(None, x)[1] == self._rope_theta,
-        }
-        for name, value in given.items():
-            if not planned[name](value):
-                raise NotImplementedError(
-                    f"forward({name}={value!r}) differs from what plan() was given; a run "
-                    f"cannot change {name}: pass it to plan()")
+        if use_fp16_qk_reduction:
+            raise NotImplementedError("use_fp16_qk_reduction=True is not supported by this "
+                                      "implementation (it accumulates q.k in float32)")
+        rt.check_pos_encoding(pos_encoding_mode)
+        rt.check_window_left(window_left)
+        rt.resolve_scales(self._head_dim, sm_scale, None, None, None)
+        soft = rt.soft_cap(logits_soft_cap)
+        rope = rt.rope_defaults(rope_scale, rope_theta)
+        scalars = dict(window_left=window_left, logits_soft_cap=logits_soft_cap,
+                       sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+        replan = pos_encoding_mode != self._pos_encoding_mode
+        if causal is not None and self._mask is None:  # a custom mask overrides causal
+            replan |= bool(causal) != (self._variant.mask_mode == "causal")
+        if replan:
+            extra = {} if causal is None else {"causal": bool(causal)}
+            type(self).plan(self, **{**self._plan_args, **scalars, **extra,
+                         "pos_encoding_mode": pos_encoding_mode})
+            return
+        if causal is not None:
+            self._causal = bool(causal)
+        if (sm_scale, soft, window_left, rope) != (self._sm_scale, self._softcap,
+                                                   self._window_left,
+                                                   (self._rope_scale, self._rope_theta)):
+            self._sm_scale, self._softcap, self._window_left = sm_scale, soft, window_left
+            self._rope_scale, self._rope_theta = rope
+            self._scales = rt.resolve_scales(self._head_dim, sm_scale, None, None, None)
+            self._launcher = None  # the launch record holds the scalars: made again at run
+        self._plan_args.update(scalars)
 
     def _legacy_run_args(self, args: tuple, kwargs: dict) -> dict:
         if args:
@@ -414,6 +537,7 @@ class BatchAttentionBase:
             raise ValueError(f"qo_indptr describes {len(qo_lens)} requests, the KV metadata "
                              f"{len(kv_lens)}")
         use_mask = custom_mask is not None or packed_custom_mask is not None
+        self._causal = bool(causal)  # as given (a custom mask overrides it), as FlashInfer keeps it
         mask_mode = "custom" if use_mask else ("causal" if causal else "none")
         self._mask = None
         if use_mask:
