@@ -5,7 +5,6 @@ late would surface as that failure instead)."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
