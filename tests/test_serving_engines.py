@@ -600,3 +600,23 @@ def test_vllm_prefill_and_decode_sequence():
     decode.run(q[n_prefill:], cache, out=out[n_prefill:])
     _check_rows(out, q, kvs, qo_lens, dtype, causal=True, sm_scale=scale, soft_cap=cap,
                 window_left=window)
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_writing_planned_attributes_reaches_the_next_run(kind, fake):
+    """Engines that plan through the module and then set ``_sm_scale`` & co. on the wrapper: the
+    next run's record carries the written values; a bad value is refused."""
+    w = ALL[kind]()
+    q, kv = _inputs(kind)
+    w.run(q, *kv)
+    w._sm_scale, w._logits_soft_cap, w._window_left = 0.2, 10.0, 3
+    w.run(q, *kv)
+    rec = fake.calls[-1][5]
+    assert _field(rec, "sm_scale") == pytest.approx(0.2)
+    assert (_field(rec, "logits_soft_cap"), _field(rec, "window_left")) == (10.0, 3)
+    w._logits_soft_cap = None
+    assert w._logits_soft_cap == 0.0
+    with pytest.raises(ValueError, match="sm_scale must be positive"):
+        w._sm_scale = 0.0
+    with pytest.raises(ValueError, match="window_left must be an int"):
+        w._window_left = -2

@@ -206,10 +206,47 @@ def make_variant(q_dtype: torch.dtype, o_dtype: torch.dtype, head_dim: int, mask
                             pos_encoding_mode, paged)
 
 
+def _check_sm_scale(value):
+    if value is not None:
+        rt.resolve_scales(1, value, None, None, None)  # positive and finite
+    return value
+
+
+class PlannedScalar:
+    """A planned option the launch record holds, under FlashInfer's attribute name (engines read
+    ``_sm_scale``, ``_window_left``, ``_logits_soft_cap`` and some write them): setting one
+    checks and normalizes it, and a new value makes the next ``run`` build its record again (a
+    captured graph keeps the record it was captured with)."""
+
+    def __init__(self, normalize, default) -> None:
+        self.normalize, self.default = normalize, default
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name, self.slot = name, "_planned" + name
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else obj.__dict__.get(self.slot, self.default)
+
+    def __set__(self, obj, value) -> None:
+        value = self.normalize(value)
+        old = obj.__dict__.get(self.slot, self.default)
+        if value == old and type(value) is type(old):
+            return
+        obj.__dict__[self.slot] = value
+        obj._launcher = None
+        if self.name == "_sm_scale" and getattr(obj, "_plan", None) is not None:
+            obj._scales = rt.resolve_scales(obj._head_dim, value, None, None, None)
+
+
 class BatchAttentionBase:
     """plan/run machinery shared by the batch prefill and decode wrappers."""
 
     _paged = True
+    _sm_scale = PlannedScalar(_check_sm_scale, None)  # as given: None = 1/sqrt(head_dim)
+    _window_left = PlannedScalar(rt.check_window_left, -1)
+    _logits_soft_cap = PlannedScalar(rt.soft_cap, 0.0)  # 0.0 = off, as FlashInfer keeps it
+    _rope_scale = PlannedScalar(lambda x: rt.rope_defaults(x, None)[0], 1.0)
+    _rope_theta = PlannedScalar(lambda x: rt.rope_defaults(None, x)[1], 1e4)
     # Graph mode: the captured grid has room for this many times the first plan's items (later
     # plans may tile their query rows differently; split KV has its own term).
     _graph_item_headroom = 2
@@ -379,7 +416,7 @@ class BatchAttentionBase:
             partials=partials, counters=self._ws.counters, custom_mask=self._mask,
             mask_indptr=self._mask_indptr,
             alibi_slopes=rt.alibi_slopes_for(self._pos_encoding_mode, self._num_qo_heads, device),
-            sm_scale=self._scales[0], logits_soft_cap=self._softcap, o_scale=self._scales[1],
+            sm_scale=self._scales[0], logits_soft_cap=self._logits_soft_cap, o_scale=self._scales[1],
             rope_scale=self._rope_scale, rope_theta=self._rope_theta,
             window_left=self._window_left, enable_pdl=enable_pdl)
 
@@ -406,10 +443,12 @@ class BatchAttentionBase:
         self._q_dtype, self._kv_dtype, self._o_dtype = q_dtype, kv_dtype, o_dtype
         self._pos_encoding_mode = pos_encoding_mode
         rt.resolve_scales(head_dim, sm_scale, None, None, None)  # checks sm_scale
-        self._sm_scale = sm_scale
-        self._window_left = rt.check_window_left(window_left)
-        self._softcap = rt.soft_cap(logits_soft_cap)
-        self._rope_scale, self._rope_theta = rt.rope_defaults(rope_scale, rope_theta)
+        rt.check_window_left(window_left)
+        rt.soft_cap(logits_soft_cap)
+        rt.rope_defaults(rope_scale, rope_theta)
+        self._sm_scale, self._window_left, self._logits_soft_cap = (sm_scale, window_left,
+                                                                   logits_soft_cap)
+        self._rope_scale, self._rope_theta = rope_scale, rope_theta
 
     def _check_kv_dtype(self, k: torch.Tensor) -> None:
         if k.dtype != self._kv_dtype:
@@ -417,11 +456,6 @@ class BatchAttentionBase:
                              f"({rt.dtype_name(self._kv_dtype)}), got {rt.dtype_name(k.dtype)}")
 
     # -- what serving engines read and write on a wrapper (docs/serving-engines.md) ----------
-    @property
-    def _logits_soft_cap(self) -> float:
-        """The planned soft cap, 0.0 when off (as FlashInfer stores it; vLLM asserts on it)."""
-        return self._softcap
-
     def _buf_property(key: str, doc: str):  # noqa: N805 (a helper run at class creation)
         def get(self):
             buf = self._bufs.get(key)
@@ -432,6 +466,8 @@ class BatchAttentionBase:
         def put(self, value):
             """Replace the buffer; where a plan reads it already (graph mode, or the page ids of
             the current plan), runs from now on read the new tensor."""
+            if key not in self._bufs:
+                raise AttributeError(f"{type(self).__name__} has no {key} buffer")
             if key == "kv_indices" and self._plan is not None and \
                     getattr(self, "_kv_indices", None) is not None:
                 if not (isinstance(value, torch.Tensor) and value.dtype == torch.int32
@@ -441,8 +477,7 @@ class BatchAttentionBase:
                 self._kv_indices = value
                 self._max_page_id = -1  # device ids: not read back
                 self._launcher = None
-            if key in self._bufs:
-                self._bufs[key] = value
+            self._bufs[key] = value
 
         return property(get, put, doc=doc)
 
@@ -494,8 +529,8 @@ class BatchAttentionBase:
         rt.check_pos_encoding(pos_encoding_mode)
         rt.check_window_left(window_left)
         rt.resolve_scales(self._head_dim, sm_scale, None, None, None)
-        soft = rt.soft_cap(logits_soft_cap)
-        rope = rt.rope_defaults(rope_scale, rope_theta)
+        rt.soft_cap(logits_soft_cap)
+        rt.rope_defaults(rope_scale, rope_theta)
         scalars = dict(window_left=window_left, logits_soft_cap=logits_soft_cap,
                        sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
         replan = pos_encoding_mode != self._pos_encoding_mode
@@ -508,13 +543,10 @@ class BatchAttentionBase:
             return
         if causal is not None:
             self._causal = bool(causal)
-        if (sm_scale, soft, window_left, rope) != (self._sm_scale, self._softcap,
-                                                   self._window_left,
-                                                   (self._rope_scale, self._rope_theta)):
-            self._sm_scale, self._softcap, self._window_left = sm_scale, soft, window_left
-            self._rope_scale, self._rope_theta = rope
-            self._scales = rt.resolve_scales(self._head_dim, sm_scale, None, None, None)
-            self._launcher = None  # the launch record holds the scalars: made again at run
+        # Each one that changed makes the next run build its launch record again.
+        self._sm_scale, self._logits_soft_cap, self._window_left = (sm_scale, logits_soft_cap,
+                                                                   window_left)
+        self._rope_scale, self._rope_theta = rope_scale, rope_theta
         self._plan_args.update(scalars)
 
     def _legacy_run_args(self, args: tuple, kwargs: dict) -> dict:
