@@ -18,7 +18,7 @@ from attention_ref import attention_ref, make_paged
 import flashinfer
 import flashinfer.attention.runtime as rt
 import flashinfer.attention.wrapper as wrapper_mod
-from flashinfer.decode import fast_decode_plan
+from flashinfer import fast_decode_plan  # top level, as SGLang imports it
 
 HQ, HKV, D, PAGE = 8, 2, 64, 16
 
