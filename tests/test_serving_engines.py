@@ -620,3 +620,133 @@ def test_writing_planned_attributes_reaches_the_next_run(kind, fake):
         w._sm_scale = 0.0
     with pytest.raises(ValueError, match="window_left must be an int"):
         w._window_left = -2
+
+
+def _vllm_fast_plan_decode(w, indptr_cpu, indices, last_page_len_cpu, seq_lens_cpu, hq, hkv, d,
+                           page_size, dtype, sm_scale, logits_soft_cap=None, window_left=-1):
+    """The call sequence of vLLM's ``fast_plan_decode`` (vllm/v1/attention/backends/
+    flashinfer.py): the stock plan (positional, as vLLM passes it) on the first call, then in
+    CUDA-graph mode copies into the wrapper's buffers, ``_cached_module.plan(...)`` and the
+    planned attributes written back."""
+    if not w.is_cuda_graph_enabled or getattr(w, "vllm_first_call", True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            w.plan(indptr_cpu, indices, last_page_len_cpu, hq, hkv, d, page_size, "NONE",
+                   window_left, logits_soft_cap, dtype, dtype, None, None, sm_scale, None, None,
+                   True, None, None, -1, False)
+        w.vllm_first_call = False
+        return
+    batch = len(last_page_len_cpu)
+    assert batch == w._fixed_batch_size and len(indices) <= len(w._paged_kv_indices_buf)
+    w._paged_kv_indptr_buf.copy_(indptr_cpu, non_blocking=True)
+    w._paged_kv_last_page_len_buf.copy_(last_page_len_cpu, non_blocking=True)
+    args = [w._float_workspace_buffer, w._int_workspace_buffer,
+            w._pin_memory_int_workspace_buffer, torch.arange(batch + 1, dtype=torch.int32),
+            indptr_cpu, seq_lens_cpu, batch, batch, hq, hkv, page_size,
+            w.is_cuda_graph_enabled, d, d, False, window_left]
+    if w._backend == "fa2":
+        args += [-1, False, 0]
+    w._plan_info = w._cached_module.plan(*args)
+    w._pos_encoding_mode = "NONE"
+    w._window_left = window_left
+    w._logits_soft_cap = logits_soft_cap or 0.0
+    w._sm_scale = sm_scale
+    w._rope_scale = None
+    w._rope_theta = None
+
+
+def _vllm_graph_wrapper(batch, max_pages, device, backend="auto"):
+    bufs = [torch.zeros(batch + 1, dtype=torch.int32, device=device),
+            torch.zeros(max_pages, dtype=torch.int32, device=device),
+            torch.zeros(batch, dtype=torch.int32, device=device)]
+    ws = torch.empty(128 << 20 if device == "cuda" else 1 << 20, dtype=torch.uint8,
+                     device=device)
+    return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        ws, "NHD", use_cuda_graph=True, use_tensor_cores=True, paged_kv_indptr_buffer=bufs[0],
+        paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2],
+        backend=backend), bufs
+
+
+@pytest.mark.parametrize("backend", ["auto", "fa2"])
+def test_vllm_fast_plan_decode_path(backend, fake):
+    """vLLM's graph-mode re-plan through ``_cached_module.plan`` makes the plan plan() makes
+    for the batch in the buffers, and the attributes it writes reach the run."""
+    w, (ib, xb, lb) = _vllm_graph_wrapper(3, 64, "cpu", backend)
+    indptr, indices, last = _fast_args([1, 1, 1])
+    _vllm_fast_plan_decode(w, indptr, indices, last, _i32([16, 16, 16]), HQ, HKV, D, PAGE,
+                           torch.float16, 0.125)
+    assert w._sm_scale == 0.125 and w.vllm_first_call is False
+    indptr2, indices2, last2 = _i32([0, 3, 4, 6]), _i32([5, 1, 7, 2, 0, 3]), _i32([4, 16, 9])
+    xb[:6].copy_(indices2)
+    _vllm_fast_plan_decode(w, indptr2, indices2, last2, _i32([36, 16, 25]), HQ, HKV, D, PAGE,
+                           torch.float16, 0.1, logits_soft_cap=7.0)
+    ref, _ = _vllm_graph_wrapper(3, 64, "cpu", backend)  # the same two plans through plan()
+    ref.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.float16)
+    ref.plan(indptr2, indices2, last2, HQ, HKV, D, PAGE, q_data_type=torch.float16)
+    assert w._plan == ref._plan and torch.equal(w._plan_dev, ref._plan_dev)
+    assert torch.equal(ib, indptr2) and torch.equal(lb, last2)
+    q = torch.randn(3, HQ, D).half()
+    w.run(q, torch.randn(8, 2, PAGE, HKV, D).half())
+    rec = fake.calls[-1][5]
+    assert _field(rec, "sm_scale") == pytest.approx(0.1)
+    assert _field(rec, "logits_soft_cap") == 7.0
+    assert _field(rec, "kv_indices") == xb.data_ptr()
+    module = w._cached_module
+    args = [w._float_workspace_buffer, w._int_workspace_buffer, None, torch.arange(4),
+            indptr2, _i32([36, 16, 25]), 3, 3, HQ, HKV, PAGE, True, D, D, False, -1]
+    with pytest.raises(ValueError, match="KV length 40 does not fit 1 pages of 16"):
+        module.plan(*args[:5], _i32([36, 40, 25]), *args[6:])
+    with pytest.raises(ValueError, match="causal must be False"):
+        module.plan(*args[:14], True, -1)
+    with pytest.raises(ValueError, match="workspace buffers"):
+        module.plan(torch.empty(16, dtype=torch.uint8), *args[1:])
+    with pytest.raises(NotImplementedError, match="num_colocated_ctas"):
+        module.plan(*args, -1, False, 2)
+
+
+@pytest.mark.gpu
+def test_vllm_cuda_graph_decode_replan_replay():
+    """vLLM's full-CUDA-graph decode: fast_plan_decode (stock plan first, then the
+    ``_cached_module.plan`` path), the asserts on the wrapper, ``run(out=)`` captured, a new
+    batch planned into the same buffers, replayed; against the reference."""
+    gen = torch.Generator().manual_seed(12)
+    dtype, hq, hkv, d, page, batch = torch.bfloat16, 32, 8, 128, 16, 5
+    scale, cap = d ** -0.5, 30.0
+    second = [2500, 17, 300, 1, 1024]
+    first = [40, 1, 33, 1, 16]
+    cache, indptr2, indices2, last2, seqs2 = make_paged(second, page, hkv, d, dtype, "cuda",
+                                                        gen=gen)
+    w, (_, indices_buf, _) = _vllm_graph_wrapper(batch, indices2.numel() + 16, "cuda")
+
+    def step(kv_lens):
+        pages = [-(-n // page) for n in kv_lens]
+        ids = torch.cat([indices2[int(indptr2[b]):int(indptr2[b]) + pages[b]]
+                         for b in range(batch)])
+        indices_buf[:ids.numel()].copy_(ids)  # vLLM's _copy_page_indices_kernel
+        last = torch.tensor([n - (p - 1) * page for n, p in zip(kv_lens, pages)],
+                            dtype=torch.int32)
+        _vllm_fast_plan_decode(w, _indptr(pages), indices_buf[:ids.numel()], last,
+                               torch.tensor(kv_lens, dtype=torch.int32), hq, hkv, d, page,
+                               dtype, scale, logits_soft_cap=cap)
+        assert w._window_left == -1 and w._logits_soft_cap == cap and w._sm_scale == scale
+
+    q = torch.randn(batch, hq, d, generator=gen).to(dtype).cuda()
+    out = torch.empty_like(q)
+    step(first)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        w.run(q, cache, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, cache, out=out)
+    step(first)  # the second call takes the _cached_module.plan path
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_rows(out, q, [(k[:n], v[:n]) for (k, v), n in zip(seqs2, first)], [1] * batch,
+                dtype, sm_scale=scale, soft_cap=cap)
+    step(second)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_rows(out, q, seqs2, [1] * batch, dtype, sm_scale=scale, soft_cap=cap)

@@ -90,6 +90,30 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
     def use_tensor_cores(self) -> bool:
         return self._use_tensor_cores
 
+    # -- what vLLM's own fast plan (``fast_plan_decode``) reads from a graph-mode wrapper -----
+    @property
+    def _fixed_batch_size(self) -> int:
+        return self._fixed_batch if self._use_cuda_graph else 0
+
+    @property
+    def _float_workspace_buffer(self) -> torch.Tensor:
+        return self._ws.float_ws
+
+    @property
+    def _int_workspace_buffer(self) -> torch.Tensor:
+        return self._ws.int_ws
+
+    @property
+    def _pin_memory_int_workspace_buffer(self) -> None:
+        """None: this wrapper stages its plans through its own pinned blocks."""
+        return None
+
+    @property
+    def _cached_module(self) -> "_EnginePlan":
+        """The object whose ``plan(*args)`` vLLM calls with FlashInfer's module arguments
+        after writing the page table into the graph buffers (``_EnginePlan``)."""
+        return _EnginePlan(self)
+
     def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
              num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *args,
              pos_encoding_mode: str = "NONE", window_left: int = -1,
@@ -287,3 +311,71 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Ten
     self._plan_batch(plan_args, indptr, indices, last_page_len, kv_lens, page_indptr, None,
                      num_qo_heads, num_kv_heads, head_dim, pos_encoding_mode, fixed_split_size,
                      disable_split_kv, non_blocking)
+
+
+class _EnginePlan:
+    """``wrapper._cached_module.plan(...)`` as vLLM's ``fast_plan_decode`` calls it in CUDA-graph
+    mode, after copying indptr and last_page_len into the wrapper's buffers and the page ids
+    into ``_paged_kv_indices_buf``: the batch is planned again from the host lengths it passes
+    (FlashInfer's module ``plan`` arguments), reading the metadata from those buffers. Returns
+    None (vLLM keeps it as ``_plan_info``, which nothing here reads)."""
+
+    def __init__(self, wrapper: BatchDecodeWithPagedKVCacheWrapper) -> None:
+        self._w = wrapper
+
+    def plan(self, float_workspace_buffer, int_workspace_buffer, pinned_int_workspace_buffer,
+             qo_indptr_host, indptr_host, kv_lens_host, total_num_rows, batch_size,
+             num_qo_heads, num_kv_heads, page_size, is_cuda_graph_enabled, head_dim_qk,
+             head_dim_vo, causal, window_left, fixed_split_size=-1, disable_split_kv=False,
+             num_colocated_ctas=0) -> None:
+        w = self._w
+        if w._plan is None:
+            raise RuntimeError("plan() must be called before _cached_module.plan()")
+        if float_workspace_buffer is not w._ws.float_ws or \
+                int_workspace_buffer is not w._ws.int_ws or pinned_int_workspace_buffer is not None:
+            raise ValueError("_cached_module.plan() must be given this wrapper's workspace "
+                             "buffers (_float_workspace_buffer, _int_workspace_buffer, "
+                             "_pin_memory_int_workspace_buffer)")
+        if not w._use_cuda_graph or is_cuda_graph_enabled is not True:
+            raise ValueError("_cached_module.plan() plans CUDA-graph wrappers only; call plan()")
+        if causal:
+            raise ValueError("causal must be False for decode, got True")
+        if head_dim_vo != head_dim_qk:
+            raise ValueError(f"head_dim_vo must equal head_dim_qk ({head_dim_qk}), got "
+                             f"{head_dim_vo}")
+        if num_colocated_ctas:
+            raise NotImplementedError("num_colocated_ctas is not supported by this "
+                                      "implementation")
+        if host_ints(qo_indptr_host, "qo_indptr") != list(range(batch_size + 1)) or \
+                total_num_rows != batch_size:
+            raise ValueError("decode plans one query row per request: qo_indptr must be "
+                             f"0..{batch_size} and total_num_rows {batch_size}")
+        page_indptr = host_ints(indptr_host, "indptr")
+        pages = lens_from_indptr(page_indptr, "indptr")
+        kv_lens = host_ints(kv_lens_host, "kv_lens")
+        if len(pages) != batch_size or len(kv_lens) != batch_size:
+            raise ValueError(f"indptr and the KV lengths must describe batch_size={batch_size} "
+                             f"requests, got {len(pages)} and {len(kv_lens)}")
+        bad = [(n, k) for n, k in zip(pages, kv_lens)
+               if not ((n - 1) * page_size < k <= n * page_size if n else k == 0)]
+        if bad:
+            raise ValueError(f"KV length {bad[0][1]} does not fit {bad[0][0]} pages of "
+                             f"{page_size}")
+        check_head_dim(head_dim_qk)
+        w._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                       head_dim=head_dim_qk, pos_encoding_mode=w._pos_encoding_mode,
+                       sm_scale=w._sm_scale, window_left=window_left,
+                       logits_soft_cap=w._logits_soft_cap, rope_scale=w._rope_scale,
+                       rope_theta=w._rope_theta, q_data_type=w._q_dtype,
+                       kv_data_type=w._kv_dtype, o_data_type=w._o_dtype)
+        bufs = w._bufs
+        w._max_page_id = -1  # page ids on the device: not read back
+        plan_args = {**w._plan_args, "indptr": indptr_host, "indices": bufs["kv_indices"],
+                     "last_page_len": bufs["kv_last_page_len"], "num_qo_heads": num_qo_heads,
+                     "num_kv_heads": num_kv_heads, "head_dim": head_dim_qk,
+                     "page_size": page_size, "window_left": window_left,
+                     "fixed_split_size": fixed_split_size, "disable_split_kv": disable_split_kv,
+                     "seq_lens": None, "block_tables": None}
+        w._plan_batch(plan_args, bufs["kv_indptr"], bufs["kv_indices"], bufs["kv_last_page_len"],
+                      kv_lens, page_indptr, None, num_qo_heads, num_kv_heads, head_dim_qk,
+                      w._pos_encoding_mode, fixed_split_size, disable_split_kv, True)

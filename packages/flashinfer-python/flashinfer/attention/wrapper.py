@@ -282,7 +282,10 @@ class BatchAttentionBase:
 
     def _schedule(self, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, causal,
                   fixed_split_size, disable_split_kv, kv_begins=None):
-        """``kv_begins``: paged, each request's first entry of the page ids (``schedule``)."""
+        """``kv_begins``: paged, each request's first entry of the page ids (``schedule``).
+        ``fixed_split_size`` -1 means none, as in FlashInfer (vLLM passes it)."""
+        if fixed_split_size == -1:
+            fixed_split_size = None
         device = self._ws.device
         kwargs: dict[str, Any] = {"backend": rt.resolve_backend(device, self._variant,
                                                                 self._backend),
