@@ -314,8 +314,29 @@ def test_setting_paged_kv_indices_buf_redirects_the_run(fake):
     assert w._paged_kv_indices_buf is new
     w.run(q, *kv)
     assert _field(fake.calls[-1][5], "kv_indices") == new.data_ptr()
-    with pytest.raises(ValueError, match="_paged_kv_indices_buf must be a 1-D int32"):
+    with pytest.raises(ValueError, match="_paged_kv_indices_buf must be a contiguous 1-D "
+                                         "torch.int32 tensor on cpu with at least 3 entries"):
         w._paged_kv_indices_buf = new.long()
+    with pytest.raises(ValueError, match="at least 3 entries"):
+        w._paged_kv_indices_buf = new[:2]
+    with pytest.raises(NotImplementedError, match="assigning _paged_kv_indptr_buf after plan"):
+        w._paged_kv_indptr_buf = _i32([0, 1, 2])
+    with pytest.raises(AttributeError, match="has no _custom_mask_buf"):
+        w._custom_mask_buf = torch.zeros(4, dtype=torch.uint8)
+
+
+def test_setting_custom_mask_buf_redirects_the_run(fake):
+    """Engines that swap the packed mask of a planned batch (same layout)."""
+    packed = torch.randint(0, 256, (10,), dtype=torch.uint8)
+    w = _paged(packed_custom_mask=packed)
+    assert torch.equal(w._custom_mask_buf[:10], packed)
+    q, kv = _inputs("paged prefill")
+    other = torch.randint(0, 256, (10,), dtype=torch.uint8)
+    w._custom_mask_buf = other
+    w.run(q, *kv)
+    assert _field(fake.calls[-1][5], "custom_mask") == other.data_ptr()
+    with pytest.raises(ValueError, match="at least 10 entries"):
+        w._custom_mask_buf = other[:9]
 
 
 def _fast_args(batch_kv_pages, page_size=PAGE):

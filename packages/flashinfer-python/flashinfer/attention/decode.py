@@ -170,6 +170,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
         """The part of ``plan`` after the host metadata is read (``fast_decode_plan`` shares
         it): schedule, stage, remember the arguments."""
         check_given_lens(seq_lens, kv_lens, "seq_lens", "KV lengths")
+        self._num_page_ids = page_indptr[-1] if page_indptr else 0
         batch = len(kv_lens)
         if self._use_cuda_graph and batch != self._fixed_batch:
             raise ValueError(f"CUDA-graph mode: the batch size is fixed to {self._fixed_batch} "

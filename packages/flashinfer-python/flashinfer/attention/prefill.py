@@ -90,6 +90,7 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
                           rope_theta=rope_theta, q_data_type=q_data_type,
                           kv_data_type=kv_data_type, o_data_type=o_data_type)
         page_indptr = host_ints(paged_kv_indptr, "paged_kv_indptr")
+        self._num_page_ids = page_indptr[-1] if page_indptr else 0
         self._max_page_id = check_page_ids(paged_kv_indices, page_indptr[-1] if page_indptr else 0,
                                            "paged_kv_indices")
         kv_lens = paged_kv_lens(page_indptr,

@@ -238,6 +238,19 @@ class PlannedScalar:
             obj._scales = rt.resolve_scales(obj._head_dim, value, None, None, None)
 
 
+# key -> (FlashInfer's attribute, the planned device tensor run reads, its dtype, the
+# attribute holding how many entries the plan reads, or None where it cannot be replaced)
+_BUFFERS = {
+    "kv_indices": ("_paged_kv_indices_buf", "_kv_indices", torch.int32, "_num_page_ids"),
+    "kv_indptr": ("_paged_kv_indptr_buf", "_kv_indptr", torch.int32, None),
+    "kv_last_page_len": ("_paged_kv_last_page_len_buf", "_kv_last_page_len", torch.int32,
+                         None),
+    "qo_indptr": ("_qo_indptr_buf", "_qo_indptr", torch.int32, None),
+    "custom_mask": ("_custom_mask_buf", "_mask", torch.uint8, "_mask_bytes"),
+    "mask_indptr": ("_mask_indptr_buf", "_mask_indptr", torch.int32, None),
+}
+
+
 class BatchAttentionBase:
     """plan/run machinery shared by the batch prefill and decode wrappers."""
 
@@ -459,39 +472,48 @@ class BatchAttentionBase:
                              f"({rt.dtype_name(self._kv_dtype)}), got {rt.dtype_name(k.dtype)}")
 
     # -- what serving engines read and write on a wrapper (docs/serving-engines.md) ----------
-    def _buf_property(key: str, doc: str):  # noqa: N805 (a helper run at class creation)
+    def _buf_property(key: str):  # noqa: N805 (a helper run at class creation)
+        name, planned, dtype, size = _BUFFERS[key]
+
         def get(self):
+            """The graph-mode buffer the engine passed, else what the current plan reads."""
             buf = self._bufs.get(key)
-            if buf is None and key == "kv_indices":  # not graph mode: the planned page ids
-                return getattr(self, "_kv_indices", None)
-            return buf
+            return buf if buf is not None else getattr(self, planned, None)
 
         def put(self, value):
-            """Replace the buffer; where a plan reads it already (graph mode, or the page ids of
-            the current plan), runs from now on read the new tensor."""
+            """Before a plan: the buffer plans will use. After one: page ids and the packed mask
+            may be replaced (same layout, at least as many entries; runs from now on read the
+            new tensor, as FlashInfer's run reads these attributes); the arrays the schedule was
+            made from may not (plan again)."""
             if key not in self._bufs:
-                raise AttributeError(f"{type(self).__name__} has no {key} buffer")
-            if key == "kv_indices" and self._plan is not None and \
-                    getattr(self, "_kv_indices", None) is not None:
-                if not (isinstance(value, torch.Tensor) and value.dtype == torch.int32
-                        and value.device == self._ws.device and value.dim() == 1):
-                    raise ValueError(f"_paged_kv_indices_buf must be a 1-D int32 tensor on "
-                                     f"{self._ws.device}, got {value!r:.60}")
-                self._kv_indices = value
-                self._max_page_id = -1  # device ids: not read back
+                raise AttributeError(f"{type(self).__name__} has no {name}")
+            current = getattr(self, planned, None) if self._plan is not None else None
+            if current is not None:
+                if size is None:
+                    raise NotImplementedError(f"assigning {name} after plan() is not supported "
+                                              f"(the plan was scheduled from it): plan() again")
+                need = getattr(self, size, 0)
+                if not (isinstance(value, torch.Tensor) and value.dtype == dtype
+                        and value.device == self._ws.device and value.dim() == 1
+                        and value.is_contiguous() and value.numel() >= need):
+                    raise ValueError(f"{name} must be a contiguous 1-D {dtype} tensor on "
+                                     f"{self._ws.device} with at least {need} entries, got "
+                                     f"{value!r:.80}")
+                setattr(self, planned, value)
+                if key == "kv_indices":
+                    self._max_page_id = -1  # device ids: not read back
                 self._launcher = None
-            self._bufs[key] = value
+            if self._use_cuda_graph:  # later plans stage into it (FlashInfer's plan, too,
+                self._bufs[key] = value  # replaces the attribute outside graph mode)
 
-        return property(get, put, doc=doc)
+        return property(get, put)
 
-    _paged_kv_indices_buf = _buf_property("kv_indices", "The page-id buffer run reads "
-                                          "(graph mode) or the planned page ids.")
-    _paged_kv_indptr_buf = _buf_property("kv_indptr", "The graph-mode indptr buffer.")
-    _paged_kv_last_page_len_buf = _buf_property("kv_last_page_len",
-                                                "The graph-mode last_page_len buffer.")
-    _qo_indptr_buf = _buf_property("qo_indptr", "The graph-mode qo_indptr buffer.")
-    _custom_mask_buf = _buf_property("custom_mask", "The graph-mode custom-mask buffer.")
-    _mask_indptr_buf = _buf_property("mask_indptr", "The graph-mode mask_indptr buffer.")
+    _paged_kv_indices_buf = _buf_property("kv_indices")
+    _paged_kv_indptr_buf = _buf_property("kv_indptr")
+    _paged_kv_last_page_len_buf = _buf_property("kv_last_page_len")
+    _qo_indptr_buf = _buf_property("qo_indptr")
+    _custom_mask_buf = _buf_property("custom_mask")
+    _mask_indptr_buf = _buf_property("mask_indptr")
     del _buf_property
 
     # -- the deprecated entry points -------------------------------------------------------
@@ -578,6 +600,7 @@ class BatchAttentionBase:
         if use_mask:
             mask, mask_indptr = pack_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens,
                                            self._ws.device)
+            self._mask_bytes = int(mask_indptr[-1])
             self._mask = mask
             if bufs.get("custom_mask") is not None:  # graph mode: where the captured run reads
                 if mask.numel() > bufs["custom_mask"].numel():
