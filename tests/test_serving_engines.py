@@ -771,3 +771,12 @@ def test_vllm_cuda_graph_decode_replan_replay():
     graph.replay()
     torch.cuda.synchronize()
     _check_rows(out, q, seqs2, [1] * batch, dtype, sm_scale=scale, soft_cap=cap)
+
+
+@pytest.mark.parametrize("backend", ["cutlass", "trtllm-gen", "cudnn", "cute-dsl"])
+def test_upstream_only_backends_are_named(backend):
+    for cls in (flashinfer.BatchDecodeWithPagedKVCacheWrapper,
+                flashinfer.BatchPrefillWithPagedKVCacheWrapper,
+                flashinfer.BatchPrefillWithRaggedKVCacheWrapper):
+        with pytest.raises(NotImplementedError, match=rf"backend='{backend}' is not provided"):
+            cls(_ws(), backend=backend)

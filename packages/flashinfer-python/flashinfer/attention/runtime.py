@@ -132,7 +132,14 @@ def _capability(device_index: int) -> tuple[int, int]:
 BACKENDS = ("auto", "fa2", "fa3")
 
 
+# FlashInfer's other attention backends (Blackwell kernels, cuDNN): named, not provided.
+UPSTREAM_ONLY_BACKENDS = ("cutlass", "trtllm-gen", "cudnn", "cute-dsl")
+
+
 def check_backend(backend: str) -> str:
+    if backend in UPSTREAM_ONLY_BACKENDS:
+        raise NotImplementedError(f"backend={backend!r} is not provided by this implementation "
+                                  f"(its backends: {', '.join(map(repr, BACKENDS))})")
     return checks.check_backend(backend, BACKENDS)
 
 
