@@ -531,7 +531,9 @@ def test_fast_decode_plan_cuda_graph_replan_replay(page_size):
 
 
 @pytest.mark.gpu
-def test_sglang_extend_and_decode_sequence():
+@pytest.mark.parametrize("prefix", [[100, 3, 37], [100, 0, 37]],
+                         ids=["every request cached", "one request without a prefix"])
+def test_sglang_extend_and_decode_sequence(prefix):
     """SGLang's FlashInfer backend, page size 1, caches as (k, v) of (tokens, Hkv, D):
     extend = ragged forward_return_lse over the new tokens (causal) + paged
     forward_return_lse over the cached prefix (not causal), merged with merge_state; decode =
@@ -539,7 +541,6 @@ def test_sglang_extend_and_decode_sequence():
     gen = torch.Generator().manual_seed(7)
     dtype, hq, hkv, d = torch.float16, 16, 4, 128
     s, c = 1.0 / math.sqrt(d) * 0.9, 50.0
-    prefix = [100, 0, 37]
     new = [20, 64, 1]
     total_tokens = 400
     k_pool = torch.randn(total_tokens, hkv, d, generator=gen).to(dtype).cuda()
