@@ -781,3 +781,12 @@ def test_upstream_only_backends_are_named(backend):
                 flashinfer.BatchPrefillWithRaggedKVCacheWrapper):
         with pytest.raises(NotImplementedError, match=rf"backend='{backend}' is not provided"):
             cls(_ws(), backend=backend)
+
+
+@pytest.mark.parametrize("name,value", [("use_fp16_qk_reduction", True),
+                                        ("scale_q", torch.ones(1)), ("kv_cache_sf", torch.ones(1))])
+def test_single_prefill_refuses_unsupported_arguments(name, value):
+    q = torch.randn(4, HQ, D).half()
+    k = torch.randn(9, HKV, D).half()
+    with pytest.raises(NotImplementedError, match=rf"single_prefill_with_kv_cache\({name}="):
+        flashinfer.single_prefill_with_kv_cache(q, k, k, **{name: value})
