@@ -699,7 +699,8 @@ def _batch_attention(kind: str):
 
 
 _register("BatchDecodeWithPagedKVCacheWrapper", "attention",
-          ["BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"],
+          ["BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+           "fast_decode_plan"],  # the wrapper's plan, as engines bind it
           ATTN_BACKENDS, ["auto"], _batch_attention("decode"))
 _register("BatchPrefillWithPagedKVCacheWrapper", "attention",
           ["BatchPrefillWithPagedKVCacheWrapper", "MultiLevelCascadeAttentionWrapper"],

@@ -5,7 +5,6 @@ late would surface as that failure instead)."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
@@ -159,60 +158,3 @@ def test_run_rejects_unknown_keywords(kind):
         w.run(q, *kv, sm_scal=0.1)
     with pytest.raises(NotImplementedError, match="sinks"):
         w.run(q, *kv, sinks=torch.zeros(HQ))
-
-
-@pytest.mark.parametrize("kind", ALL)
-@pytest.mark.parametrize("option,value", [("sm_scale", 0.5), ("logits_soft_cap", 30.0),
-                                          ("window_left", 7), ("rope_scale", 2.0),
-                                          ("rope_theta", 5e5)])
-def test_legacy_forward_refuses_options_it_cannot_honour(kind, option, value):
-    """The deprecated forward() passes its options to run(), which cannot change them: one that
-    differs from the plan's raises naming it (never silently ignored)."""
-    w = ALL[kind]()
-    q = torch.randn(2 if kind == "decode" else 4, HQ, D).half()
-    kv = (_cache(),) if kind != "ragged prefill" else (torch.randn(40, HKV, D).half(),) * 2
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        with pytest.raises(NotImplementedError, match=rf"forward\({option}="):
-            w.forward(q, *kv, **{option: value})
-        with pytest.raises(NotImplementedError, match=rf"forward\({option}="):
-            w.forward_return_lse(q, *kv, **{option: value})
-        # The planned value itself is accepted (and the run goes on to the device check).
-        planned = {"sm_scale": D ** -0.5, "logits_soft_cap": None, "window_left": -1,
-                   "rope_scale": 1.0, "rope_theta": 1e4}[option]
-        with pytest.raises(ValueError, match="q must be a CUDA tensor"):
-            w.forward(q, *kv, **{option: planned})
-
-
-@pytest.mark.parametrize("kind", ["paged prefill", "ragged prefill"])
-def test_legacy_forward_refuses_another_causal(kind):
-    w = ALL[kind]()
-    q = torch.randn(4, HQ, D).half()
-    kv = (_cache(),) if kind != "ragged prefill" else (torch.randn(40, HKV, D).half(),) * 2
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        with pytest.raises(NotImplementedError, match=r"forward\(causal=True\)"):
-            w.forward(q, *kv, causal=True)
-
-
-def test_legacy_decode_forward_refuses_another_pos_encoding():
-    w = _decode()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        with pytest.raises(NotImplementedError, match=r"forward\(pos_encoding_mode='ALIBI'\)"):
-            w.forward(torch.randn(2, HQ, D).half(), _cache(), pos_encoding_mode="ALIBI")
-
-
-def test_multilevel_forward_refuses_options_and_unknown_keywords():
-    w = flashinfer.MultiLevelCascadeAttentionWrapper(2, _ws())
-    qo = [torch.tensor([0, 4], dtype=torch.int32)] * 2
-    w.plan(qo, [torch.tensor([0, 1], dtype=torch.int32)] * 2,
-           [torch.tensor([0], dtype=torch.int32)] * 2, [torch.tensor([5], dtype=torch.int32)] * 2,
-           HQ, HKV, D, PAGE, q_data_type=torch.float16)
-    q = torch.randn(4, HQ, D).half()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        with pytest.raises(NotImplementedError, match=r"forward\(sm_scale=0.5\)"):
-            w.forward(q, _cache(), sm_scale=0.5)
-        with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
-            w.forward(q, _cache(), bogus=1)

@@ -49,7 +49,7 @@ _OPS = {
     "cascade": ["merge_state", "merge_state_in_place", "merge_states",
                 "MultiLevelCascadeAttentionWrapper"],
     "decode": ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper",
-               "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"],
+               "CUDAGraphBatchDecodeWithPagedKVCacheWrapper", "fast_decode_plan"],
     "sampling": ["softmax", "sampling_from_probs", "sampling_from_logits",
                  "top_p_sampling_from_probs", "top_k_sampling_from_probs",
                  "min_p_sampling_from_probs", "top_k_top_p_sampling_from_probs",

@@ -6,11 +6,13 @@
 from .attention.decode import (
     BatchDecodeWithPagedKVCacheWrapper,
     CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    fast_decode_plan,
 )
 from .attention.single import single_decode_with_kv_cache
 
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    "fast_decode_plan",
     "single_decode_with_kv_cache",
 ]

@@ -20,11 +20,14 @@ import torch
 from ..page import unpack_paged_kv_cache
 from .wrapper import (
     BatchAttentionBase,
+    check_given_lens,
     check_head_dim,
     check_page_ids,
     host_ints,
+    lens_from_indptr,
     make_variant,
     paged_kv_lens,
+    refuse_unsupported,
 )
 
 # Keyword-only plan arguments in the order older releases accepted them positionally.
@@ -69,6 +72,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
                  paged_kv_indices_buffer: Optional[torch.Tensor] = None,
                  paged_kv_last_page_len_buffer: Optional[torch.Tensor] = None,
                  backend: str = "auto", jit_args: Optional[list] = None) -> None:
+        refuse_unsupported("BatchDecodeWithPagedKVCacheWrapper", jit_args=jit_args)
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
         if use_cuda_graph:
             for name, buf in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
@@ -85,6 +89,30 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
     @property
     def use_tensor_cores(self) -> bool:
         return self._use_tensor_cores
+
+    # -- what vLLM's own fast plan (``fast_plan_decode``) reads from a graph-mode wrapper -----
+    @property
+    def _fixed_batch_size(self) -> int:
+        return self._fixed_batch if self._use_cuda_graph else 0
+
+    @property
+    def _float_workspace_buffer(self) -> torch.Tensor:
+        return self._ws.float_ws
+
+    @property
+    def _int_workspace_buffer(self) -> torch.Tensor:
+        return self._ws.int_ws
+
+    @property
+    def _pin_memory_int_workspace_buffer(self) -> None:
+        """None: this wrapper stages its plans through its own pinned blocks."""
+        return None
+
+    @property
+    def _cached_module(self) -> "_EnginePlan":
+        """The object whose ``plan(*args)`` vLLM calls with FlashInfer's module arguments
+        after writing the page table into the graph buffers (``_EnginePlan``)."""
+        return _EnginePlan(self)
 
     def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
              num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *args,
@@ -111,6 +139,8 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
             values.update(zip(_PLAN_ORDER, args))
             return self.plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads,
                              head_dim, page_size, **values)
+        plan_args = dict(locals())
+        refuse_unsupported("plan", block_tables=block_tables)
         if q_len_per_req != 1:
             raise ValueError(f"q_len_per_req must be 1 for this wrapper, got {q_len_per_req}")
         if window_right not in (0, -1):
@@ -130,6 +160,17 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
                                            "indices")
         kv_lens = paged_kv_lens(page_indptr, host_ints(last_page_len, "last_page_len"),
                                 page_size)
+        self._plan_batch(plan_args, indptr, indices, last_page_len, kv_lens, page_indptr,
+                         seq_lens, num_qo_heads, num_kv_heads, head_dim, pos_encoding_mode,
+                         fixed_split_size, disable_split_kv, non_blocking)
+
+    def _plan_batch(self, plan_args, indptr, indices, last_page_len, kv_lens, page_indptr,
+                    seq_lens, num_qo_heads, num_kv_heads, head_dim, pos_encoding_mode,
+                    fixed_split_size, disable_split_kv, non_blocking) -> None:
+        """The part of ``plan`` after the host metadata is read (``fast_decode_plan`` shares
+        it): schedule, stage, remember the arguments."""
+        check_given_lens(seq_lens, kv_lens, "seq_lens", "KV lengths")
+        self._num_page_ids = page_indptr[-1] if page_indptr else 0
         batch = len(kv_lens)
         if self._use_cuda_graph and batch != self._fixed_batch:
             raise ValueError(f"CUDA-graph mode: the batch size is fixed to {self._fixed_batch} "
@@ -147,6 +188,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
                 (self._bufs["kv_indptr"], indptr, "indptr"),
                 (self._bufs["kv_indices"], indices, "indices"),
                 (self._bufs["kv_last_page_len"], last_page_len, "last_page_len")], non_blocking)
+        self._remember_plan(plan_args)
 
     begin_forward = plan
 
@@ -168,17 +210,27 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
                             kw["q_scale"], kw["k_scale"], kw["v_scale"])
 
-    def forward(self, q, paged_kv_cache, pos_encoding_mode: str = "NONE", **kwargs):
+    def forward(self, q: torch.Tensor, paged_kv_cache, pos_encoding_mode: str = "NONE",
+                q_scale: Optional[float] = None, k_scale: Optional[float] = None,
+                v_scale: Optional[float] = None, window_left: int = -1,
+                logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None):
+        """Deprecated (use ``run``): as in FlashInfer, these options (defaults included)
+        replace the planned ones, then the batch runs (``_apply_legacy_options``)."""
         warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
                       stacklevel=2)
-        self._check_legacy_options(kwargs, pos_encoding_mode=pos_encoding_mode)
-        return self.run(q, paged_kv_cache, **kwargs)
+        return self._forward((q, paged_kv_cache), False, locals())
 
-    def forward_return_lse(self, q, paged_kv_cache, pos_encoding_mode: str = "NONE", **kwargs):
+    def forward_return_lse(self, q: torch.Tensor, paged_kv_cache,
+                           pos_encoding_mode: str = "NONE", q_scale: Optional[float] = None,
+                           k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+                           window_left: int = -1, logits_soft_cap: Optional[float] = None,
+                           sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+                           rope_theta: Optional[float] = None):
+        """Deprecated: ``forward`` returning ``(out, lse)``."""
         warnings.warn("forward_return_lse is deprecated; use plan() and run_return_lse()",
                       DeprecationWarning, stacklevel=2)
-        self._check_legacy_options(kwargs, pos_encoding_mode=pos_encoding_mode)
-        return self.run(q, paged_kv_cache, return_lse=True, **kwargs)
+        return self._forward((q, paged_kv_cache), True, locals())
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
@@ -192,3 +244,139 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
                          paged_kv_indptr_buffer=indptr_buffer,
                          paged_kv_indices_buffer=indices_buffer,
                          paged_kv_last_page_len_buffer=last_page_len_buffer)
+
+
+def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Tensor,
+                     indices: torch.Tensor, last_page_len: torch.Tensor, num_qo_heads: int,
+                     num_kv_heads: int, head_dim: int, page_size: int,
+                     pos_encoding_mode: str = "NONE", window_left: int = -1,
+                     logits_soft_cap: Optional[float] = None,
+                     q_data_type: Optional[Union[str, torch.dtype]] = None,
+                     kv_data_type: Optional[Union[str, torch.dtype]] = None,
+                     data_type: Optional[Union[str, torch.dtype]] = None,
+                     sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+                     rope_theta: Optional[float] = None, non_blocking: bool = True,
+                     fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
+                     q_len_per_req: int = 1,
+                     global_override_indptr_cpu: Optional[torch.Tensor] = None) -> None:
+    """``BatchDecodeWithPagedKVCacheWrapper.plan`` for engines that bind it onto a wrapper
+    (``wrapper.begin_forward = functools.partial(fast_decode_plan, wrapper)``) to plan CUDA-graph
+    decode steps: the same plan, without the reads back from the device it can avoid.
+
+    ``global_override_indptr_cpu``: the host copy of ``indptr`` (the page counts are read from
+    it, not from the device). ``last_page_len`` on the device is not read back when
+    ``page_size`` is 1 (every non-empty request's last page then holds one token); page ids on
+    the device are never read back. Metadata tensors that already are the wrapper's CUDA-graph
+    buffers (an engine writes ``_paged_kv_indices_buf`` in place) are not copied; others are
+    copied into them, so a captured ``run`` replays the new batch.
+    """
+    if not isinstance(self, BatchDecodeWithPagedKVCacheWrapper):
+        raise TypeError(f"fast_decode_plan needs a BatchDecodeWithPagedKVCacheWrapper, got "
+                        f"{type(self).__name__}")
+    if q_len_per_req != 1:
+        raise ValueError(f"q_len_per_req must be 1 for this wrapper, got {q_len_per_req}")
+    if page_size <= 0:
+        raise ValueError(f"page_size must be positive, got {page_size}")
+    check_head_dim(head_dim)
+    if q_data_type is None:  # FlashInfer's default here: the KV dtype, else float16
+        q_data_type = kv_data_type or data_type or "float16"
+    self._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                      pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
+                      window_left=window_left, logits_soft_cap=logits_soft_cap,
+                      rope_scale=rope_scale, rope_theta=rope_theta, q_data_type=q_data_type,
+                      kv_data_type=kv_data_type, o_data_type=None, data_type=data_type)
+    host_indptr = indptr if global_override_indptr_cpu is None else global_override_indptr_cpu
+    page_indptr = host_ints(host_indptr, "indptr" if global_override_indptr_cpu is None
+                            else "global_override_indptr_cpu")
+    if global_override_indptr_cpu is not None and isinstance(indptr, torch.Tensor) and \
+            indptr.numel() != len(page_indptr):
+        raise ValueError(f"global_override_indptr_cpu must have indptr's {indptr.numel()} "
+                         f"entries, got {len(page_indptr)}")
+    self._max_page_id = check_page_ids(indices, page_indptr[-1] if page_indptr else 0, "indices")
+    if page_size == 1 and isinstance(last_page_len, torch.Tensor) and last_page_len.is_cuda:
+        kv_lens = lens_from_indptr(page_indptr, "indptr")
+        if last_page_len.dim() != 1 or last_page_len.shape[0] != len(kv_lens):
+            raise ValueError(f"last_page_len must have {len(kv_lens)} entries (one per "
+                             f"request), got {tuple(last_page_len.shape)}")
+    else:
+        kv_lens = paged_kv_lens(page_indptr, host_ints(last_page_len, "last_page_len"),
+                                page_size)
+    plan_args = dict(indptr=host_indptr, indices=indices, last_page_len=last_page_len,
+                     num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                     page_size=page_size, pos_encoding_mode=pos_encoding_mode,
+                     window_left=window_left, logits_soft_cap=logits_soft_cap,
+                     q_data_type=q_data_type, kv_data_type=kv_data_type, data_type=data_type,
+                     sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+                     non_blocking=non_blocking, fixed_split_size=fixed_split_size,
+                     disable_split_kv=disable_split_kv)
+    self._plan_batch(plan_args, indptr, indices, last_page_len, kv_lens, page_indptr, None,
+                     num_qo_heads, num_kv_heads, head_dim, pos_encoding_mode, fixed_split_size,
+                     disable_split_kv, non_blocking)
+
+
+class _EnginePlan:
+    """``wrapper._cached_module.plan(...)`` as vLLM's ``fast_plan_decode`` calls it in CUDA-graph
+    mode, after copying indptr and last_page_len into the wrapper's buffers and the page ids
+    into ``_paged_kv_indices_buf``: the batch is planned again from the host lengths it passes
+    (FlashInfer's module ``plan`` arguments), reading the metadata from those buffers. Returns
+    None (vLLM keeps it as ``_plan_info``, which nothing here reads)."""
+
+    def __init__(self, wrapper: BatchDecodeWithPagedKVCacheWrapper) -> None:
+        self._w = wrapper
+
+    def plan(self, float_workspace_buffer, int_workspace_buffer, pinned_int_workspace_buffer,
+             qo_indptr_host, indptr_host, kv_lens_host, total_num_rows, batch_size,
+             num_qo_heads, num_kv_heads, page_size, is_cuda_graph_enabled, head_dim_qk,
+             head_dim_vo, causal, window_left, fixed_split_size=-1, disable_split_kv=False,
+             num_colocated_ctas=0) -> None:
+        w = self._w
+        if w._plan is None:
+            raise RuntimeError("plan() must be called before _cached_module.plan()")
+        if float_workspace_buffer is not w._ws.float_ws or \
+                int_workspace_buffer is not w._ws.int_ws or pinned_int_workspace_buffer is not None:
+            raise ValueError("_cached_module.plan() must be given this wrapper's workspace "
+                             "buffers (_float_workspace_buffer, _int_workspace_buffer, "
+                             "_pin_memory_int_workspace_buffer)")
+        if not w._use_cuda_graph or is_cuda_graph_enabled is not True:
+            raise ValueError("_cached_module.plan() plans CUDA-graph wrappers only; call plan()")
+        if causal:
+            raise ValueError("causal must be False for decode, got True")
+        if head_dim_vo != head_dim_qk:
+            raise ValueError(f"head_dim_vo must equal head_dim_qk ({head_dim_qk}), got "
+                             f"{head_dim_vo}")
+        if num_colocated_ctas:
+            raise NotImplementedError("num_colocated_ctas is not supported by this "
+                                      "implementation")
+        if host_ints(qo_indptr_host, "qo_indptr") != list(range(batch_size + 1)) or \
+                total_num_rows != batch_size:
+            raise ValueError("decode plans one query row per request: qo_indptr must be "
+                             f"0..{batch_size} and total_num_rows {batch_size}")
+        page_indptr = host_ints(indptr_host, "indptr")
+        pages = lens_from_indptr(page_indptr, "indptr")
+        kv_lens = host_ints(kv_lens_host, "kv_lens")
+        if len(pages) != batch_size or len(kv_lens) != batch_size:
+            raise ValueError(f"indptr and the KV lengths must describe batch_size={batch_size} "
+                             f"requests, got {len(pages)} and {len(kv_lens)}")
+        bad = [(n, k) for n, k in zip(pages, kv_lens)
+               if not ((n - 1) * page_size < k <= n * page_size if n else k == 0)]
+        if bad:
+            raise ValueError(f"KV length {bad[0][1]} does not fit {bad[0][0]} pages of "
+                             f"{page_size}")
+        check_head_dim(head_dim_qk)
+        w._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                       head_dim=head_dim_qk, pos_encoding_mode=w._pos_encoding_mode,
+                       sm_scale=w._sm_scale, window_left=window_left,
+                       logits_soft_cap=w._logits_soft_cap, rope_scale=w._rope_scale,
+                       rope_theta=w._rope_theta, q_data_type=w._q_dtype,
+                       kv_data_type=w._kv_dtype, o_data_type=w._o_dtype)
+        bufs = w._bufs
+        w._max_page_id = -1  # page ids on the device: not read back
+        plan_args = {**w._plan_args, "indptr": indptr_host, "indices": bufs["kv_indices"],
+                     "last_page_len": bufs["kv_last_page_len"], "num_qo_heads": num_qo_heads,
+                     "num_kv_heads": num_kv_heads, "head_dim": head_dim_qk,
+                     "page_size": page_size, "window_left": window_left,
+                     "fixed_split_size": fixed_split_size, "disable_split_kv": disable_split_kv,
+                     "seq_lens": None, "block_tables": None}
+        w._plan_batch(plan_args, bufs["kv_indptr"], bufs["kv_indices"], bufs["kv_last_page_len"],
+                      kv_lens, page_indptr, None, num_qo_heads, num_kv_heads, head_dim_qk,
+                      w._pos_encoding_mode, fixed_split_size, disable_split_kv, True)

@@ -73,7 +73,8 @@ class MultiLevelCascadeAttentionWrapper:
             w.plan(qo_indptr_arr[level], paged_kv_indptr_arr[level], paged_kv_indices_arr[level],
                    paged_kv_last_page_len[level], num_qo_heads, num_kv_heads, head_dim, page_size,
                    causal=causal and level == self._num_levels - 1,
-                   pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
+                   pos_encoding_mode=pos_encoding_mode,
+                   use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale,
                    window_left=window_left, logits_soft_cap=logits_soft_cap,
                    rope_scale=rope_scale, rope_theta=rope_theta, q_data_type=q_data_type,
                    kv_data_type=kv_data_type)
@@ -88,13 +89,21 @@ class MultiLevelCascadeAttentionWrapper:
             merge_state_in_place(out, lse, o_level, lse_level)
         return out
 
-    def forward(self, q: torch.Tensor, paged_kv_cache, **kwargs) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, paged_kv_cache, causal: bool = False,
+                pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+                sm_scale: Optional[float] = None, window_left: int = -1,
+                logits_soft_cap: Optional[float] = None, rope_scale: Optional[float] = None,
+                rope_theta: Optional[float] = None) -> torch.Tensor:
+        """Deprecated (use ``run``): these options (defaults included) replace the planned ones
+        of every level (``causal`` of the last), then the levels run."""
         warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
                       stacklevel=2)
-        if kwargs:  # the options of the last level's plan (where causal applies)
-            self._wrappers[-1]._check_legacy_options(kwargs)
-        if kwargs:
-            raise TypeError(f"forward() got an unexpected keyword argument {next(iter(kwargs))!r}")
+        options = dict(pos_encoding_mode=pos_encoding_mode,
+                       use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale,
+                       window_left=window_left, logits_soft_cap=logits_soft_cap,
+                       rope_scale=rope_scale, rope_theta=rope_theta)
+        for level, w in enumerate(self._wrappers):
+            w._apply_legacy_options(causal=causal and level == self._num_levels - 1, **options)
         return self.run(q, paged_kv_cache)
 
     def end_forward(self) -> None:

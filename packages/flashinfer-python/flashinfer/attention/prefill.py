@@ -13,11 +13,14 @@ import torch
 from ..page import unpack_paged_kv_cache
 from .wrapper import (
     BatchAttentionBase,
+    check_given_lens,
+    check_given_max,
     check_head_dim,
     check_page_ids,
     host_ints,
     lens_from_indptr,
     paged_kv_lens,
+    refuse_unsupported,
 )
 
 
@@ -39,6 +42,8 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
                  custom_mask_buf: Optional[torch.Tensor] = None,
                  mask_indptr_buf: Optional[torch.Tensor] = None, backend: str = "auto",
                  jit_args: Optional[list] = None, jit_kwargs: Optional[dict] = None) -> None:
+        refuse_unsupported("BatchPrefillWithPagedKVCacheWrapper", jit_args=jit_args,
+                           jit_kwargs=jit_kwargs)
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
         if use_cuda_graph and any(b is None for b in (qo_indptr_buf, paged_kv_indptr_buf,
                                                       paged_kv_indices_buf,
@@ -65,7 +70,16 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
              max_item_len_ptr=None, seq_lens=None, seq_lens_q=None, block_tables=None,
              max_token_per_sequence=None, max_sequence_kv=None,
              fixed_split_size: Optional[int] = None, disable_split_kv: bool = False) -> None:
-        """Schedule the batch; see the class docstring for the metadata layout."""
+        """Schedule the batch; see the class docstring for the metadata layout.
+        ``seq_lens`` / ``seq_lens_q`` (per-request KV / query lengths) and
+        ``max_token_per_sequence`` / ``max_sequence_kv`` (their maxima), which FlashInfer takes
+        for other backends, are checked against the indptr arrays."""
+        plan_args = dict(locals())
+        refuse_unsupported("plan", use_fp16_qk_reduction=use_fp16_qk_reduction,
+                           prefix_len_ptr=prefix_len_ptr,
+                           token_pos_in_items_ptr=token_pos_in_items_ptr,
+                           token_pos_in_items_len=token_pos_in_items_len,
+                           max_item_len_ptr=max_item_len_ptr, block_tables=block_tables)
         check_head_dim(head_dim_qk, head_dim_vo)
         if page_size <= 0:
             raise ValueError(f"page_size must be positive, got {page_size}")
@@ -76,6 +90,7 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
                           rope_theta=rope_theta, q_data_type=q_data_type,
                           kv_data_type=kv_data_type, o_data_type=o_data_type)
         page_indptr = host_ints(paged_kv_indptr, "paged_kv_indptr")
+        self._num_page_ids = page_indptr[-1] if page_indptr else 0
         self._max_page_id = check_page_ids(paged_kv_indices, page_indptr[-1] if page_indptr else 0,
                                            "paged_kv_indices")
         kv_lens = paged_kv_lens(page_indptr,
@@ -83,6 +98,10 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
                                 page_size)
         self._page_size = page_size
         qo_lens = lens_from_indptr(host_ints(qo_indptr, "qo_indptr"), "qo_indptr")
+        check_given_lens(seq_lens, kv_lens, "seq_lens", "KV lengths")
+        check_given_lens(seq_lens_q, qo_lens, "seq_lens_q", "query lengths")
+        check_given_max(max_token_per_sequence, qo_lens, "max_token_per_sequence")
+        check_given_max(max_sequence_kv, kv_lens, "max_sequence_kv")
         _, _, self._kv_indices, self._kv_last_page_len = self._plan_prefill(
             qo_lens, kv_lens, [
                 (self._bufs.get("qo_indptr"), qo_indptr, "qo_indptr"),
@@ -92,6 +111,7 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
                  "paged_kv_last_page_len")],
             custom_mask, packed_custom_mask, causal, num_qo_heads, num_kv_heads, head_dim_qk,
             non_blocking, fixed_split_size, disable_split_kv, self._bufs, kv_begins=page_indptr)
+        self._remember_plan(plan_args)
 
     begin_forward = plan
 
@@ -113,18 +133,28 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
                             kw["q_scale"], kw["k_scale"], kw["v_scale"])
 
-    def forward(self, q, paged_kv_cache, causal: bool = False, **kwargs):
-        """Deprecated: plan() then run()."""
+    def forward(self, q: torch.Tensor, paged_kv_cache, causal: bool = False,
+                pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+                k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+                window_left: int = -1, logits_soft_cap: Optional[float] = None,
+                sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+                rope_theta: Optional[float] = None):
+        """Deprecated (use ``run``): as in FlashInfer, these options (defaults included)
+        replace the planned ones, then the batch runs (``_apply_legacy_options``)."""
         warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
                       stacklevel=2)
-        self._check_legacy_options(kwargs, causal=causal)
-        return self.run(q, paged_kv_cache, **kwargs)
+        return self._forward((q, paged_kv_cache), False, locals())
 
-    def forward_return_lse(self, q, paged_kv_cache, causal: bool = False, **kwargs):
+    def forward_return_lse(self, q: torch.Tensor, paged_kv_cache, causal: bool = False,
+                           pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+                           k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+                           window_left: int = -1, logits_soft_cap: Optional[float] = None,
+                           sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+                           rope_theta: Optional[float] = None):
+        """Deprecated: ``forward`` returning ``(out, lse)``."""
         warnings.warn("forward_return_lse is deprecated; use plan() and run_return_lse()",
                       DeprecationWarning, stacklevel=2)
-        self._check_legacy_options(kwargs, causal=causal)
-        return self.run(q, paged_kv_cache, return_lse=True, **kwargs)
+        return self._forward((q, paged_kv_cache), True, locals())
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
@@ -139,6 +169,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
                  custom_mask_buf: Optional[torch.Tensor] = None,
                  mask_indptr_buf: Optional[torch.Tensor] = None, backend: str = "auto",
                  jit_args: Optional[list] = None, jit_kwargs: Optional[dict] = None) -> None:
+        refuse_unsupported("BatchPrefillWithRaggedKVCacheWrapper", jit_args=jit_args,
+                           jit_kwargs=jit_kwargs)
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
         if use_cuda_graph and (qo_indptr_buf is None or kv_indptr_buf is None):
             raise ValueError("use_cuda_graph=True needs qo_indptr_buf and kv_indptr_buf")
@@ -161,6 +193,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
              disable_split_kv: bool = False, v_indptr=None, o_indptr=None) -> None:
         """Schedule the batch (note: ``window_left, logits_soft_cap, sm_scale`` come in another
         order than in the paged wrapper's plan, as in FlashInfer)."""
+        plan_args = dict(locals())
+        refuse_unsupported("plan", use_fp16_qk_reduction=use_fp16_qk_reduction,
+                           prefix_len_ptr=prefix_len_ptr,
+                           token_pos_in_items_ptr=token_pos_in_items_ptr,
+                           token_pos_in_items_len=token_pos_in_items_len,
+                           max_item_len_ptr=max_item_len_ptr, v_indptr=v_indptr,
+                           o_indptr=o_indptr)
         check_head_dim(head_dim_qk, head_dim_vo)
         self._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                           head_dim=head_dim_qk, pos_encoding_mode=pos_encoding_mode,
@@ -176,6 +215,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
             (self._bufs["kv_indptr"], kv_indptr, "kv_indptr")],
             custom_mask, packed_custom_mask, causal, num_qo_heads, num_kv_heads, head_dim_qk,
             non_blocking, fixed_split_size, disable_split_kv, self._bufs)
+        self._remember_plan(plan_args)
 
     begin_forward = plan
 
@@ -199,14 +239,24 @@ class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
                             kw["q_scale"], kw["k_scale"], v_scale_total)
 
-    def forward(self, q, k, v, causal: bool = False, **kwargs):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+                window_left: int = -1, logits_soft_cap: Optional[float] = None,
+                sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+                rope_theta: Optional[float] = None):
+        """Deprecated (use ``run``): as in FlashInfer, these options (defaults included)
+        replace the planned ones, then the batch runs (``_apply_legacy_options``)."""
         warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
                       stacklevel=2)
-        self._check_legacy_options(kwargs, causal=causal)
-        return self.run(q, k, v, **kwargs)
+        return self._forward((q, k, v), False, locals())
 
-    def forward_return_lse(self, q, k, v, causal: bool = False, **kwargs):
+    def forward_return_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           causal: bool = False, pos_encoding_mode: str = "NONE",
+                           use_fp16_qk_reduction: bool = False, window_left: int = -1,
+                           logits_soft_cap: Optional[float] = None,
+                           sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+                           rope_theta: Optional[float] = None):
+        """Deprecated: ``forward`` returning ``(out, lse)``."""
         warnings.warn("forward_return_lse is deprecated; use plan() and run_return_lse()",
                       DeprecationWarning, stacklevel=2)
-        self._check_legacy_options(kwargs, causal=causal)
-        return self.run(q, k, v, return_lse=True, **kwargs)
+        return self._forward((q, k, v), True, locals())

@@ -132,7 +132,14 @@ def _capability(device_index: int) -> tuple[int, int]:
 BACKENDS = ("auto", "fa2", "fa3")
 
 
+# FlashInfer's other attention backends (Blackwell kernels, cuDNN): named, not provided.
+UPSTREAM_ONLY_BACKENDS = ("cutlass", "trtllm-gen", "cudnn", "cute-dsl")
+
+
 def check_backend(backend: str) -> str:
+    if backend in UPSTREAM_ONLY_BACKENDS:
+        raise NotImplementedError(f"backend={backend!r} is not provided by this implementation "
+                                  f"(its backends: {', '.join(map(repr, BACKENDS))})")
     return checks.check_backend(backend, BACKENDS)
 
 
@@ -261,6 +268,9 @@ class Workspace:
             if buf is None:
                 out.append(self._ints[at[i]:at[i] + n] if i in at
                            else t.to(self.device, torch.int32, non_blocking=True))
+                continue
+            if i not in at and t.is_cuda and t.data_ptr() == buf.data_ptr():
+                out.append(buf)  # written in place by the caller (an engine's graph buffer)
                 continue
             if n > buf.numel():
                 raise ValueError(f"{name} has {n} entries, its CUDA-graph buffer only "

@@ -27,6 +27,7 @@ from .wrapper import (
     device_num_sms,
     make_variant,
     pack_mask,
+    refuse_unsupported,
     upload,
 )
 
@@ -91,8 +92,13 @@ def single_prefill_with_kv_cache(
         raise ValueError(f"q must be a 3-D tensor, got "
                          f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
     check_single_kv(q, k, v)
-    if kv_cache_sf is not None or scale_q is not None or scale_k is not None or scale_v is not None:
-        raise ValueError("FP8 scale tensors are not supported (q, k and v must be fp16 or bf16)")
+    refuse_unsupported("single_prefill_with_kv_cache",
+                       use_fp16_qk_reduction=use_fp16_qk_reduction)
+    for name, value in (("scale_q", scale_q), ("scale_k", scale_k), ("scale_v", scale_v),
+                        ("kv_cache_sf", kv_cache_sf)):
+        if value is not None:
+            raise NotImplementedError(f"single_prefill_with_kv_cache({name}=...) is not "
+                                      f"supported by this implementation (fp8/fp4 inputs)")
     qo_len, num_qo_heads, head_dim = q.shape
     kv_len = k.shape[0] if layout == 0 else k.shape[1]
     num_kv_heads = k.shape[1] if layout == 0 else k.shape[0]

@@ -19,8 +19,55 @@ from ..jit.attention import HEAD_DIMS, AttentionVariant
 from . import runtime as rt
 from .plan import CTAS_PER_SM, AttentionPlan, schedule
 
+# The options of the deprecated forward() that replace the planned ones.
+LEGACY_OPTIONS = ("causal", "pos_encoding_mode", "use_fp16_qk_reduction", "window_left",
+                  "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta")
 UNSUPPORTED_RUN = ("sinks", "kv_cache_sf", "skip_softmax_threshold_scale_factor",
                     "uses_spcompress")
+
+
+# Arguments FlashInfer's plan/constructors accept that this implementation cannot honour, with
+# the value that means "not used" and why (multi-item scoring, the trtllm-gen backend's page
+# table, JIT customization): any other value raises NotImplementedError naming it.
+UNSUPPORTED_PLAN = {
+    "prefix_len_ptr": (None, "multi-item scoring"),
+    "token_pos_in_items_ptr": (None, "multi-item scoring"),
+    "token_pos_in_items_len": (0, "multi-item scoring"),
+    "max_item_len_ptr": (None, "multi-item scoring"),
+    "use_fp16_qk_reduction": (False, "q.k is accumulated in float32"),
+    "block_tables": (None, "the trtllm-gen backend's page table; pass indptr/indices"),
+    "v_indptr": (None, "separate V/output layouts of the ragged wrapper"),
+    "o_indptr": (None, "separate V/output layouts of the ragged wrapper"),
+    "jit_args": (None, "JIT-customized attention variants"),
+    "jit_kwargs": (None, "JIT-customized attention variants"),
+}
+
+
+def refuse_unsupported(where: str, **given) -> None:
+    """``NotImplementedError`` naming the first of ``given`` (names of UNSUPPORTED_PLAN) whose
+    value is not the one meaning "not used"."""
+    for name, value in given.items():
+        default, why = UNSUPPORTED_PLAN[name]
+        if value is not default and (isinstance(value, torch.Tensor) or value != default):
+            raise NotImplementedError(f"{where}({name}=...) is not supported by this "
+                                      f"implementation ({why})")
+
+
+def check_given_lens(given, derived: Sequence[int], name: str, what: str) -> None:
+    """An optional per-request length tensor FlashInfer's plan also accepts (``seq_lens``,
+    ``seq_lens_q``): the same lengths the indptr arrays describe, or ``ValueError``."""
+    if given is None:
+        return
+    lens = host_ints(given.reshape(-1) if isinstance(given, torch.Tensor) else given, name)
+    if lens != list(derived):
+        raise ValueError(f"{name} must equal the {what} the plan's metadata describes "
+                         f"({list(derived)[:8]}), got {lens[:8]}")
+
+
+def check_given_max(given: Optional[int], derived: Sequence[int], name: str) -> None:
+    """``max_token_per_sequence`` / ``max_sequence_kv``: a bound, at least the real maximum."""
+    if given is not None and given < max(derived, default=0):
+        raise ValueError(f"{name} must be at least {max(derived, default=0)}, got {given}")
 
 
 def check_head_dim(head_dim: int, head_dim_vo: Optional[int] = None) -> None:
@@ -159,10 +206,60 @@ def make_variant(q_dtype: torch.dtype, o_dtype: torch.dtype, head_dim: int, mask
                             pos_encoding_mode, paged)
 
 
+def _check_sm_scale(value):
+    if value is not None:
+        rt.resolve_scales(1, value, None, None, None)  # positive and finite
+    return value
+
+
+class PlannedScalar:
+    """A planned option the launch record holds, under FlashInfer's attribute name (engines read
+    ``_sm_scale``, ``_window_left``, ``_logits_soft_cap`` and some write them): setting one
+    checks and normalizes it, and a new value makes the next ``run`` build its record again (a
+    captured graph keeps the record it was captured with)."""
+
+    def __init__(self, normalize, default) -> None:
+        self.normalize, self.default = normalize, default
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name, self.slot = name, "_planned" + name
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else obj.__dict__.get(self.slot, self.default)
+
+    def __set__(self, obj, value) -> None:
+        value = self.normalize(value)
+        old = obj.__dict__.get(self.slot, self.default)
+        if value == old and type(value) is type(old):
+            return
+        obj.__dict__[self.slot] = value
+        obj._launcher = None
+        if self.name == "_sm_scale" and getattr(obj, "_plan", None) is not None:
+            obj._scales = rt.resolve_scales(obj._head_dim, value, None, None, None)
+
+
+# key -> (FlashInfer's attribute, the planned device tensor run reads, its dtype, the
+# attribute holding how many entries the plan reads, or None where it cannot be replaced)
+_BUFFERS = {
+    "kv_indices": ("_paged_kv_indices_buf", "_kv_indices", torch.int32, "_num_page_ids"),
+    "kv_indptr": ("_paged_kv_indptr_buf", "_kv_indptr", torch.int32, None),
+    "kv_last_page_len": ("_paged_kv_last_page_len_buf", "_kv_last_page_len", torch.int32,
+                         None),
+    "qo_indptr": ("_qo_indptr_buf", "_qo_indptr", torch.int32, None),
+    "custom_mask": ("_custom_mask_buf", "_mask", torch.uint8, "_mask_bytes"),
+    "mask_indptr": ("_mask_indptr_buf", "_mask_indptr", torch.int32, None),
+}
+
+
 class BatchAttentionBase:
     """plan/run machinery shared by the batch prefill and decode wrappers."""
 
     _paged = True
+    _sm_scale = PlannedScalar(_check_sm_scale, None)  # as given: None = 1/sqrt(head_dim)
+    _window_left = PlannedScalar(rt.check_window_left, -1)
+    _logits_soft_cap = PlannedScalar(rt.soft_cap, 0.0)  # 0.0 = off, as FlashInfer keeps it
+    _rope_scale = PlannedScalar(lambda x: rt.rope_defaults(x, None)[0], 1.0)
+    _rope_theta = PlannedScalar(lambda x: rt.rope_defaults(None, x)[1], 1e4)
     # Graph mode: the captured grid has room for this many times the first plan's items (later
     # plans may tile their query rows differently; split KV has its own term).
     _graph_item_headroom = 2
@@ -198,7 +295,10 @@ class BatchAttentionBase:
 
     def _schedule(self, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, causal,
                   fixed_split_size, disable_split_kv, kv_begins=None):
-        """``kv_begins``: paged, each request's first entry of the page ids (``schedule``)."""
+        """``kv_begins``: paged, each request's first entry of the page ids (``schedule``).
+        ``fixed_split_size`` -1 means none, as in FlashInfer (vLLM passes it)."""
+        if fixed_split_size == -1:
+            fixed_split_size = None
         device = self._ws.device
         kwargs: dict[str, Any] = {"backend": rt.resolve_backend(device, self._variant,
                                                                 self._backend),
@@ -332,7 +432,7 @@ class BatchAttentionBase:
             partials=partials, counters=self._ws.counters, custom_mask=self._mask,
             mask_indptr=self._mask_indptr,
             alibi_slopes=rt.alibi_slopes_for(self._pos_encoding_mode, self._num_qo_heads, device),
-            sm_scale=self._scales[0], logits_soft_cap=self._softcap, o_scale=self._scales[1],
+            sm_scale=self._scales[0], logits_soft_cap=self._logits_soft_cap, o_scale=self._scales[1],
             rope_scale=self._rope_scale, rope_theta=self._rope_theta,
             window_left=self._window_left, enable_pdl=enable_pdl)
 
@@ -359,40 +459,120 @@ class BatchAttentionBase:
         self._q_dtype, self._kv_dtype, self._o_dtype = q_dtype, kv_dtype, o_dtype
         self._pos_encoding_mode = pos_encoding_mode
         rt.resolve_scales(head_dim, sm_scale, None, None, None)  # checks sm_scale
-        self._sm_scale = sm_scale
-        self._window_left = rt.check_window_left(window_left)
-        self._softcap = rt.soft_cap(logits_soft_cap)
-        self._rope_scale, self._rope_theta = rt.rope_defaults(rope_scale, rope_theta)
+        rt.check_window_left(window_left)
+        rt.soft_cap(logits_soft_cap)
+        rt.rope_defaults(rope_scale, rope_theta)
+        self._sm_scale, self._window_left, self._logits_soft_cap = (sm_scale, window_left,
+                                                                   logits_soft_cap)
+        self._rope_scale, self._rope_theta = rope_scale, rope_theta
 
     def _check_kv_dtype(self, k: torch.Tensor) -> None:
         if k.dtype != self._kv_dtype:
             raise ValueError(f"the KV cache must have the planned kv_data_type "
                              f"({rt.dtype_name(self._kv_dtype)}), got {rt.dtype_name(k.dtype)}")
 
-    def _check_legacy_options(self, kwargs: dict, **given) -> None:
-        """The deprecated ``forward``'s options (``given``, and those it finds in ``kwargs``,
-        which it removes): each must equal what ``plan`` was given, since a run cannot change
-        them; one that differs raises ``NotImplementedError`` naming it."""
+    # -- what serving engines read and write on a wrapper (docs/serving-engines.md) ----------
+    def _buf_property(key: str):  # noqa: N805 (a helper run at class creation)
+        name, planned, dtype, size = _BUFFERS[key]
+
+        def get(self):
+            """The graph-mode buffer the engine passed, else what the current plan reads."""
+            buf = self._bufs.get(key)
+            return buf if buf is not None else getattr(self, planned, None)
+
+        def put(self, value):
+            """Before a plan: the buffer plans will use. After one: page ids and the packed mask
+            may be replaced (same layout, at least as many entries; runs from now on read the
+            new tensor, as FlashInfer's run reads these attributes); the arrays the schedule was
+            made from may not (plan again)."""
+            if key not in self._bufs:
+                raise AttributeError(f"{type(self).__name__} has no {name}")
+            current = getattr(self, planned, None) if self._plan is not None else None
+            if current is not None:
+                if size is None:
+                    raise NotImplementedError(f"assigning {name} after plan() is not supported "
+                                              f"(the plan was scheduled from it): plan() again")
+                need = getattr(self, size, 0)
+                if not (isinstance(value, torch.Tensor) and value.dtype == dtype
+                        and value.device == self._ws.device and value.dim() == 1
+                        and value.is_contiguous() and value.numel() >= need):
+                    raise ValueError(f"{name} must be a contiguous 1-D {dtype} tensor on "
+                                     f"{self._ws.device} with at least {need} entries, got "
+                                     f"{value!r:.80}")
+                setattr(self, planned, value)
+                if key == "kv_indices":
+                    self._max_page_id = -1  # device ids: not read back
+                self._launcher = None
+            if self._use_cuda_graph:  # later plans stage into it (FlashInfer's plan, too,
+                self._bufs[key] = value  # replaces the attribute outside graph mode)
+
+        return property(get, put)
+
+    _paged_kv_indices_buf = _buf_property("kv_indices")
+    _paged_kv_indptr_buf = _buf_property("kv_indptr")
+    _paged_kv_last_page_len_buf = _buf_property("kv_last_page_len")
+    _qo_indptr_buf = _buf_property("qo_indptr")
+    _custom_mask_buf = _buf_property("custom_mask")
+    _mask_indptr_buf = _buf_property("mask_indptr")
+    del _buf_property
+
+    # -- the deprecated entry points -------------------------------------------------------
+    def _remember_plan(self, args: dict) -> None:
+        """Keep a successful plan's arguments: the deprecated ``forward`` re-plans with them
+        when it is given another ``causal`` or ``pos_encoding_mode``."""
+        self._plan_args = {k: v for k, v in args.items() if k not in ("self", "args",
+                                                                      "__class__")}
+
+    def _forward(self, inputs: tuple, return_lse: bool, given: dict):
+        """The deprecated ``forward``/``forward_return_lse``: ``given`` (their arguments)
+        replace the planned options, then ``run(*inputs)`` with the scales among them."""
+        self._apply_legacy_options(**{name: given[name] for name in LEGACY_OPTIONS
+                                      if name in given})
+        return self.run(*inputs, return_lse=return_lse,
+                        **{name: given[name] for name in ("q_scale", "k_scale", "v_scale")
+                           if name in given})
+
+    def _apply_legacy_options(self, *, causal: Optional[bool] = None,
+                              pos_encoding_mode: str = "NONE",
+                              use_fp16_qk_reduction: bool = False, window_left: int = -1,
+                              logits_soft_cap: Optional[float] = None,
+                              sm_scale: Optional[float] = None,
+                              rope_scale: Optional[float] = None,
+                              rope_theta: Optional[float] = None) -> None:
+        """What FlashInfer's deprecated ``forward``/``forward_return_lse`` do before they run:
+        their options (defaults included) replace the planned ones. Scalars (``sm_scale``,
+        ``logits_soft_cap``, ``window_left``, ``rope_scale``, ``rope_theta``) update the plan in
+        place (host work only, so a CUDA-graph capture may call it); another ``causal`` or
+        ``pos_encoding_mode`` needs another kernel and schedule: the batch is planned again
+        with the stored plan arguments (host work that reads the metadata: not during a
+        capture). ``causal=None``: the wrapper has none (decode)."""
         if self._plan is None:
             raise RuntimeError("plan() must be called before forward()")
-        for name in ("sm_scale", "logits_soft_cap", "window_left", "rope_scale", "rope_theta"):
-            if name in kwargs:
-                given[name] = kwargs.pop(name)
-        planned = {
-            "causal": lambda x: bool(x) == (self._variant.mask_mode == "causal"),
-            "pos_encoding_mode": lambda x: x == self._pos_encoding_mode,
-            "sm_scale": lambda x: rt.resolve_scales(self._head_dim, x, None, None, None)[0]
-            == self._scales[0],
-            "logits_soft_cap": lambda x: rt.soft_cap(x) == self._softcap,
-            "window_left": lambda x: rt.check_window_left(x) == self._window_left,
-            "rope_scale": lambda x: rt.rope_defaults(x, None)[0] == self._rope_scale,
-            "rope_theta": lambda x: rt.rope_defaults(None, x)[1] == self._rope_theta,
-        }
-        for name, value in given.items():
-            if not planned[name](value):
-                raise NotImplementedError(
-                    f"forward({name}={value!r}) differs from what plan() was given; a run "
-                    f"cannot change {name}: pass it to plan()")
+        if use_fp16_qk_reduction:
+            raise NotImplementedError("use_fp16_qk_reduction=True is not supported by this "
+                                      "implementation (it accumulates q.k in float32)")
+        rt.check_pos_encoding(pos_encoding_mode)
+        rt.check_window_left(window_left)
+        rt.resolve_scales(self._head_dim, sm_scale, None, None, None)
+        rt.soft_cap(logits_soft_cap)
+        rt.rope_defaults(rope_scale, rope_theta)
+        scalars = dict(window_left=window_left, logits_soft_cap=logits_soft_cap,
+                       sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+        replan = pos_encoding_mode != self._pos_encoding_mode
+        if causal is not None and self._mask is None:  # a custom mask overrides causal
+            replan |= bool(causal) != (self._variant.mask_mode == "causal")
+        if replan:
+            extra = {} if causal is None else {"causal": bool(causal)}
+            type(self).plan(self, **{**self._plan_args, **scalars, **extra,
+                         "pos_encoding_mode": pos_encoding_mode})
+            return
+        if causal is not None:
+            self._causal = bool(causal)
+        # Each one that changed makes the next run build its launch record again.
+        self._sm_scale, self._logits_soft_cap, self._window_left = (sm_scale, logits_soft_cap,
+                                                                   window_left)
+        self._rope_scale, self._rope_theta = rope_scale, rope_theta
+        self._plan_args.update(scalars)
 
     def _legacy_run_args(self, args: tuple, kwargs: dict) -> dict:
         if args:
@@ -414,11 +594,13 @@ class BatchAttentionBase:
             raise ValueError(f"qo_indptr describes {len(qo_lens)} requests, the KV metadata "
                              f"{len(kv_lens)}")
         use_mask = custom_mask is not None or packed_custom_mask is not None
+        self._causal = bool(causal)  # as given (a custom mask overrides it), as FlashInfer keeps it
         mask_mode = "custom" if use_mask else ("causal" if causal else "none")
         self._mask = None
         if use_mask:
             mask, mask_indptr = pack_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens,
                                            self._ws.device)
+            self._mask_bytes = int(mask_indptr[-1])
             self._mask = mask
             if bufs.get("custom_mask") is not None:  # graph mode: where the captured run reads
                 if mask.numel() > bufs["custom_mask"].numel():
