@@ -55,7 +55,7 @@ def measure(args) -> int:
     payload = {"label": args.label, "device": harness.device_info(),
                "flashinfer_version": getattr(flashinfer, "__version__", "?"),
                "ceilings": harness.measure_ceilings()}
-    payload["rows"] = harness.run_cases(cases, payload["ceilings"])
+    payload["rows"] = harness.run_cases(cases, payload["ceilings"], group="attention")
     Path(args.out).write_text(json.dumps(payload, indent=1) + "\n")
     return 0
 

@@ -18,7 +18,7 @@ set -uo pipefail
 : "${OUT:?set OUT to the output directory}"
 export OUT
 mkdir -p "$OUT"
-export WHEELS_DIR=.gpu/wheels_set
+export WHEELS_DIR=${WHEELS_DIR:-.gpu/wheels_set}
 [ -f "$WHEELS_DIR/COMMIT" ] || { echo "no $WHEELS_DIR/COMMIT: run tools/prepare_gpu_dist.sh first"; exit 2; }
 commit=$(cat "$WHEELS_DIR/COMMIT")
 ls -la "$WHEELS_DIR" | tee "$OUT/wheels_set.txt"
