@@ -18,8 +18,8 @@ VERSION = _versions.public_version(__version__)
 
 
 def test_the_registry_is_the_documented_policy():
-    """docs/wheels.md: no-mask and causal at head_dim 64/128/256; custom masks at 64/128/256;
-    in-kernel RoPE and ALiBi at 128; fp16 and bf16; paged and ragged."""
+    """docs/wheels.md: no-mask and causal at head_dim 64/128/256/512 and 192/128; custom masks
+    at 64/128/256; in-kernel RoPE and ALiBi at 128; fp16 and bf16; paged and ragged."""
     attention = {n for n in NAMES if n.startswith("attention_")}
     want = set()
     for short in ("f16_of16", "bf16_obf16"):
@@ -29,7 +29,9 @@ def test_the_registry_is_the_documented_policy():
                                                                                  "custom")}
             want |= {f"attention_{layout}_{short}_d128_{m}_{p}" for m in ("none", "causal")
                      for p in ("rope_llama", "alibi")}
-    assert attention == want and len(want) == 52
+            want |= {f"attention_{layout}_{short}_{d}_{m}_none{vo}" for m in ("none", "causal")
+                     for d, vo in (("d512", ""), ("d192", "_vo128"))}
+    assert attention == want and len(want) == 68
     # besides attention: one module per small op family
     assert NAMES - attention == {"scale", "norm", "activation", "rope", "quantization", "page",
                                  "cascade", "topk", "sampling"} & (NAMES - attention)

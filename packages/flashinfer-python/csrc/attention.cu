@@ -2,7 +2,8 @@
 // chosen at compile time by the -D flags that flashinfer/jit/attention.py derives from its
 // variant dataclass:
 //   FI_DTYPE_Q, FI_DTYPE_O  0 = float16, 1 = bfloat16
-//   FI_HEAD_DIM             64, 128, 256
+//   FI_HEAD_DIM             64, 128, 192, 256, 512 (q and k)
+//   FI_HEAD_DIM_VO          v and the output: FI_HEAD_DIM, or 128 at 192 (default FI_HEAD_DIM)
 //   FI_MASK_MODE            0 none, 1 causal, 2 custom (attn::MaskMode)
 //   FI_POS_ENCODING         0 none, 1 RoPE (llama), 2 ALiBi (attn::PosEncoding)
 //   FI_PAGED                0 ragged KV, 1 paged KV
@@ -30,10 +31,14 @@ using DTypeOf = std::conditional_t<V == 0, __half, __nv_bfloat16>;
 using DTypeQ = DTypeOf<FI_DTYPE_Q>;
 using DTypeO = DTypeOf<FI_DTYPE_O>;
 constexpr int kHeadDim = FI_HEAD_DIM;
+#ifndef FI_HEAD_DIM_VO
+#define FI_HEAD_DIM_VO FI_HEAD_DIM
+#endif
+constexpr int kHeadDimVO = FI_HEAD_DIM_VO;
 constexpr MaskMode kMask = static_cast<MaskMode>(FI_MASK_MODE);
 constexpr PosEncoding kPos = static_cast<PosEncoding>(FI_POS_ENCODING);
 constexpr bool kPaged = FI_PAGED != 0;
-using Launch = AttentionLaunch<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged>;
+using Launch = AttentionLaunch<DTypeQ, DTypeO, kHeadDim, kHeadDimVO, kMask, kPos, kPaged>;
 
 void check_cta(int64_t cta) {
   TVM_FFI_CHECK(cta >= 0 && cta < kNumCtaShapes, ValueError)
@@ -55,13 +60,15 @@ void run(TensorView q, TensorView k, TensorView v, TensorView o, Optional<Tensor
   // 1. Validate: the record, the call's tensors, the plan's choices.
   const RunRecord rec = check_run_params(params, q);
   const KVView kv = check_attention_inputs(q, k, v, o, lse, rec[kKvLayout], kPaged, kHeadDim,
-                                           dtype_code<DTypeQ>(), dtype_code<DTypeO>());
+                                           kHeadDimVO, dtype_code<DTypeQ>(),
+                                           dtype_code<DTypeO>());
   const int64_t cta = rec[kCta], grid_x = rec[kGridX], cap = rec[kItemCapacity];
   check_cta(cta);
   if (cta == kCtaSm90) {
     TVM_FFI_CHECK(Launch::kHasSm90, ValueError)
-        << "cta 3 (the Hopper kernel) takes head_dim 64 or 128 without in-kernel RoPE; this "
-        << "module is head_dim " << kHeadDim << ", pos_encoding " << int(kPos);
+        << "cta 3 (the Hopper kernel) takes head_dim 64 or 128 (head_dim_vo equal) without "
+        << "in-kernel RoPE; this module is head_dim " << kHeadDim << ", head_dim_vo "
+        << kHeadDimVO << ", pos_encoding " << int(kPos);
     TVM_FFI_CHECK(device_has_sm90(q.device().device_id), ValueError)
         << "cta 3 (the Hopper kernel) needs a compute capability 9.0 GPU";
   }

@@ -154,8 +154,9 @@ def resolve_backend(device: torch.device, variant: AttentionVariant, backend: st
     ok = _capability(index) == (9, 0) and variant.has_sm90
     if backend == "fa3" and not ok:
         raise ValueError(f"backend='fa3' (the Hopper kernel) needs a compute capability 9.0 GPU "
-                         f"and head_dim 64 or 128 without pos_encoding_mode='ROPE_LLAMA'; got "
-                         f"capability {_capability(index)}, head_dim {variant.head_dim}, "
+                         f"and head_dim 64 or 128 (head_dim_vo equal) without "
+                         f"pos_encoding_mode='ROPE_LLAMA'; got capability {_capability(index)}, "
+                         f"head_dim {variant.head_dim}, head_dim_vo {variant.head_dim_vo}, "
                          f"pos_encoding_mode {variant.pos_encoding!r}")
     return "fa3" if ok else "fa2"
 

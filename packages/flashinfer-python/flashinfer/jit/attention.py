@@ -1,6 +1,6 @@
 """Build specs of the attention modules: one module per :class:`AttentionVariant`.
 
-A variant is everything that changes the compiled kernel (dtypes, head_dim, mask mode, position
+A variant is everything that changes the compiled kernel (dtypes, head dims, mask mode, position
 encoding, paged or ragged KV); its fields become ``-DFI_*`` flags of ``csrc/attention.cu``, and
 its name (and so the module's URI) spells each of them. Runtime choices (sm_scale, soft cap,
 sliding window, RoPE scale/theta) are kernel arguments and cost no extra module.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Optional
 
 from .core import SM80_AND_NEWER, JitSpec
 
@@ -17,7 +18,27 @@ DTYPE_CODES = {"float16": 0, "bfloat16": 1}
 DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16"}
 MASK_MODES = {"none": 0, "causal": 1, "custom": 2}
 POS_ENCODINGS = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
-HEAD_DIMS = (64, 128, 256)
+#: Head dims of q, k, v and the output alike.
+HEAD_DIMS = (64, 128, 256, 512)
+#: (head_dim_qk, head_dim_vo) pairs whose v and output are narrower than q and k: DeepSeek-style
+#: MLA prefill (192 = 128 no-RoPE + 64 RoPE channels; v 128), which vLLM and SGLang run through
+#: the ragged and paged prefill wrappers.
+HEAD_DIM_PAIRS = ((192, 128),)
+
+
+def check_head_dims(head_dim_qk: int, head_dim_vo: Optional[int] = None) -> int:
+    """``head_dim_vo`` (None: ``head_dim_qk``) once the pair is one a kernel exists for, else
+    ``ValueError`` naming the supported head dims."""
+    vo = head_dim_qk if head_dim_vo is None else head_dim_vo
+    if (head_dim_qk in HEAD_DIMS and vo == head_dim_qk) or (head_dim_qk, vo) in HEAD_DIM_PAIRS:
+        return vo
+    pairs = ", ".join(f"{qk}/{v}" for qk, v in HEAD_DIM_PAIRS)
+    if head_dim_vo is None or (head_dim_qk not in HEAD_DIMS
+                               and head_dim_qk not in dict(HEAD_DIM_PAIRS)):
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS} (or head_dim_qk/head_dim_vo "
+                         f"{pairs}), got {head_dim_qk}")
+    raise ValueError(f"head_dim_vo must equal head_dim_qk ({head_dim_qk}) or form one of the "
+                     f"pairs head_dim_qk/head_dim_vo {pairs}, got {head_dim_vo}")
 
 
 @dataclass(frozen=True)
@@ -31,13 +52,15 @@ class AttentionVariant:
     dtype_o : str
         Output dtype, ``"float16"`` or ``"bfloat16"``.
     head_dim : int
-        64, 128 or 256.
+        q and k head dim: one of ``HEAD_DIMS``, or the first of a ``HEAD_DIM_PAIRS`` pair.
     mask_mode : str
         ``"none"``, ``"causal"`` (bottom-right aligned) or ``"custom"`` (packed bit mask).
     pos_encoding : str
         ``"NONE"``, ``"ROPE_LLAMA"`` (in-kernel RoPE on q and k) or ``"ALIBI"``.
     paged : bool
         Paged KV cache (else ragged: one contiguous run of tokens per request).
+    head_dim_vo : int, optional
+        v and output head dim (None: ``head_dim``); differs only in a ``HEAD_DIM_PAIRS`` pair.
     """
 
     dtype_q: str
@@ -46,6 +69,7 @@ class AttentionVariant:
     mask_mode: str = "none"
     pos_encoding: str = "NONE"
     paged: bool = True
+    head_dim_vo: Optional[int] = None
 
     def __post_init__(self) -> None:
         for field, value, allowed in (
@@ -56,8 +80,7 @@ class AttentionVariant:
         ):
             if value not in allowed:
                 raise ValueError(f"{field} must be one of {sorted(allowed)}, got {value!r}")
-        if self.head_dim not in HEAD_DIMS:
-            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        object.__setattr__(self, "head_dim_vo", check_head_dims(self.head_dim, self.head_dim_vo))
 
     @property
     def name(self) -> str:
@@ -65,21 +88,25 @@ class AttentionVariant:
             f"attention_{'paged' if self.paged else 'ragged'}_{DTYPE_SHORT[self.dtype_q]}"
             f"_o{DTYPE_SHORT[self.dtype_o]}_d{self.head_dim}_{self.mask_mode}"
             f"_{self.pos_encoding.lower()}"
+            + (f"_vo{self.head_dim_vo}" if self.head_dim_vo != self.head_dim else "")
         )
 
     @property
     def has_sm90(self) -> bool:
-        """Whether the module holds the Hopper kernel (CTA shape 3): head_dim 64 or 128, no
-        in-kernel RoPE: ``kHasSm90`` of include/flashinfer/attention/launch.cuh, which a compiled
-        module answers through ``cta_tile_q(3)`` (tests/test_package_layout.py holds the two
-        together)."""
-        return self.head_dim in (64, 128) and self.pos_encoding != "ROPE_LLAMA"
+        """Whether the module holds the Hopper kernel (CTA shape 3): head_dim 64 or 128 (v's
+        too), no in-kernel RoPE: ``kHasSm90`` of include/flashinfer/attention/launch.cuh, which
+        a compiled module answers through ``cta_tile_q(3)`` (tests/test_package_layout.py holds
+        the two together). 192 / 128 runs on the FA2 kernel: the Hopper kernel has one head
+        dim for QK and PV."""
+        return (self.head_dim in (64, 128) and self.head_dim_vo == self.head_dim
+                and self.pos_encoding != "ROPE_LLAMA")
 
     def spec(self) -> JitSpec:
         flags = (
             f"-DFI_DTYPE_Q={DTYPE_CODES[self.dtype_q]}",
             f"-DFI_DTYPE_O={DTYPE_CODES[self.dtype_o]}",
             f"-DFI_HEAD_DIM={self.head_dim}",
+            f"-DFI_HEAD_DIM_VO={self.head_dim_vo}",
             f"-DFI_MASK_MODE={MASK_MODES[self.mask_mode]}",
             f"-DFI_POS_ENCODING={POS_ENCODINGS[self.pos_encoding]}",
             f"-DFI_PAGED={int(self.paged)}",
@@ -106,7 +133,7 @@ def common_variants() -> list[AttentionVariant]:
     prefill (no mask and causal) and ragged prefill, no in-kernel position encoding."""
     out = []
     for dtype in ("float16", "bfloat16"):
-        for head_dim in HEAD_DIMS:
+        for head_dim in (64, 128, 256):
             for paged in (True, False):
                 for mask in ("none", "causal"):
                     out.append(AttentionVariant(dtype, dtype, head_dim, mask, "NONE", paged))
@@ -123,10 +150,18 @@ def custom_mask_variants() -> list[AttentionVariant]:
             for paged in (True, False)]
 
 
+def wide_head_variants() -> list[AttentionVariant]:
+    """head_dim 512 (Gemma-style global layers: decode and prefill) and 192 / 128 (MLA prefill),
+    fp16/bf16, paged and ragged, no mask and causal: what the engines run at these head dims."""
+    return [AttentionVariant(dtype, dtype, qk, mask, "NONE", paged, head_dim_vo=vo)
+            for qk, vo in ((512, 512), *HEAD_DIM_PAIRS) for dtype in ("float16", "bfloat16")
+            for paged in (True, False) for mask in ("none", "causal")]
+
+
 def precompiled_variants() -> list[AttentionVariant]:
     """Every variant the flashinfer-jit-cache wheel holds (docs/wheels.md, "What the released
     set covers without nvcc"), in a stable order."""
-    return common_variants() + extra_variants() + custom_mask_variants()
+    return common_variants() + extra_variants() + custom_mask_variants() + wide_head_variants()
 
 
 @functools.cache

@@ -41,14 +41,15 @@ namespace attn {
  * @brief Everything that is fixed at compile time for one attention kernel.
  * @tparam DTypeQ_ q and kv element type (__half or __nv_bfloat16)
  * @tparam DTypeO_ output element type
- * @tparam HEAD_DIM_ 64, 128 or 256
+ * @tparam HEAD_DIM_ q and k head dim: 64, 128, 192, 256 or 512 (QK loads and MMAs)
+ * @tparam HEAD_DIM_VO_ v and output head dim (PV and the output): HEAD_DIM_, or 128 at 192
  * @tparam PAGED_ paged KV cache (else ragged)
  * @tparam WARPS_Q_, WARPS_KV_ warps splitting rows, groups of warps splitting keys
  * @tparam MMA_Q_ 16-row MMA tiles per warp; MMA_KV_ 16-key MMA tiles per pipeline step
- * @tparam STAGES_ K/V tiles in flight per key stream at head_dim <= 128 (256 keeps two)
+ * @tparam STAGES_ K/V tiles in flight per key stream at head_dim <= 128 (wider heads keep two)
  */
-template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, MaskMode MASK_, PosEncoding POS_,
-          bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_, int MMA_KV_,
+template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, int HEAD_DIM_VO_, MaskMode MASK_,
+          PosEncoding POS_, bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_, int MMA_KV_,
           int STAGES_ = FLASHINFER_ATTENTION_STAGES>
 struct KernelTraits {
   using DTypeQ = DTypeQ_;
@@ -56,6 +57,13 @@ struct KernelTraits {
   using DTypeO = DTypeO_;
   using Tile = SwizzledTile<HEAD_DIM_>;
   static constexpr int kHeadDim = HEAD_DIM_;
+  static constexpr int kHeadDimVO = HEAD_DIM_VO_;
+  // Output columns per CTA: all of them up to 256. Wider outputs (head_dim 512) are split
+  // among kVoSlices CTAs side by side in the grid, each computing S in full and P V for its
+  // columns: 512 columns would need 256 fp32 accumulators per thread for one 16-row MMA tile.
+  static constexpr int kVoTile = HEAD_DIM_VO_ <= 256 ? HEAD_DIM_VO_ : 256;
+  static constexpr int kVoSlices = HEAD_DIM_VO_ / kVoTile;
+  using VTile = SwizzledTile<kVoTile>;
   static constexpr MaskMode kMask = MASK_;
   static constexpr PosEncoding kPos = POS_;
   static constexpr bool kPaged = PAGED_;
@@ -68,29 +76,31 @@ struct KernelTraits {
   static constexpr int kTileQ = 16 * kMmaQ * kWarpsQ;
   static constexpr int kTileKV = 16 * kMmaKV;
   static constexpr int kChunks = HEAD_DIM_ / 8;
+  static constexpr int kChunksVO = kVoTile / 8;
   // Q fragments stay in registers when they are few (decode, head_dim <= 128); otherwise they
   // are re-read from shared memory for each KV tile (the O accumulators need the registers).
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
-  // Tiles in flight per key stream (loads issued kStages - 1 tiles ahead); head_dim 256 keeps
+  // Tiles in flight per key stream (loads issued kStages - 1 tiles ahead); wider heads keep
   // two for shared memory.
-  static constexpr int kStages = HEAD_DIM_ <= 128 ? STAGES_ : 2;
+  static constexpr int kStages = HEAD_DIM_ <= 128 && kVoTile <= 128 ? STAGES_ : 2;
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
   static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
-  static constexpr size_t kKVSmem = size_t(kWarpsKV) * kStages * 2 /*K,V*/ * kTileKV *
-                                    HEAD_DIM_ * sizeof(DTypeKV);
+  // Per key stream and stage: a K tile [kTileKV][HEAD_DIM_], then a V tile [kTileKV][kVoTile].
+  static constexpr size_t kKVSmem = size_t(kWarpsKV) * kStages * kTileKV *
+                                    (HEAD_DIM_ + kVoTile) * sizeof(DTypeKV);
   static constexpr size_t kMergeSmem =
-      kWarpsKV > 1 ? size_t(kWarpsKV) * kTileQ * (HEAD_DIM_ + 2) * sizeof(float) : 0;
+      kWarpsKV > 1 ? size_t(kWarpsKV) * kTileQ * (kVoTile + 2) * sizeof(float) : 0;
   static constexpr size_t kSmemBytes = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
   // The decode shapes can merge split KV within a cluster (cluster_merge): the CTA's final
-  // partial state, [kTileQ][HEAD_DIM_] then [kTileQ] floats, after the key streams' merge area.
-  static constexpr size_t kClusterSmem = size_t(kTileQ) * (HEAD_DIM_ + 1) * sizeof(float);
-  static constexpr bool kClusterMerge =
-      kWarpsQ == 1 && kWarpsKV > 1 && kMergeSmem + kClusterSmem <= kKVSmem;
+  // partial state, [kTileQ][kVoTile] then [kTileQ] floats, after the key streams' merge area.
+  // Not where CTAs split the output columns (their chunks are merged by the merge kernel).
+  static constexpr size_t kClusterSmem = size_t(kTileQ) * (kVoTile + 1) * sizeof(float);
+  static constexpr bool kClusterMerge = kWarpsQ == 1 && kWarpsKV > 1 && kVoSlices == 1 &&
+                                        kMergeSmem + kClusterSmem <= kKVSmem;
 
   static_assert(sizeof(DTypeQ) == 2, "the MMA path takes fp16 or bf16 q and kv");
-  static_assert(kGroupThreads % kChunks == 0 && (kTileKV * kChunks) % kGroupThreads == 0,
-                "a K/V tile must split evenly over the threads of a group");
+  static_assert(HEAD_DIM_VO_ % kVoTile == 0, "output columns split evenly among CTAs");
   static_assert(kWarpsQ == 1 || kWarpsKV == 1 || kWarpsQ * kWarpsKV <= 16,
                 "at most 16 warps per CTA");
 };
@@ -106,6 +116,39 @@ __device__ __forceinline__ void group_sync(int group) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "n"(KT::kGroupThreads));
   }
 }
+
+/*!
+ * @brief How the kThreads threads of a K/V group split the 16-byte copies of one tile of kRows
+ *   rows x kChunks chunks: copy j of thread t is chunk (t + j kThreads) % kChunks of row
+ *   (t + j kThreads) / kChunks. Where kChunks divides kThreads (head_dim <= 256 mostly) each
+ *   thread copies one chunk of every (kThreads / kChunks)-th row; where kThreads divides
+ *   kChunks (head_dim 512 with one warp of rows) it copies kChunks / kThreads chunks of every
+ *   row. The page id of a row is looked up once per thread (kLookups; lookup_of(j) is copy j's).
+ */
+template <int kRows, int kChunks, int kThreads>
+struct CopyPlan {
+  static_assert((kRows * kChunks) % kThreads == 0,
+                "a K/V tile must split evenly over the threads of a group");
+  static constexpr bool kOneChunk = kThreads % kChunks == 0;
+  static constexpr bool kAllRows = !kOneChunk && kChunks % kThreads == 0;
+  static constexpr int kCopies = kRows * kChunks / kThreads;
+  static constexpr int kPerRow = kAllRows ? kChunks / kThreads : 1;  // a thread's copies per row
+  static constexpr int kLookups = kCopies / kPerRow;
+  // Every thread looks up rows 0, 1, ... kRows - 1 in order (the plans of K and V then share them).
+  static constexpr bool kEveryRow = kAllRows || (kOneChunk && kThreads == kChunks);
+  __device__ __forceinline__ static int row(int t, int j) {
+    if constexpr (kOneChunk) return t / kChunks + j * (kThreads / kChunks);
+    if constexpr (kAllRows) return j / kPerRow;
+    return (t + j * kThreads) / kChunks;
+  }
+  __device__ __forceinline__ static int chunk(int t, int j) {
+    if constexpr (kOneChunk) return t % kChunks;
+    if constexpr (kAllRows) return t + (j % kPerRow) * kThreads;
+    return (t + j * kThreads) % kChunks;
+  }
+  __device__ __forceinline__ static int lookup_row(int t, int i) { return row(t, i * kPerRow); }
+  __device__ __forceinline__ static constexpr int lookup_of(int j) { return j / kPerRow; }
+};
 
 /// Rotate rows [0, rows) of a swizzled tile by RoPE (rotate-half); row r sits at position
 /// pos(r). Threads tid, tid + nthreads, ... each take one (row, pair).
@@ -127,13 +170,20 @@ __device__ __forceinline__ void rope_tile(T* tile, int rows, Pos pos, int tid, i
   }
 }
 
+/// `vo_slice`: which kVoTile output columns of the item this CTA computes (kVoSlices > 1).
 template <class KT>
 __device__ __forceinline__ void attention_item(const AttentionParams& p, const ItemIds& ids,
-                                               uint32_t kv_head, uint8_t* smem) {
+                                               uint32_t kv_head, uint32_t vo_slice,
+                                               uint8_t* smem) {
   using T = typename KT::DTypeQ;
   using TO = typename KT::DTypeO;
   using Tile = typename KT::Tile;
+  using VTile = typename KT::VTile;
   constexpr int D = KT::kHeadDim;
+  constexpr int DV = KT::kVoTile;
+  // S = Q K^T in steps of 16 channels, unrolled kQKStep at a time: all of them up to head_dim
+  // 256; at 512 all 32 spill (112 bytes per thread, paged), eight at a time do not.
+  constexpr int kQKStep = D > 256 ? 8 : D / 16;
   constexpr int kChunks = KT::kChunks;
   constexpr int kTileQ = KT::kTileQ;
   constexpr int kTileKV = KT::kTileKV;
@@ -157,11 +207,9 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   T* kv_smem = reinterpret_cast<T*>(smem + KT::kQSmem);
   constexpr int kStages = KT::kStages;
   auto k_tile = [&](int stage) {
-    return kv_smem + ((wkv * kStages + stage) * 2 + 0) * kTileKV * D;
+    return kv_smem + (wkv * kStages + stage) * kTileKV * (D + DV);
   };
-  auto v_tile = [&](int stage) {
-    return kv_smem + ((wkv * kStages + stage) * 2 + 1) * kTileKV * D;
-  };
+  auto v_tile = [&](int stage) { return k_tile(stage) + kTileKV * D; };
 
   // 2. Q tile -> shared memory (rows past the request are zeros).
   const T* q = static_cast<const T*>(p.q);
@@ -178,57 +226,74 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   }
   cp_async_commit();
 
-  // 3. K/V tile loader: thread gtid owns chunk gtid % kChunks of rows gtid / kChunks + j * step.
-  // The page ids of its rows are looked up one tile ahead into registers and shared by the K and
-  // V loads of that tile: a page table read is a dependent global load, and issuing it just
-  // before the copies it feeds would double the latency of each tile. Rows past the end are
-  // clamped to the last key (an address that exists) and copied as zeros, so the loads need no
-  // branches.
+  // 3. K/V tile loader: thread gtid's copies of a tile are its CopyPlan's (with K and V of one
+  // width: one chunk of rows gtid / kChunks + j * step). The page ids of its rows are looked up
+  // one tile ahead into registers and shared by the K and V loads of that tile (V of another
+  // width looks up its own rows): a page table read is a dependent global load, and issuing it
+  // just before the copies it feeds would double the latency of each tile. Rows past the end
+  // are clamped to the last key (an address that exists) and copied as zeros, so the loads need
+  // no branches.
+  using KCopy = CopyPlan<kTileKV, kChunks, KT::kGroupThreads>;
+  using VCopy = CopyPlan<kTileKV, KT::kChunksVO, KT::kGroupThreads>;
+  constexpr bool kSameRows =
+      kChunks == KT::kChunksVO || (KCopy::kEveryRow && VCopy::kEveryRow);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
-  constexpr int kRowStep = KT::kGroupThreads / kChunks;
-  constexpr int kRowsPerThread = kTileKV / kRowStep;
-  const int my_chunk = gtid % kChunks, my_row0 = gtid / kChunks;
-  const T* k_base = k + int64_t(kv_head) * p.k_stride_h + my_chunk * 8;
-  const T* v_base = v + int64_t(kv_head) * p.v_stride_h + my_chunk * 8;
+  const T* k_base = k + int64_t(kv_head) * p.k_stride_h;
+  const T* v_base = v + int64_t(kv_head) * p.v_stride_h + vo_slice * DV;
   if constexpr (!KT::kPaged) {
     k_base += rng.kv_token_begin * p.k_stride_n;
     v_base += rng.kv_token_begin * p.v_stride_n;
   }
   // Per row only the page id is kept (registers are scarce at 128 rows x 64 keys); token, slot
   // and validity are recomputed from the tile's first key when the copies are issued.
-  int row_page[KT::kPaged ? kRowsPerThread : 1];
+  int row_page[KT::kPaged ? KCopy::kLookups : 1];
+  int v_row_page[KT::kPaged && !kSameRows ? VCopy::kLookups : 1];
   int fetched_base = 0;  // first key of the tile the lookup was for
+  auto page_of = [&](int row) {
+    const int tok = min(fetched_base + row, kv_hi - 1);
+    return p.kv_indices[rng.page_begin + int(p.page_size.div(uint32_t(tok)))];
+  };
   auto lookup = [&](int tile) {
     fetched_base = kv_lo + tile * kTileKV;
     if constexpr (KT::kPaged) {
 #pragma unroll
-      for (int j = 0; j < kRowsPerThread; ++j) {
-        const int tok = min(fetched_base + my_row0 + j * kRowStep, kv_hi - 1);
-        row_page[j] = p.kv_indices[rng.page_begin + int(p.page_size.div(uint32_t(tok)))];
+      for (int i = 0; i < KCopy::kLookups; ++i) row_page[i] = page_of(KCopy::lookup_row(gtid, i));
+      if constexpr (!kSameRows) {
+#pragma unroll
+        for (int i = 0; i < VCopy::kLookups; ++i)
+          v_row_page[i] = page_of(VCopy::lookup_row(gtid, i));
       }
     }
   };
-  auto load = [&](int stage, bool is_v) {
-    T* dst = is_v ? v_tile(stage) : k_tile(stage);
-    const T* src0 = is_v ? v_base : k_base;
-    // Strides are below 2^31 (checked by the binding): 32 x 32 -> 64-bit products.
-    const int s_page = int(is_v ? p.v_stride_page : p.k_stride_page);
-    const int s_n = int(is_v ? p.v_stride_n : p.k_stride_n);
+  auto copy_tile = [&](auto plan, auto tile, T* dst, const T* src0, int s_page, int s_n,
+                       const int* pages) {
+    using Plan = decltype(plan);
+    using TileT = decltype(tile);
 #pragma unroll
-    for (int j = 0; j < kRowsPerThread; ++j) {
-      const int tok = fetched_base + my_row0 + j * kRowStep;
+    for (int j = 0; j < Plan::kCopies; ++j) {
+      const int row = Plan::row(gtid, j), chunk = Plan::chunk(gtid, j);
+      const int tok = fetched_base + row;
       const int clamped = min(tok, kv_hi - 1);
       int64_t off;
       if constexpr (KT::kPaged) {
         uint32_t page, slot;
         p.page_size.divmod(uint32_t(clamped), page, slot);
-        off = mul_wide(int(slot), s_n) + mul_wide(row_page[j], s_page);
+        off = mul_wide(int(slot), s_n) + mul_wide(pages[Plan::lookup_of(j)], s_page);
       } else {
         off = mul_wide(clamped, s_n);
       }
-      cp_async_16(dst + Tile::offset(my_row0 + j * kRowStep, my_chunk), src0 + off,
-                  tok < kv_hi);
+      cp_async_16(dst + TileT::offset(row, chunk), src0 + off + chunk * 8, tok < kv_hi);
+    }
+  };
+  auto load = [&](int stage, bool is_v) {
+    // Strides are below 2^31 (checked by the binding): 32 x 32 -> 64-bit products.
+    if (is_v) {
+      copy_tile(VCopy{}, VTile{}, v_tile(stage), v_base, int(p.v_stride_page),
+                int(p.v_stride_n), kSameRows ? row_page : v_row_page);
+    } else {
+      copy_tile(KCopy{}, Tile{}, k_tile(stage), k_base, int(p.k_stride_page),
+                int(p.k_stride_n), row_page);
     }
   };
 
@@ -270,14 +335,14 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       for (int kk = 0; kk < D / 16; ++kk) load_q_frag(q_frag[mq][kk], mq, kk);
   }
 
-  float o[kMmaQ][D / 8][4];
+  float o[kMmaQ][DV / 8][4];
   float m[kMmaQ][2], d[kMmaQ][2];
 #pragma unroll
   for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) m[mq][r] = -INFINITY, d[mq][r] = 0.f;
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n)
+    for (int n = 0; n < DV / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[mq][n][e] = 0.f;
   }
@@ -306,8 +371,10 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       for (int n = 0; n < 2 * kMmaKV; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mq][n][e] = 0.f;
+#pragma unroll 1
+    for (int kk0 = 0; kk0 < D / 16; kk0 += kQKStep)
 #pragma unroll
-    for (int kk = 0; kk < (FLASHINFER_ATTENTION_PROBE_NO_COMPUTE ? 0 : D / 16); ++kk) {
+    for (int kk = kk0; kk < (FLASHINFER_ATTENTION_PROBE_NO_COMPUTE ? 0 : kk0 + kQKStep); ++kk) {
       uint32_t a_tmp[kMmaQ][4];
       if constexpr (!KT::kQInRegs) {
 #pragma unroll
@@ -341,7 +408,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n)
+        for (int n = 0; n < DV / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) o[mq][n][e] *= row_scale[mq][e / 2];
     }
@@ -356,9 +423,9 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq) pack_p<T>(pa[mq], s, mq, kk);
 #pragma unroll
-      for (int n2 = 0; n2 < D / 16; ++n2) {
+      for (int n2 = 0; n2 < DV / 16; ++n2) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, vs + Tile::offset(kk * 16 + lane % 16, 2 * n2 + lane / 16));
+        ldmatrix_x4_trans(vb, vs + VTile::offset(kk * 16 + lane % 16, 2 * n2 + lane / 16));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
           mma_16816<T>(o[mq][2 * n2], pa[mq], vb[0], vb[1]);
@@ -374,24 +441,25 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 
   // 6. Row sums across the quad, then the epilogue.
   quad_sum(d);
-  const OutputWriter<TO, D> out{p, rng, kv_head, writes_partial(p, rng)};
+  const OutputWriter<TO, DV, KT::kHeadDimVO> out{p, rng, kv_head, writes_partial(p, rng),
+                                                 int(vo_slice) * DV};
   if constexpr (KT::kWarpsKV == 1) {
     out.rows(o, m, d, row_begin + wq * 16 * kMmaQ, g, t);
   } else {
     // Groups merge through shared memory (over the K/V stages, all drained above).
     __syncthreads();
     float* merge = reinterpret_cast<float*>(smem + KT::kQSmem);
-    float* mo = merge;                                    // [kWarpsKV][kTileQ][D]
-    float* mm = merge + KT::kWarpsKV * kTileQ * D;        // [kWarpsKV][kTileQ]
+    float* mo = merge;                                    // [kWarpsKV][kTileQ][DV]
+    float* mm = merge + KT::kWarpsKV * kTileQ * DV;       // [kWarpsKV][kTileQ]
     float* md = mm + KT::kWarpsKV * kTileQ;               // [kWarpsKV][kTileQ]
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = wq * 16 * kMmaQ + mq * 16 + g + 8 * r;
-        float* dst = mo + (wkv * kTileQ + row) * D;
+        float* dst = mo + (wkv * kTileQ + row) * DV;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n)
+        for (int n = 0; n < DV / 8; ++n)
           *reinterpret_cast<float2*>(dst + n * 8 + 2 * t) =
               make_float2(o[mq][n][2 * r], o[mq][n][2 * r + 1]);
         if (t == 0) mm[wkv * kTileQ + row] = m[mq][r], md[wkv * kTileQ + row] = d[mq][r];
@@ -400,10 +468,10 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     trace(kTraceStreamsDone);
     // Cluster merge: the state goes to shared memory for the cluster's rank 0 to merge.
     const bool to_cluster = KT::kClusterMerge && p.cluster_merge;
-    float* cluster_o = merge + KT::kMergeSmem / sizeof(float);  // [kTileQ][D]
-    float* cluster_lse = cluster_o + kTileQ * D;                // [kTileQ]
-    for (int idx = tid; idx < kTileQ * (D / 2); idx += KT::kThreads) {
-      const int row = idx / (D / 2), col = (idx % (D / 2)) * 2;
+    float* cluster_o = merge + KT::kMergeSmem / sizeof(float);  // [kTileQ][DV]
+    float* cluster_lse = cluster_o + kTileQ * DV;               // [kTileQ]
+    for (int idx = tid; idx < kTileQ * (DV / 2); idx += KT::kThreads) {
+      const int row = idx / (DV / 2), col = (idx % (DV / 2)) * 2;
       const int pr = row_begin + row;
       if (pr >= packed_len) continue;
       float mx = -INFINITY;
@@ -415,24 +483,24 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       for (int w = 0; w < KT::kWarpsKV; ++w) {
         const float f = exp2f(mm[w * kTileQ + row] - m_safe);
         dsum += md[w * kTileQ + row] * f;
-        const float2 ov = *reinterpret_cast<const float2*>(mo + (w * kTileQ + row) * D + col);
+        const float2 ov = *reinterpret_cast<const float2*>(mo + (w * kTileQ + row) * DV + col);
         x0 += ov.x * f;
         x1 += ov.y * f;
       }
       const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
       const float lse = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
       if (to_cluster) {
-        *reinterpret_cast<float2*>(cluster_o + row * D + col) =
+        *reinterpret_cast<float2*>(cluster_o + row * DV + col) =
             make_float2(x0 * inv * p.o_scale, x1 * inv * p.o_scale);
         if (col == 0) cluster_lse[row] = lse;
         continue;
       }
       out.pair(pr, col, x0 * inv, x1 * inv);
-      if (col == 0) out.lse(pr, lse);
+      if (col == 0 && vo_slice == 0) out.lse(pr, lse);
     }
     if constexpr (KT::kClusterMerge) {
       if (to_cluster) {
-        cluster_merge<TO, D, KT::kThreads>(p, rng, kv_head, kTileQ, cluster_o, cluster_lse);
+        cluster_merge<TO, DV, KT::kThreads>(p, rng, kv_head, kTileQ, cluster_o, cluster_lse);
         return;
       }
     }
@@ -441,7 +509,9 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   // Split-KV partial states are merged by the last of the request's CTAs to finish (with
   // merge_counters; otherwise by the merge kernel). The flag takes the first word of the Q
   // tile, unread since the main loop.
-  merge_if_last<TO, D, KT::kThreads>(p, rng, kv_head, kTileQ, reinterpret_cast<int*>(smem));
+  // (Not where CTAs split the output columns: the launch leaves those to the merge kernel.)
+  if constexpr (KT::kVoSlices == 1)
+    merge_if_last<TO, DV, KT::kThreads>(p, rng, kv_head, kTileQ, reinterpret_cast<int*>(smem));
 }
 
 template <class KT>
@@ -456,9 +526,14 @@ __global__ void __launch_bounds__(KT::kThreads,
   // rows of the same pages (decode 128 x 8192 1421 vs 1437 us with (blockIdx.x, blockIdx.y)
   // on the H100; benchmarks/NOTES.md).
   // A cluster merge needs the CTAs of one KV head side by side: (blockIdx.x, blockIdx.y).
-  const uint32_t linear = blockIdx.y * gridDim.x + blockIdx.x;
+  // The kVoSlices CTAs that split an item's output columns are neighbours in x (they read
+  // the same K, which the second then finds in the L2).
+  constexpr uint32_t kSlices = KT::kVoSlices;
+  const uint32_t vo_slice = blockIdx.x % kSlices;
+  const uint32_t block_x = blockIdx.x / kSlices, grid_x = gridDim.x / kSlices;
+  const uint32_t linear = blockIdx.y * grid_x + block_x;
   const bool item_major = !(KT::kClusterMerge && p.cluster_merge);
-  const int first = item_major ? int(linear / uint32_t(p.num_kv_heads)) : int(blockIdx.x);
+  const int first = item_major ? int(linear / uint32_t(p.num_kv_heads)) : int(block_x);
   const uint32_t kv_head = item_major ? linear % uint32_t(p.num_kv_heads) : blockIdx.y;
   // The first item's plan entries are loaded together with num_items, not after it: each is a
   // dependent load ahead of the first K/V bytes (first < gridDim.x <= the item capacity).
@@ -467,9 +542,9 @@ __global__ void __launch_bounds__(KT::kThreads,
   // starts): its loads go out before the PDL wait, behind the previous kernel's tail. q, the
   // page ids and the cache may come from that kernel: they are read after.
   pdl_wait();
-  for (int item = first; item < num_items; item += gridDim.x) {
-    attention_item<KT>(p, ids, kv_head, smem);
-    if (item + int(gridDim.x) < num_items) ids = load_item_ids(p, item + gridDim.x);
+  for (int item = first; item < num_items; item += grid_x) {
+    attention_item<KT>(p, ids, kv_head, vo_slice, smem);
+    if (item + int(grid_x) < num_items) ids = load_item_ids(p, item + grid_x);
     __syncthreads();  // shared memory is reused by the next item
   }
   trace(kTraceEnd);
@@ -539,7 +614,7 @@ cudaError_t LaunchAttention(AttentionParams& p, int grid_x, bool enable_pdl, cud
     if (err != cudaSuccess) return err;
   }
   if (grid_x <= 0) return cudaSuccess;
-  const dim3 grid(grid_x, p.num_kv_heads), block(KT::kThreads);
+  const dim3 grid(grid_x * KT::kVoSlices, p.num_kv_heads), block(KT::kThreads);
   // A cluster merge where the shape has one and a wave holds every KV head's cluster; the
   // plan is a valid split-KV plan without it (merge_if_last). p.cluster_merge says which.
   if (p.cluster_merge)

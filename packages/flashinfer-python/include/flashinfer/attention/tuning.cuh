@@ -8,8 +8,8 @@
 
 // ---- The FA2 kernel (prefill.cuh) ----------------------------------------------------------
 
-// Tiles in flight per key stream of the prefill shapes (cta 1, 2) at head_dim <= 128 (256 keeps
-// two for shared memory).
+// Tiles in flight per key stream of the prefill shapes (cta 1, 2) at head_dim <= 128 (wider
+// heads keep two for shared memory).
 #ifndef FLASHINFER_ATTENTION_STAGES
 #define FLASHINFER_ATTENTION_STAGES 3
 #endif
@@ -34,16 +34,20 @@
 #define FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS 1
 #endif
 
-// 64-row shape (cta 1): 16-key MMA tiles per step (default: 64 keys at head_dim <= 128, 32 at 256).
+// 64-row shape (cta 1): 16-key MMA tiles per step (default: 64 keys at head_dim <= 128 and at
+// 192 / 128, whose registers are head_dim 128's less its Q fragments; 32 at 256, 16 at 512 for
+// shared memory: launch.cuh).
 #ifndef FLASHINFER_ATTENTION_CTA1_MMA_KV
-#define FLASHINFER_ATTENTION_CTA1_MMA_KV (kHeadDim <= 128 ? 4 : 2)
+#define FLASHINFER_ATTENTION_CTA1_MMA_KV \
+  (kHeadDim <= 128 || (kHeadDim == 192 && kHeadDimVO == 128) ? 4 : kHeadDim <= 256 ? 2 : 1)
 #endif
 // 128-row shape (cta 2): warps x 16-row MMA tiles per warp = 128 rows. Two MMA tiles per warp
 // hold 2 x head_dim/8 x 4 accumulators: 32-key steps keep S small enough that almost nothing
 // spills at head_dim 128 (64-key steps spill 168 bytes and run 40% slower:
 // benchmarks/results/*-tune-attention.json).
 #ifndef FLASHINFER_ATTENTION_CTA2_MMA_KV
-#define FLASHINFER_ATTENTION_CTA2_MMA_KV (kHeadDim == 128 ? 2 : kHeadDim <= 128 ? 4 : 2)
+#define FLASHINFER_ATTENTION_CTA2_MMA_KV \
+  (kHeadDim == 128 ? 2 : kHeadDim <= 128 ? 4 : kHeadDim <= 256 ? 2 : 1)
 #endif
 #ifndef FLASHINFER_ATTENTION_CTA2_WARPS_Q
 #define FLASHINFER_ATTENTION_CTA2_WARPS_Q 4
