@@ -99,8 +99,12 @@ CASES = {
 
 
 def _wanted(name: str, wanted: list) -> bool:
-    """``--cases``: substrings of the case names; one starting with ``=`` is a whole name."""
-    return any(name == w[1:] if w.startswith("=") else w in name for w in wanted)
+    """``--cases``: substrings of the case names; one starting with ``=`` is a whole name, one
+    starting with ``!`` excludes the names that hold it."""
+    if any(w.startswith("!") and w[1:] in name for w in wanted):
+        return False
+    return any(name == w[1:] if w.startswith("=") else w in name for w in wanted
+               if not w.startswith("!"))
 
 
 def _build(args) -> list:
