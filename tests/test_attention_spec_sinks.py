@@ -17,15 +17,17 @@ import math
 import warnings
 
 import pytest
+import test_serving_engines as engines
 import torch
 from attention_ref import LN2, attention_ref, make_paged
 
 import flashinfer
 import flashinfer.attention.runtime as rt
-import flashinfer.attention.wrapper as wrapper_mod
 from flashinfer import fast_decode_plan
 
 HQ, HKV, D, PAGE = 8, 2, 64, 16
+# The fixture ``fake``: the compiled module replaced by one that records each run's arguments.
+fake = engines.fake
 
 
 def sink_ref(q, k, v, sinks=None, **kw):
@@ -40,25 +42,6 @@ def sink_ref(q, k, v, sinks=None, **kw):
 
 
 # ----------------------------------------------------------------------------- CPU plumbing
-
-class _FakeModule:
-    """Stands for the compiled module: records each run's arguments."""
-
-    def __init__(self):
-        self.calls = []
-
-    def run(self, *args):
-        self.calls.append(args)
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    module = _FakeModule()
-    monkeypatch.setattr(wrapper_mod, "check_cuda_device", lambda device, name: None)
-    monkeypatch.setattr(wrapper_mod, "resolve_pdl", lambda enable_pdl, device: False)
-    monkeypatch.setattr(wrapper_mod, "device_num_sms", lambda device: 132)
-    monkeypatch.setattr(rt, "get_attention_module", lambda variant: module)
-    return module
 
 
 def _field(rec: torch.Tensor, name: str) -> int:
