@@ -161,6 +161,7 @@ enum RunParam : int {
   kCustomMask,
   kMaskIndptr,
   kAlibiSlopes,
+  kSinks,
   kSmScale,
   kLogitsSoftCap,
   kOScale,
@@ -170,7 +171,7 @@ enum RunParam : int {
   kEnablePdl,
   kNumRunParams
 };
-inline constexpr int64_t kRunParamsVersion = 1;
+inline constexpr int64_t kRunParamsVersion = 2;
 
 /// Read access to a checked record.
 struct RunRecord {
@@ -252,6 +253,7 @@ inline void fill_record_params(AttentionParams& p, const RunRecord& rec, bool pa
   p.custom_mask = rec.ptr<const uint8_t>(kCustomMask);
   p.mask_indptr = rec.ptr<const int32_t>(kMaskIndptr);
   p.alibi_slopes = rec.ptr<const float>(kAlibiSlopes);
+  p.sinks = rec.ptr<const float>(kSinks);  // [Hq] float32 or null (checked by the wrapper)
 }
 
 inline void fill_scalar_params(AttentionParams& p, double sm_scale, double logits_soft_cap,

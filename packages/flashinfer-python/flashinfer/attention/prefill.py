@@ -5,7 +5,6 @@ per batch and run per layer (:class:`.wrapper.BatchAttentionBase`). The semantic
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional, Union
 
 import torch
@@ -18,6 +17,7 @@ from .wrapper import (
     check_head_dim,
     check_page_ids,
     host_ints,
+    legacy_forwards,
     lens_from_indptr,
     paged_kv_lens,
     refuse_unsupported,
@@ -119,9 +119,10 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
             k_scale: Optional[float] = None, v_scale: Optional[float] = None,
             out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
             return_lse: bool = False, enable_pdl: Optional[bool] = None,
-            window_left: Optional[int] = None, **extra):
+            window_left: Optional[int] = None, sinks: Optional[torch.Tensor] = None, **extra):
         """``q (qo_indptr[-1], Hq, D)`` -> output ``(.., Hq, D)`` (and the lse when
-        ``return_lse``)."""
+        ``return_lse``). ``sinks``: attention sinks, ``(Hq,)`` float32 (``check_sinks``): each
+        row's softmax sum gains ``exp(sinks[h])`` with no value row; the lse includes it."""
         kw = self._legacy_run_args(args, dict(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                               out=out, lse=lse, return_lse=return_lse))
         self._check_run_common(q, kw["out"], kw["lse"], kw["return_lse"], window_left, extra)
@@ -131,30 +132,12 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
         k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
         self._check_kv_dtype(k)
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
-                            kw["q_scale"], kw["k_scale"], kw["v_scale"])
+                            kw["q_scale"], kw["k_scale"], kw["v_scale"], sinks)
 
-    def forward(self, q: torch.Tensor, paged_kv_cache, causal: bool = False,
-                pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-                k_scale: Optional[float] = None, v_scale: Optional[float] = None,
-                window_left: int = -1, logits_soft_cap: Optional[float] = None,
-                sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
-                rope_theta: Optional[float] = None):
-        """Deprecated (use ``run``): as in FlashInfer, these options (defaults included)
-        replace the planned ones, then the batch runs (``_apply_legacy_options``)."""
-        warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
-                      stacklevel=2)
-        return self._forward((q, paged_kv_cache), False, locals())
-
-    def forward_return_lse(self, q: torch.Tensor, paged_kv_cache, causal: bool = False,
-                           pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-                           k_scale: Optional[float] = None, v_scale: Optional[float] = None,
-                           window_left: int = -1, logits_soft_cap: Optional[float] = None,
-                           sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
-                           rope_theta: Optional[float] = None):
-        """Deprecated: ``forward`` returning ``(out, lse)``."""
-        warnings.warn("forward_return_lse is deprecated; use plan() and run_return_lse()",
-                      DeprecationWarning, stacklevel=2)
-        return self._forward((q, paged_kv_cache), True, locals())
+    forward, forward_return_lse = legacy_forwards(
+        ("q", "paged_kv_cache"),
+        ("causal", "pos_encoding_mode", "use_fp16_qk_reduction", "k_scale", "v_scale",
+         "window_left", "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta"))
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
@@ -223,8 +206,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
             q_scale: Optional[float] = None, k_scale: Optional[float] = None,
             v_scale: Optional[float] = None, o_scale: Optional[float] = None,
             out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
-            return_lse: bool = False, enable_pdl: Optional[bool] = None, **extra):
-        """``q (qo_indptr[-1], Hq, D)``, ``k``/``v (kv_indptr[-1], Hkv, D)`` -> output."""
+            return_lse: bool = False, enable_pdl: Optional[bool] = None,
+            sinks: Optional[torch.Tensor] = None, **extra):
+        """``q (qo_indptr[-1], Hq, D)``, ``k``/``v (kv_indptr[-1], Hkv, D)`` -> output.
+        ``sinks``: as the paged wrapper's (an addition: FlashInfer's ragged ``run`` has none)."""
         kw = self._legacy_run_args(args, dict(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                               out=out, lse=lse, return_lse=return_lse))
         self._check_run_common(q, kw["out"], kw["lse"], kw["return_lse"], None, extra)
@@ -237,26 +222,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
         self._check_kv_dtype(k)
         v_scale_total = kw["v_scale"] if o_scale is None else (kw["v_scale"] or 1.0) * o_scale
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
-                            kw["q_scale"], kw["k_scale"], v_scale_total)
+                            kw["q_scale"], kw["k_scale"], v_scale_total, sinks)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-                window_left: int = -1, logits_soft_cap: Optional[float] = None,
-                sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
-                rope_theta: Optional[float] = None):
-        """Deprecated (use ``run``): as in FlashInfer, these options (defaults included)
-        replace the planned ones, then the batch runs (``_apply_legacy_options``)."""
-        warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
-                      stacklevel=2)
-        return self._forward((q, k, v), False, locals())
-
-    def forward_return_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           causal: bool = False, pos_encoding_mode: str = "NONE",
-                           use_fp16_qk_reduction: bool = False, window_left: int = -1,
-                           logits_soft_cap: Optional[float] = None,
-                           sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
-                           rope_theta: Optional[float] = None):
-        """Deprecated: ``forward`` returning ``(out, lse)``."""
-        warnings.warn("forward_return_lse is deprecated; use plan() and run_return_lse()",
-                      DeprecationWarning, stacklevel=2)
-        return self._forward((q, k, v), True, locals())
+    forward, forward_return_lse = legacy_forwards(
+        ("q", "k", "v"),
+        ("causal", "pos_encoding_mode", "use_fp16_qk_reduction", "window_left",
+         "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta"))

@@ -303,13 +303,13 @@ class Workspace:
 # lse, as one int64 host tensor (device addresses as integers, floats as their float64 bits).
 # Its layout is stated here and in csrc/attention_utils.h (``RunParam``); the version and the
 # length are checked there, and tests/test_attention_layout.py holds the two lists together.
-RUN_PARAMS_VERSION = 1
+RUN_PARAMS_VERSION = 2
 RUN_PARAMS = (
     "version", "length", "device_id", "cta", "grid_x", "kv_layout",
     "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "plan",
     "item_capacity", "split_kv", "cluster_merge", "sm90_tma_q",
     "o_part", "lse_part", "num_rows", "merge_counters",
-    "custom_mask", "mask_indptr", "alibi_slopes",
+    "custom_mask", "mask_indptr", "alibi_slopes", "sinks",
     "sm_scale", "logits_soft_cap", "o_scale", "rope_scale", "rope_theta",
     "window_left", "enable_pdl",
 )
@@ -341,10 +341,10 @@ def run_params(**values: Any) -> torch.Tensor:
 
 class Launch:
     """Every launch of one plan: the compiled module and the plan's parameter record, resolved
-    once (``prepare``). A call passes q, k, v, o, lse and the record; the per-call scalars
-    (``sm_scale``, ``o_scale``, ``enable_pdl``) are the record's unless a call changes them (a
-    copy of the record, kept for the next call). Its host time per call is what an eager caller
-    pays per layer (benchmarks/host_cost.py)."""
+    once (``prepare``). A call passes q, k, v, o, lse and the record; the per-call values
+    (``sm_scale``, ``o_scale``, ``enable_pdl``, the ``sinks`` tensor's address) are the record's
+    unless a call changes them (a copy of the record, kept for the next call). Its host time per
+    call is what an eager caller pays per layer (benchmarks/host_cost.py)."""
 
     __slots__ = ("module", "params", "_scalars", "_last", "_keep")
 
@@ -352,13 +352,14 @@ class Launch:
         self.module = module
         self._keep = keep
         self.params = params
-        self._scalars = scalars  # (sm_scale, o_scale, enable_pdl) of ``params``
+        self._scalars = scalars  # (sm_scale, o_scale, enable_pdl, sinks address) of ``params``
         self._last = (scalars, params)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                  lse: Optional[torch.Tensor], sm_scale: float, o_scale: float,
-                 enable_pdl: bool) -> None:
-        scalars = (sm_scale, o_scale, enable_pdl)
+                 enable_pdl: bool, sinks: Optional[torch.Tensor] = None) -> None:
+        """``sinks``: float32 (Hq,) on q's device, checked by the caller (``check_sinks``)."""
+        scalars = (sm_scale, o_scale, enable_pdl, 0 if sinks is None else sinks.data_ptr())
         if scalars == self._scalars:
             params = self.params
         elif scalars == self._last[0]:
@@ -368,6 +369,7 @@ class Launch:
             params[_SLOT["sm_scale"]] = _float_bits(sm_scale)
             params[_SLOT["o_scale"]] = _float_bits(o_scale)
             params[_SLOT["enable_pdl"]] = int(enable_pdl)
+            params[_SLOT["sinks"]] = scalars[3]
             self._last = (scalars, params)
         self.module.run(q, k, v, o, lse, params)
 
@@ -420,7 +422,7 @@ def prepare(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *, num_qo_
     # The record holds addresses: the launch keeps what they point to alive.
     keep = (plan_dev, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, o_part, lse_part,
             merge_counters, custom_mask, mask_indptr, alibi_slopes)
-    return Launch(module, params, (sm_scale, o_scale, enable_pdl), keep)
+    return Launch(module, params, (sm_scale, o_scale, enable_pdl, 0), keep)
 
 
 @functools.cache
@@ -428,6 +430,22 @@ def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
     from ..utils import get_alibi_slopes
 
     return get_alibi_slopes(num_heads).to(device=device, dtype=torch.float32)
+
+
+def check_sinks(sinks: Optional[torch.Tensor], num_qo_heads: int, device: torch.device) -> None:
+    """``run(sinks=)``: None, or one float32 logit per query head on q's device."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if sinks.dtype != torch.float32:
+        raise ValueError(f"sinks must be float32, got {dtype_name(sinks.dtype)}")
+    if tuple(sinks.shape) != (num_qo_heads,) or (num_qo_heads > 1 and sinks.stride(0) != 1):
+        raise ValueError(f"sinks must be a contiguous tensor of shape ({num_qo_heads},) (one "
+                         f"logit per query head), got shape {tuple(sinks.shape)} stride "
+                         f"{sinks.stride()}")
+    if sinks.device != device:
+        raise ValueError(f"sinks must be on q's device ({device}), got {sinks.device}")
 
 
 def alibi_slopes_for(pos_encoding_mode: str, num_heads: int,

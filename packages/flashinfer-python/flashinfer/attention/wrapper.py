@@ -7,6 +7,7 @@ a CUDA graph)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import operator
 import warnings
@@ -22,8 +23,11 @@ from .plan import CTAS_PER_SM, AttentionPlan, schedule
 # The options of the deprecated forward() that replace the planned ones.
 LEGACY_OPTIONS = ("causal", "pos_encoding_mode", "use_fp16_qk_reduction", "window_left",
                   "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta")
-UNSUPPORTED_RUN = ("sinks", "kv_cache_sf", "skip_softmax_threshold_scale_factor",
-                    "uses_spcompress")
+UNSUPPORTED_RUN = ("kv_cache_sf", "skip_softmax_threshold_scale_factor", "uses_spcompress")
+# Defaults of the deprecated forward()'s parameters (FlashInfer's; legacy_forwards).
+_LEGACY_DEFAULTS = dict(causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
+                        q_scale=None, k_scale=None, v_scale=None, window_left=-1,
+                        logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None)
 
 
 # Arguments FlashInfer's plan/constructors accept that this implementation cannot honour, with
@@ -51,6 +55,36 @@ def refuse_unsupported(where: str, **given) -> None:
         if value is not default and (isinstance(value, torch.Tensor) or value != default):
             raise NotImplementedError(f"{where}({name}=...) is not supported by this "
                                       f"implementation ({why})")
+
+
+def legacy_forwards(inputs: tuple[str, ...], options: tuple[str, ...]):
+    """FlashInfer's deprecated ``forward`` and ``forward_return_lse`` of one wrapper: both take
+    ``inputs`` (q and the KV) and then ``options`` (positional or keyword, in that order, with
+    FlashInfer's defaults) and call ``self._forward``: the options, defaults included, replace
+    the planned ones, then the batch runs (``_apply_legacy_options``)."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in inputs]
+    params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                 default=_LEGACY_DEFAULTS[n]) for n in options]
+    signature = inspect.Signature(params)
+
+    def make(name: str, return_lse: bool, use: str):
+        def method(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)  # TypeError for unknown or missing names
+            bound.apply_defaults()
+            given = bound.arguments
+            warnings.warn(f"{name} is deprecated; use plan() and {use}()", DeprecationWarning,
+                          stacklevel=2)
+            return given["self"]._forward(tuple(given[n] for n in inputs), return_lse, given)
+
+        method.__name__ = method.__qualname__ = name
+        method.__signature__ = signature
+        method.__doc__ = (f"Deprecated (use ``plan`` and ``{use}``): as in FlashInfer, these "
+                          "options (defaults included) replace the planned ones, then the batch "
+                          "runs" + (", returning ``(out, lse)``." if return_lse else "."))
+        return method
+
+    return make("forward", False, "run"), make("forward_return_lse", True, "run_return_lse")
 
 
 def check_given_lens(given, derived: Sequence[int], name: str, what: str) -> None:
@@ -396,7 +430,9 @@ class BatchAttentionBase:
             raise ValueError(f"lse must have shape {shape[:2]} and dtype float32, got "
                              f"{tuple(lse.shape)} {rt.dtype_name(lse.dtype)}")
 
-    def _launch(self, q, k, v, out, lse, return_lse, enable_pdl, q_scale, k_scale, v_scale):
+    def _launch(self, q, k, v, out, lse, return_lse, enable_pdl, q_scale, k_scale, v_scale,
+                sinks=None):
+        rt.check_sinks(sinks, self._num_qo_heads, q.device)
         if k.device != q.device or v.device != q.device:
             raise ValueError(f"the KV cache must be on q's device ({q.device}), got {k.device}")
         if k.shape[0] <= self._max_page_id:
@@ -418,7 +454,7 @@ class BatchAttentionBase:
             launch = self._launcher = self._prepare(q.device, pdl)
         sm, o_scale = self._scales if q_scale is None and k_scale is None and v_scale is None \
             else rt.resolve_scales(self._head_dim, self._sm_scale, q_scale, k_scale, v_scale)
-        launch(q, k, v, out, lse, sm, o_scale, pdl)
+        launch(q, k, v, out, lse, sm, o_scale, pdl, sinks)
         return (out, lse) if return_lse else out
 
     def _prepare(self, device: torch.device, enable_pdl: bool) -> rt.Launch:

@@ -301,6 +301,26 @@ __device__ __forceinline__ bool writes_partial(const AttentionParams& p, const I
   return p.split_kv && (p.merge_counters == nullptr || item_chunks(p, r) > 1);
 }
 
+/*!
+ * @brief Folds the attention sink of q head `head` (AttentionParams::sinks) into one row's state
+ *   as the row is written: its sum gains exp(sink) and its output nothing, so the base-2 `lse`
+ *   (-inf: no key seen) becomes log2(2^lse + 2^(sink log2 e)); returns the factor of the row's
+ *   output, 2^(lse before - lse after) (1 without sinks). Only the item of KV chunk 0 folds it:
+ *   a split row's chunks then merge into a state that counts the sink once, and no merge (in
+ *   the kernel, in a cluster, or the merge kernel) needs to know of sinks.
+ */
+__device__ __forceinline__ float fold_sink(const AttentionParams& p, const ItemRange& r, int head,
+                                           float& lse) {
+  if (p.sinks == nullptr || r.chunk != 0) return 1.f;
+  const float s = p.sinks[head] * kLog2e;
+  const float hi = fmaxf(lse, s);
+  if (hi == -INFINITY) return 1.f;  // no key and a sink of -inf: nothing to add
+  const float total = hi + log2f(1.f + exp2f(fminf(lse, s) - hi));
+  const float factor = exp2f(lse - total);  // lse = -inf -> 0 (the row's output is 0 anyway)
+  lse = total;
+  return factor;
+}
+
 /// Output stores of one item: the final output (o, lse) or the float32 partial state of the
 /// item's chunk (`partial`: writes_partial). Packed row pr is q row pr / G of head
 /// kv_head * G + pr % G.
@@ -336,6 +356,11 @@ struct OutputWriter {
     }
   }
 
+  /// The sink of packed row pr folded into its base-2 lse (fold_sink): the output's factor.
+  __device__ __forceinline__ float sink(int pr, float& lse_value) const {
+    return fold_sink(p, r, qo_head(pr, kv_head, p.group_size).head, lse_value);
+  }
+
   /// Rows of one warp straight from accumulator layout: o[mq][n][e] at column 8 n + 2 t (+1).
   template <int MQ>
   __device__ __forceinline__ void rows(const float (&o)[MQ][D / 8][4], const float (&m)[MQ][2],
@@ -347,11 +372,12 @@ struct OutputWriter {
       for (int h = 0; h < 2; ++h) {
         const int pr = first_row + mq * 16 + g + 8 * h;
         if (pr >= r.packed_len) continue;
-        const float inv = d[mq][h] > 0.f ? 1.f / d[mq][h] : 0.f;
+        float row_lse = d[mq][h] > 0.f ? m[mq][h] + log2f(d[mq][h]) : -INFINITY;
+        const float inv = (d[mq][h] > 0.f ? 1.f / d[mq][h] : 0.f) * sink(pr, row_lse);
 #pragma unroll
         for (int n = 0; n < D / 8; ++n)
           pair(pr, n * 8 + 2 * t, o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
-        if (t == 0) lse(pr, d[mq][h] > 0.f ? m[mq][h] + log2f(d[mq][h]) : -INFINITY);
+        if (t == 0) lse(pr, row_lse);
       }
   }
 };

@@ -419,8 +419,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
         x0 += ov.x * f;
         x1 += ov.y * f;
       }
-      const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
-      const float lse = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
+      float lse = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
+      const float inv = (dsum > 0.f ? 1.f / dsum : 0.f) * out.sink(pr, lse);
       if (to_cluster) {
         *reinterpret_cast<float2*>(cluster_o + row * D + col) =
             make_float2(x0 * inv * p.o_scale, x1 * inv * p.o_scale);
