@@ -195,6 +195,12 @@ def test_a_cupti_that_fails_to_load_or_initialise_names_the_version_mismatch(fre
         testing.cupti_kernel_times_ms(lambda: None, repeat_iters=1, cold_l2_cache=False)
     assert "failed to load: OSError: libcupti.so.13" in str(e.value)
     assert "nvidia-cuda-cupti 13.0.88" in str(e.value)
+    def no_elftools(name):  # cupti-python 13.4 imports pyelftools when it loads
+        raise ModuleNotFoundError("No module named 'elftools'", name="elftools")
+
+    broken.__getattr__ = no_elftools
+    with pytest.raises(testing.CuptiUnavailable, match="its dependency elftools is missing"):
+        testing.cupti_kernel_times_ms(lambda: None, repeat_iters=1, cold_l2_cache=False)
     for where in ("ActivityRegisterCallbacks", "ActivityEnable"):
         testing._CUPTI.clear()
         install(monkeypatch, fake_cupti(fail_on=where)[0])

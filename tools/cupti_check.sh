@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # One device call: the benchmark CLI's CUPTI timer against CUDA events on the same testlist.
-# Installs cupti-python from WHEEL_DIR (no network), runs benchmarks/testlists/cupti_check.txt
+# Installs the wheels of WHEEL_DIRS (no network: cupti-python, and pyelftools, which cupti-python
+# 13.4 imports and the GPU image lacks; cuda-bindings and cuda-pathfinder are there), runs
+# benchmarks/testlists/cupti_check.txt
 # with --use_cuda_events (which also builds the JIT modules), then with --use_cupti (CUPTI or
-# stop: exit 2 with the reason, e.g. a libcupti older than the cupti-python), and compares the
+# stop: exit 2 with the reason, e.g. a missing dependency), and compares the
 # medians per row: rows of 20 us and more should agree within 10%. Everything lands in $OUT.
-#   usage (device, repository root): bash tools/cupti_check.sh [WHEEL_DIR (default .gpu/cupti)]
+#   usage (device, repository root): bash tools/cupti_check.sh [WHEEL_DIR ...]
+#   (default: .gpu/cupti .gpu/tooling)
 set -uo pipefail
-wheels=${1:-.gpu/cupti}
+dirs=("$@")
+[ $# -gt 0 ] || dirs=(.gpu/cupti .gpu/tooling)
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
-python3 -m pip install -q --no-index --no-deps --target /tmp/site "$wheels"/*.whl || exit 1
+wheels=()
+for d in "${dirs[@]}"; do wheels+=("$d"/*.whl); done
+python3 -m pip install -q --no-index --no-deps --target /tmp/site "${wheels[@]}" || exit 1
 export PYTHONPATH=/tmp/site:$PWD/packages/flashinfer-python${PYTHONPATH:+:$PYTHONPATH}
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-ws}
 python3 - <<'PY' | tee $OUT/cupti_versions.txt
 from importlib.metadata import PackageNotFoundError, version
-for name in ("cupti-python", "nvidia-cuda-cupti", "cuda-bindings", "cuda-pathfinder", "torch"):
+for name in ("cupti-python", "pyelftools", "nvidia-cuda-cupti", "cuda-bindings",
+             "cuda-pathfinder", "torch"):
     try:
         print(name, version(name))
     except PackageNotFoundError:

@@ -212,7 +212,9 @@ def _cupti_session() -> dict:
         if err.name == "cupti":
             raise CuptiUnavailable("cupti-python is not installed (pip install cupti-python)") \
                 from None
-        raise _cupti_failure("cupti-python failed to load", err) from err
+        # e.g. elftools (pyelftools), cuda.bindings: installed with --no-deps
+        raise _cupti_failure(f"cupti-python failed to load (its dependency {err.name} is "
+                             "missing; pip install cupti-python installs them)", err) from err
     except Exception as err:  # e.g. libcupti of another major version, missing cuda.pathfinder
         raise _cupti_failure("cupti-python failed to load", err) from err
     timed = {int(getattr(cupti.ActivityKind, k)) for k in _CUPTI_TIMED_KINDS}
