@@ -4,14 +4,13 @@ of the same device call; ``merge`` writes one results file with both columns and
 
     python benchmarks/attention_vs_peer.py measure --label ours OUT.json [--cases SUBSTR,...]
     python benchmarks/attention_vs_peer.py warmup [--cases SUBSTR,...]   (builds only)
-    python benchmarks/attention_vs_peer.py merge RESULT.json --ours A.json --peer B.json
+    python benchmarks/attention_vs_peer.py merge RESULT.json --ours A.json [...] --peer B.json [...]
 
 Timing and ceilings are harness.py's (graph replays of one call each, cold L2, median).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_attention as ba  # noqa: E402
+import peer_compare  # noqa: E402
 import schema  # noqa: E402
 
 import flashinfer  # noqa: E402
@@ -118,8 +118,8 @@ def _build(args) -> list:
             case.extra.clear()  # the peer's wrappers have no plan fields to report
             case.fn()  # the first call (a JIT build on a cold cache)
         except Exception as e:  # the peer may lack an option (issue 21's): its column stays empty
-            if getattr(args, "label", "") != "peer":
-                raise
+            if args.cmd == "measure" and args.label != "peer":
+                raise  # (a warmup skips it: its measure, ours or the peer's, says what failed)
             print(f"peer: skipping {name!r}: {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
         cases.append(case)
@@ -152,12 +152,9 @@ def _schema_case(c: dict) -> dict:
 
 
 def merge(args) -> int:
-    ours = json.loads(Path(args.ours).read_text())
-    peer = json.loads(Path(args.peer).read_text())
-    prow = {r["name"]: r for r in peer["rows"]}
+    ours, peer, pairs = peer_compare.paired(args.ours, args.peer)
     cases = []
-    for r in ours["rows"]:
-        p = prow.get(r["name"], {})
+    for r, p in pairs:
         case = dict(r, peer_median_us=p.get("median_us"), peer_p10_us=p.get("p10_us"),
                     peer_p90_us=p.get("p90_us"))
         if p.get("median_us"):
@@ -178,21 +175,7 @@ def merge(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("measure")
-    m.add_argument("out")
-    m.add_argument("--label", default="ours")
-    m.add_argument("--cases", default="")
-    w = sub.add_parser("warmup")
-    w.add_argument("--cases", default="")
-    w.add_argument("--label", default="ours")
-    g = sub.add_parser("merge")
-    g.add_argument("out")
-    g.add_argument("--ours", required=True)
-    g.add_argument("--peer", required=True)
-    g.add_argument("--commit", default="")
-    args = ap.parse_args(argv)
+    args = peer_compare.command_line(__doc__, argv)
     if args.cmd == "warmup":
         _build(args)
         return 0
