@@ -32,6 +32,13 @@ CASES = {
     "single prefill causal 16384": lambda: ba._single_prefill(16384, 5824.0, "<= 5800 us"),
     "ragged prefill causal 16 x 1024": lambda: ba._ragged_prefill(16, 1024, 452.0, "<= 450 us"),
     "paged prefill causal 8 x 2048": lambda: ba._paged_prefill(8, 2048, 906.0, "<= 900 us"),
+    # The FA2 kernel (what sm_80 runs; issue 22's FA2 rows) and single decode.
+    "single prefill causal 16384, fa2": lambda: ba._single_prefill(16384, None, "", "fa2"),
+    "ragged prefill causal 16 x 1024, fa2": lambda: ba._ragged_prefill(16, 1024, None, "", "fa2"),
+    "paged prefill causal 8 x 2048, fa2": lambda: ba._paged_prefill(8, 2048, None, "", "fa2"),
+    "single decode kv 32768": lambda: ba._single_decode(32768),
+    "single prefill causal 8192, head_dim 256, 16/8 heads, fa2": lambda: ba._single_prefill(
+        8192, None, "", "fa2", 16, 8, 256),
 }
 
 

@@ -145,7 +145,7 @@ def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, batch_ct
         return 4 if two_streams else 0
     if sm90 and max_packed_rows > 64:
         return 3
-    if max_packed_rows <= 64 or head_dim >= 128:
+    if max_packed_rows <= 64 or head_dim > 128:
         return 1
     return 2
 

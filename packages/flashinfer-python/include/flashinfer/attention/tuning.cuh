@@ -43,13 +43,21 @@
 // spills at head_dim 128 (64-key steps spill 168 bytes and run 40% slower:
 // benchmarks/results/*-tune-attention.json).
 #ifndef FLASHINFER_ATTENTION_CTA2_MMA_KV
-#define FLASHINFER_ATTENTION_CTA2_MMA_KV (kHeadDim == 128 ? 2 : kHeadDim <= 128 ? 4 : 2)
+#define FLASHINFER_ATTENTION_CTA2_MMA_KV (kHeadDim <= 128 ? 4 : 2)
 #endif
 #ifndef FLASHINFER_ATTENTION_CTA2_WARPS_Q
 #define FLASHINFER_ATTENTION_CTA2_WARPS_Q 4
 #endif
 #ifndef FLASHINFER_ATTENTION_CTA2_MMA_Q
 #define FLASHINFER_ATTENTION_CTA2_MMA_Q (kHeadDim <= 128 ? 2 : 1)
+#endif
+// Threads per K/V row in the prefill shapes' loader (fewer than the row's 16-byte chunks: each
+// copies several chunks of fewer rows).
+#ifndef FLASHINFER_ATTENTION_LOAD_ROW_THREADS
+#define FLASHINFER_ATTENTION_LOAD_ROW_THREADS 8
+#endif
+#ifndef FLASHINFER_ATTENTION_CTA2_STAGES
+#define FLASHINFER_ATTENTION_CTA2_STAGES (kHeadDim == 128 ? 2 : FLASHINFER_ATTENTION_STAGES)
 #endif
 
 // ---- The Hopper kernel (prefill_sm90.cuh) --------------------------------------------------
