@@ -92,9 +92,11 @@ def check(label: str, cta: int) -> dict:
         errs[f"single {qo}x{kv}"] = ((o.double() - ref).norm() / ref.norm()).item()
         page = 16
         pages = -(-kv // page)
-        cache = torch.zeros(pages, 2, page, ba.HKV, ba.D, dtype=ba.DT, device="cuda")
-        cache[:, 0].reshape(-1, ba.HKV, ba.D)[:kv] = k
-        cache[:, 1].reshape(-1, ba.HKV, ba.D)[:kv] = v
+        kp, vp = (torch.zeros(pages * page, ba.HKV, ba.D, dtype=ba.DT, device="cuda")
+                  for _ in range(2))
+        kp[:kv], vp[:kv] = k, v
+        cache = torch.stack([kp.view(pages, page, ba.HKV, ba.D),
+                             vp.view(pages, page, ba.HKV, ba.D)], dim=1)
         o = _forced(cta, _paged, q, cache, qo, kv, page)
         errs[f"paged {qo}x{kv}"] = ((o.double() - ref).norm() / ref.norm()).item()
     ok = all(e < 1e-2 for e in errs.values())
