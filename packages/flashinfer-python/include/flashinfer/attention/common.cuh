@@ -241,12 +241,12 @@ __device__ __forceinline__ float logits_and_mask(float (&s)[MQ][NB][4], const At
  * @brief One online-softmax step (base 2) over a masked logits tile: updates the row maxima m
  *   and (thread-partial) sums d, turns s into exp2(s - m) and returns each row's scale for the
  *   accumulated output; the result is true when some row of the warp raised its maximum (when
- *   none did every scale is exactly 1 and the output rescale can be skipped). `qk_scale` (> 0)
- *   is the factor logits_and_mask left to apply: the logits are qk_scale * s, their maximum is
- *   qk_scale * max(s) (the same float: rounding is monotonic), and exp2(qk_scale * s - m) is
- *   one FFMA and one MUFU.EX2 per element.
+ *   none did every scale is exactly 1 and the output rescale can be skipped). With `kScaled`,
+ *   `qk_scale` (> 0) is the factor logits_and_mask left to apply: the logits are qk_scale * s,
+ *   their maximum is qk_scale * max(s) (the same float: rounding is monotonic), and
+ *   exp2(qk_scale * s - m) is one FFMA and one MUFU.EX2 per element.
  */
-template <int MQ, int NB>
+template <bool kScaled = false, int MQ, int NB>
 __device__ __forceinline__ bool softmax_step(float (&s)[MQ][NB][4], float (&m)[MQ][2],
                                              float (&d)[MQ][2], float (&row_scale)[MQ][2],
                                              float qk_scale = 1.f) {
@@ -255,12 +255,12 @@ __device__ __forceinline__ bool softmax_step(float (&s)[MQ][NB][4], float (&m)[M
   for (int mq = 0; mq < MQ; ++mq) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;  // of this tile's s, before the scale
+      float mx = kScaled ? -INFINITY : m[mq][h];  // kScaled: of this tile's unscaled s
 #pragma unroll
       for (int n = 0; n < NB; ++n) mx = fmaxf(mx, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-      mx = fmaxf(m[mq][h], mx * qk_scale);  // the logits' maximum (m is in logit units)
+      if constexpr (kScaled) mx = fmaxf(m[mq][h], mx * qk_scale);  // m is in logit units
       const float m_safe = mx == -INFINITY ? 0.f : mx;
       rescale |= mx != m[mq][h];
       row_scale[mq][h] = fast_exp2(m[mq][h] - m_safe);  // m_old = -inf -> 0
@@ -268,8 +268,10 @@ __device__ __forceinline__ bool softmax_step(float (&s)[MQ][NB][4], float (&m)[M
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
-        s[mq][n][2 * h] = fast_exp2(fmaf(s[mq][n][2 * h], qk_scale, -m_safe));
-        s[mq][n][2 * h + 1] = fast_exp2(fmaf(s[mq][n][2 * h + 1], qk_scale, -m_safe));
+        float& x0 = s[mq][n][2 * h];
+        float& x1 = s[mq][n][2 * h + 1];
+        x0 = fast_exp2(kScaled ? fmaf(x0, qk_scale, -m_safe) : x0 - m_safe);
+        x1 = fast_exp2(kScaled ? fmaf(x1, qk_scale, -m_safe) : x1 - m_safe);
         sum += s[mq][n][2 * h] + s[mq][n][2 * h + 1];
       }
       d[mq][h] = d[mq][h] * row_scale[mq][h] + sum;

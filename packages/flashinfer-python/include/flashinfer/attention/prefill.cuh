@@ -16,13 +16,9 @@
 // the lse written out is log2(sum exp(logit)). Masked keys are -inf, and a row that sees no key
 // at all ends with d = 0: it writes 0 and lse = -inf.
 //
-// Pipeline per KV tile j (kStages buffers, loads kAhead = max(kStages - 1, 1) tiles ahead): look
-// up the rows of tile j + kAhead -> wait K[j] -> S = Q K^T -> issue its K -> mask, softmax ->
-// wait V[j] -> O += P V -> issue its V. Decode also gets bytes in flight from the kWarpsKV key
-// streams. One stage is one K and one V buffer: K[j + 1] goes into K[j]'s buffer once every warp
-// of the group has computed S (a barrier), V[j + 1] into V[j]'s once every warp has used it, so
-// each copy overlaps half an iteration (the smallest shared memory: two CTAs per SM of an sm_80
-// at 128 rows x 64 keys).
+// Pipeline per KV tile j (kStages buffers, loads kAhead = kStages - 1 tiles ahead): look up the
+// rows of tile j + kAhead -> wait K[j] -> S = Q K^T -> issue its K -> mask, softmax -> wait V[j]
+// -> O += P V -> issue its V. Decode also gets bytes in flight from the kWarpsKV key streams.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -75,11 +71,11 @@ struct KernelTraits {
   // Q fragments stay in registers when they are few (decode, head_dim <= 128); otherwise they
   // are re-read from shared memory for each KV tile (the O accumulators need the registers).
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
-  // K/V buffers per key stream (loads issued kAhead tiles ahead); head_dim 256 keeps at most
-  // two for shared memory.
-  static constexpr int kStages = HEAD_DIM_ <= 128 || STAGES_ < 2 ? STAGES_ : 2;
-  static constexpr int kAhead = kStages > 1 ? kStages - 1 : 1;
-  static_assert(kStages >= 1, "the pipeline needs a stage");
+  // Tiles in flight per key stream (loads issued kAhead tiles ahead); head_dim 256 keeps two for
+  // shared memory.
+  static constexpr int kStages = HEAD_DIM_ <= 128 ? STAGES_ : 2;
+  static constexpr int kAhead = kStages - 1;
+  static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
   static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
   static constexpr size_t kKVSmem = size_t(kWarpsKV) * kStages * 2 /*K,V*/ * kTileKV *
@@ -283,7 +279,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   // wq * 16 * kMmaQ + mq * 16 + lane % 16, K rows n2 * 16 + lane % 8 + (lane / 16) * 8, V rows
   // kk * 16 + lane % 16. The main loop makes them opaque once per tile, so the compiler
   // recomputes each address with one LOP3 instead of holding one register per (rows, chunk
-  // pair) across the loop: at 128 rows x 64 keys those spilled 160 bytes.
+  // pair) across the loop (ptxas, sm_90a: 128 rows x 64 keys ragged spilled 164 bytes, now 116;
+  // the decode shapes held 213-224 registers, now 200).
   const uint32_t q_off0 = Tile::offset(wq * 16 * kMmaQ + lane % 16, lane / 16);
   const uint32_t k_off0 = Tile::offset(lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
   const uint32_t v_off0 = Tile::offset(lane % 16, lane / 16);
@@ -357,7 +354,6 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       }
     }
 
-    if constexpr (kStages == 1) group_sync<KT>(wkv);  // every warp's S is done with K[j]
     if (ahead < my_tiles) load(ahead % kStages, false);
     cp_async_commit();
 
@@ -368,7 +364,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     // Online softmax (base 2). The O rescale is skipped when no row of the warp raised its
     // maximum (the usual case once a row has seen its largest logits).
     float row_scale[kMmaQ][2];
-    if (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE && softmax_step(s, m, d, row_scale, qk_scale)) {
+    if (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE &&
+        softmax_step<true>(s, m, d, row_scale, qk_scale)) {
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
@@ -397,7 +394,6 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
         }
       }
     }
-    if constexpr (kStages == 1) group_sync<KT>(wkv);  // and every warp's P V with V[j]
     if (ahead < my_tiles) load(ahead % kStages, true);
     cp_async_commit();
   }
