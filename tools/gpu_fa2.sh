@@ -15,6 +15,7 @@ left() { echo $(( ${BUDGET:-345} - ($(date +%s) - start) )); }
 log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a $OUT/log.txt; }
 export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl || exit 1
+rm -f /tmp/peer-ready /tmp/base-ready  # a warm machine keeps /tmp from an earlier call
 mkdir -p /tmp/peer && tar -xJf .gpu/peer/flashinfer-peer.tar.xz -C /tmp/peer
 ours() { PYTHONPATH=/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws "$@"; }
 base() { PYTHONPATH=/tmp/site:$PWD/base/packages/flashinfer-python:$PWD/tests FLASHINFER_WORKSPACE_BASE=/tmp/base-ws "$@"; }
@@ -57,7 +58,7 @@ for side in ours base; do
     --ours /tmp/attn-$side.json --peer /tmp/attn-peer.json --commit $commit >> $OUT/log.txt 2>&1 \
     || { tail -5 /tmp/attn.log >> $OUT/log.txt; cp /tmp/attn-$side.json $OUT/ 2>/dev/null; }
 done
-tail -3 /tmp/peer-warmup.log /tmp/base-warmup.log >> $OUT/log.txt
+tail -n 3 /tmp/peer-warmup.log /tmp/base-warmup.log >> $OUT/log.txt
 tar -czf $OUT/logs.tgz /tmp/build.log /tmp/tiles.log /tmp/attn.log /tmp/peer-warmup.log \
   /tmp/base-warmup.log 2>/dev/null
 log "done"
