@@ -11,17 +11,18 @@ split and others. GPU only; the peer's rows come from benchmarks/attention_vs_pe
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tune_attention
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness, bench_*
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import bench_attention as ba  # noqa: E402
 import torch  # noqa: E402
+import tune_attention  # noqa: E402
 from attention_ref import attention_ref  # noqa: E402
 
 import flashinfer  # noqa: E402
@@ -54,12 +55,7 @@ MODULE_256 = AttentionVariant("bfloat16", "bfloat16", 256, "causal", "NONE", Fal
 
 
 def specs(flags, modules=tuple(MODULES)):
-    out = {}
-    for v in modules:
-        base = v.spec()
-        macros = tuple(f"-DFLASHINFER_ATTENTION_{f}" for f in flags)
-        out[v] = dataclasses.replace(base, extra_cuda_cflags=base.extra_cuda_cflags + macros)
-    return out
+    return tune_attention.specs(flags, modules)
 
 
 def _forced(cta: int, fn, *args, **kwargs):

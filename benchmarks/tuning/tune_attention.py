@@ -78,9 +78,11 @@ MODULES = [
 ]
 
 
-def specs(flags):
+def specs(flags, modules=None):
+    """The build spec of each of ``modules`` (default: MODULES) with the tuning macros
+    ``flags`` (``"STAGES=2"`` -> ``-DFLASHINFER_ATTENTION_STAGES=2``)."""
     out = {}
-    for v in MODULES:
+    for v in MODULES if modules is None else modules:
         base = v.spec()
         macros = tuple(f"-DFLASHINFER_ATTENTION_{f}" for f in flags)
         out[v] = dataclasses.replace(base, extra_cuda_cflags=base.extra_cuda_cflags + macros)
