@@ -95,6 +95,13 @@ CASES = {
     "batch decode 64 x kv 4096, q_len_per_req 4, sinks": lambda: _spec_decode(64, 4096, 4, True),
     "ragged prefill causal 16 x 1024, sinks": lambda: _spec_prefill(False, 16, 1024),
     "paged prefill causal 8 x 2048, sinks": lambda: _spec_prefill(True, 8, 2048),
+    # The FA2 kernel (what sm_80 runs; issue 22's FA2 rows) and single decode.
+    "single prefill causal 16384, fa2": lambda: ba._single_prefill(16384, None, "", "fa2"),
+    "ragged prefill causal 16 x 1024, fa2": lambda: ba._ragged_prefill(16, 1024, None, "", "fa2"),
+    "paged prefill causal 8 x 2048, fa2": lambda: ba._paged_prefill(8, 2048, None, "", "fa2"),
+    "single decode kv 32768": lambda: ba._single_decode(32768),
+    "single prefill causal 8192, head_dim 256, 16/8 heads, fa2": lambda: ba._single_prefill(
+        8192, None, "", "fa2", 16, 8, 256),
 }
 
 

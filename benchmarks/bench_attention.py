@@ -72,45 +72,73 @@ def _plan_fields(w) -> dict:
     return {"split": plan.kv_chunk_size, "items": plan.num_items, "cta": plan.cta}
 
 
-def _causal_flops(qo, kv):
+def _causal_flops(qo, kv, hq=HQ, d=D):
     # Visible (q, k) pairs of a bottom-right causal mask, times 4 * H * D.
     pairs = sum(min(kv, kv - qo + i + 1) for i in range(qo)) if qo <= kv else 0
-    return 4.0 * pairs * HQ * D
+    return 4.0 * pairs * hq * d
 
 
-def _single_prefill(n, baseline, target):
-    q = torch.randn(n, HQ, D, dtype=DT, device="cuda")
-    k = torch.randn(n, HKV, D, dtype=DT, device="cuda")
-    v = torch.randn(n, HKV, D, dtype=DT, device="cuda")
-    return Case(f"single prefill causal {n}",
-                lambda: flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True),
-                flops=_causal_flops(n, n), published_us=baseline, target=target)
+def _backend(backend):
+    """The keyword and the name suffix of a prefill case's backend (None: the default)."""
+    return ({}, "") if backend is None else ({"backend": backend}, f", {backend}")
 
 
-def _ragged_prefill(batch, n, baseline, target):
+def _single_prefill(n, baseline, target, backend=None, hq=HQ, hkv=HKV, d=D):
+    """``hq``, ``hkv``, ``d``: other head counts and head_dim than the table's (named then)."""
+    q = torch.randn(n, hq, d, dtype=DT, device="cuda")
+    k = torch.randn(n, hkv, d, dtype=DT, device="cuda")
+    v = torch.randn(n, hkv, d, dtype=DT, device="cuda")
+    kw, note = _backend(backend)
+    if (hq, hkv, d) != (HQ, HKV, D):
+        note = f", head_dim {d}, {hq}/{hkv} heads{note}"
+    return Case(f"single prefill causal {n}{note}",
+                lambda: flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True, **kw),
+                flops=_causal_flops(n, n, hq, d), published_us=baseline, target=target)
+
+
+def _single_decode(kv_len, split=None):
+    """``single_decode_with_kv_cache`` of one token over kv_len keys (NHD), as graph replays;
+    ``split`` (ours only): the keys per chunk instead of the plan's choice."""
+    q = torch.randn(HQ, D, dtype=DT, device="cuda")
+    k = torch.randn(kv_len, HKV, D, dtype=DT, device="cuda")
+    v = torch.randn(kv_len, HKV, D, dtype=DT, device="cuda")
+    if split is None:
+        fn = lambda: flashinfer.single_decode_with_kv_cache(q, k, v)  # noqa: E731
+    else:
+        from flashinfer.attention.single import run_single
+
+        fn = lambda: run_single(q[None], k, v, 0, None, None, False, "NONE", None,  # noqa: E731
+                                None, None, -1, None, None, None, False, q.dtype, split)
+    return Case(f"single decode kv {kv_len}" + (f", chunk {split}" if split else ""), fn,
+                bytes_moved=2 * kv_len * HKV * D * 2 + 2 * q.numel() * 2, ceiling="read")
+
+
+def _ragged_prefill(batch, n, baseline, target, backend=None):
     q = torch.randn(batch * n, HQ, D, dtype=DT, device="cuda")
     k = torch.randn(batch * n, HKV, D, dtype=DT, device="cuda")
     v = torch.randn(batch * n, HKV, D, dtype=DT, device="cuda")
     indptr = torch.arange(batch + 1, dtype=torch.int32) * n
-    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws())
+    kw, note = _backend(backend)
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws(), "NHD", **kw)
     w.plan(indptr, indptr, HQ, HKV, D, causal=True, q_data_type=DT)
     out = torch.empty_like(q)
-    return Case(f"ragged prefill causal {batch} x {n}", lambda: w.run(q, k, v, out=out),
+    return Case(f"ragged prefill causal {batch} x {n}{note}", lambda: w.run(q, k, v, out=out),
                 flops=batch * _causal_flops(n, n), published_us=baseline, target=target)
 
 
-def _paged_prefill(batch, n, baseline, target):
+def _paged_prefill(batch, n, baseline, target, backend=None):
     pages = n // PAGE
     cache = torch.randn(batch * pages, 2, PAGE, HKV, D, dtype=DT, device="cuda")
     kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
     qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * n
     indices = torch.randperm(batch * pages, dtype=torch.int32)
     last = torch.full((batch,), PAGE, dtype=torch.int32)
-    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD")
+    kw, note = _backend(backend)
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD", **kw)
     w.plan(qo_indptr, kv_indptr, indices, last, HQ, HKV, D, PAGE, causal=True, q_data_type=DT)
     q = torch.randn(batch * n, HQ, D, dtype=DT, device="cuda")
     out = torch.empty_like(q)
-    return Case(f"paged prefill causal {batch} x {n}", lambda: w.run(q, cache, out=out),
+    return Case(f"paged prefill causal {batch} x {n}{note}", lambda: w.run(q, cache, out=out),
                 flops=batch * _causal_flops(n, n), published_us=baseline, target=target)
 
 

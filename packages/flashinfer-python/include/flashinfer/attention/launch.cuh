@@ -86,7 +86,7 @@ struct AttentionLaunch {
                       FLASHINFER_ATTENTION_CTA0_STAGES>;
   using Cta1 = Traits<4, 1, 1, FLASHINFER_ATTENTION_CTA1_MMA_KV>;
   using Cta2 = Traits<FLASHINFER_ATTENTION_CTA2_WARPS_Q, 1, FLASHINFER_ATTENTION_CTA2_MMA_Q,
-                      FLASHINFER_ATTENTION_CTA2_MMA_KV>;
+                      FLASHINFER_ATTENTION_CTA2_MMA_KV, FLASHINFER_ATTENTION_CTA2_STAGES>;
   // Half the warps of shape 0, so four CTAs per SM fit the registers: a decode batch of 2-4
   // CTAs per SM runs in one wave instead of two (H100, 64 x 4096 at 8 KV heads: 348.9 vs 351.2
   // us; it loses on larger and split batches, whose shape stays 0: benchmarks/NOTES.md).

@@ -16,9 +16,9 @@
 // the lse written out is log2(sum exp(logit)). Masked keys are -inf, and a row that sees no key
 // at all ends with d = 0: it writes 0 and lse = -inf.
 //
-// Pipeline per KV tile j (kStages buffers, loads kStages - 1 tiles ahead): look up the rows of
-// tile j + kStages - 1 -> wait K[j] -> S = Q K^T -> issue its K -> mask, softmax -> wait V[j] ->
-// O += P V -> issue its V. Decode also gets bytes in flight from the kWarpsKV key streams.
+// Pipeline per KV tile j (kStages buffers, loads kAhead = kStages - 1 tiles ahead): look up the
+// rows of tile j + kAhead -> wait K[j] -> S = Q K^T -> issue its K -> mask, softmax -> wait V[j]
+// -> O += P V -> issue its V. Decode also gets bytes in flight from the kWarpsKV key streams.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -71,9 +71,10 @@ struct KernelTraits {
   // Q fragments stay in registers when they are few (decode, head_dim <= 128); otherwise they
   // are re-read from shared memory for each KV tile (the O accumulators need the registers).
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
-  // Tiles in flight per key stream (loads issued kStages - 1 tiles ahead); head_dim 256 keeps
-  // two for shared memory.
+  // Tiles in flight per key stream (loads issued kAhead tiles ahead); head_dim 256 keeps two for
+  // shared memory.
   static constexpr int kStages = HEAD_DIM_ <= 128 ? STAGES_ : 2;
+  static constexpr int kAhead = kStages - 1;
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
   static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
@@ -89,7 +90,16 @@ struct KernelTraits {
       kWarpsQ == 1 && kWarpsKV > 1 && kMergeSmem + kClusterSmem <= kKVSmem;
 
   static_assert(sizeof(DTypeQ) == 2, "the MMA path takes fp16 or bf16 q and kv");
-  static_assert(kGroupThreads % kChunks == 0 && (kTileKV * kChunks) % kGroupThreads == 0,
+  // Threads sharing one K/V row in the loader: every chunk of it (one each), or where
+  // FLASHINFER_ATTENTION_LOAD_ROW_THREADS is fewer, several chunks each and fewer rows, so
+  // fewer page ids and row offsets in registers (prefill shapes only: decode keeps one chunk).
+  static constexpr int kLoadRowThreads =
+      kWarpsQ > 1 && FLASHINFER_ATTENTION_LOAD_ROW_THREADS < kChunks
+          ? FLASHINFER_ATTENTION_LOAD_ROW_THREADS
+          : kChunks;
+  static_assert(kGroupThreads % kLoadRowThreads == 0 &&
+                    (kTileKV * kLoadRowThreads) % kGroupThreads == 0 &&
+                    kChunks % kLoadRowThreads == 0,
                 "a K/V tile must split evenly over the threads of a group");
   static_assert(kWarpsQ == 1 || kWarpsKV == 1 || kWarpsQ * kWarpsKV <= 16,
                 "at most 16 warps per CTA");
@@ -178,7 +188,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   }
   cp_async_commit();
 
-  // 3. K/V tile loader: thread gtid owns chunk gtid % kChunks of rows gtid / kChunks + j * step.
+  // 3. K/V tile loader: thread gtid owns chunks gtid % kRowThreads + c * kRowThreads of rows
+  // gtid / kRowThreads + j * step (kRowThreads = kChunks: one chunk of each of its rows).
   // The page ids of its rows are looked up one tile ahead into registers and shared by the K and
   // V loads of that tile: a page table read is a dependent global load, and issuing it just
   // before the copies it feeds would double the latency of each tile. Rows past the end are
@@ -186,9 +197,10 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   // branches.
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
-  constexpr int kRowStep = KT::kGroupThreads / kChunks;
+  constexpr int kRowThreads = KT::kLoadRowThreads;
+  constexpr int kRowStep = KT::kGroupThreads / kRowThreads;
   constexpr int kRowsPerThread = kTileKV / kRowStep;
-  const int my_chunk = gtid % kChunks, my_row0 = gtid / kChunks;
+  const int my_chunk = gtid % kRowThreads, my_row0 = gtid / kRowThreads;
   const T* k_base = k + int64_t(kv_head) * p.k_stride_h + my_chunk * 8;
   const T* v_base = v + int64_t(kv_head) * p.v_stride_h + my_chunk * 8;
   if constexpr (!KT::kPaged) {
@@ -227,14 +239,17 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       } else {
         off = mul_wide(clamped, s_n);
       }
-      cp_async_16(dst + Tile::offset(my_row0 + j * kRowStep, my_chunk), src0 + off,
-                  tok < kv_hi);
+#pragma unroll
+      for (int c = 0; c < kChunks / kRowThreads; ++c)
+        cp_async_16(dst + Tile::offset(my_row0 + j * kRowStep, my_chunk + c * kRowThreads),
+                    src0 + off + c * kRowThreads * 8, tok < kv_hi);
     }
   };
 
-  // Prologue: tiles 0 .. kStages-2 in flight, K and V each one commit group.
+  // Prologue: tiles 0 .. kAhead-1 in flight, K and V each one commit group.
+  constexpr int kAhead = KT::kAhead;
 #pragma unroll
-  for (int s = 0; s + 1 < kStages; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     if (s < my_tiles) {
       lookup(wkv + s * KT::kWarpsKV);
       load(s, false);
@@ -248,7 +263,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   RowFacts<kMmaQ> rows;
   rows.template init<KT::kPos>(p, rng, row_begin + wq * 16 * kMmaQ, kv_head, g);
 
-  cp_async_wait<2 * (kStages - 1)>();  // Q has landed (the prologue's K/V may not)
+  cp_async_wait<2 * kAhead>();  // Q has landed (the prologue's K/V may not)
   __syncthreads();
   trace(kTraceQ);
   if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
@@ -258,16 +273,26 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     __syncthreads();
   }
 
+  // This lane's ldmatrix offsets (elements) at chunk pair 0 of its rows; chunk pair j of the
+  // same rows is the offset XOR 16 j: the swizzle XORs the chunk index with row % 8, chunk
+  // 2 j + b is 2 j ^ b, and 16 j ^ 8 (b ^ row % 8) stays below D (a power of two). Q rows
+  // wq * 16 * kMmaQ + mq * 16 + lane % 16, K rows n2 * 16 + lane % 8 + (lane / 16) * 8, V rows
+  // kk * 16 + lane % 16. The main loop makes them opaque once per tile, so the compiler
+  // recomputes each address with one LOP3 instead of holding one register per (rows, chunk
+  // pair) across the loop (ptxas, sm_90a: 128 rows x 64 keys ragged spilled 164 bytes, now 116;
+  // the decode shapes held 213-224 registers, now 200).
+  const uint32_t q_off0 = Tile::offset(wq * 16 * kMmaQ + lane % 16, lane / 16);
+  const uint32_t k_off0 = Tile::offset(lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
+  const uint32_t v_off0 = Tile::offset(lane % 16, lane / 16);
   uint32_t q_frag[KT::kQInRegs ? kMmaQ : 1][KT::kQInRegs ? D / 16 : 1][4];
-  auto load_q_frag = [&](uint32_t a[4], int mq, int kk) {
-    const int row = wq * 16 * kMmaQ + mq * 16 + lane % 16;
-    ldmatrix_x4(a, q_smem + Tile::offset(row, 2 * kk + lane / 16));
+  auto load_q_frag = [&](uint32_t a[4], uint32_t q_off, int mq, int kk) {
+    ldmatrix_x4(a, q_smem + ((q_off ^ (16 * kk)) + mq * 16 * D));
   };
   if constexpr (KT::kQInRegs) {
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) load_q_frag(q_frag[mq][kk], mq, kk);
+      for (int kk = 0; kk < D / 16; ++kk) load_q_frag(q_frag[mq][kk], q_off0, mq, kk);
   }
 
   float o[kMmaQ][D / 8][4];
@@ -286,12 +311,14 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   for (int j = 0; j < my_tiles; ++j) {
     const int tile = wkv + j * KT::kWarpsKV;
     const int stage = j % kStages;
-    const int ahead = j + kStages - 1;  // the tile whose loads this iteration issues
+    const int ahead = j + kAhead;  // the tile whose loads this iteration issues
     const int base = kv_lo + tile * kTileKV;
     if (ahead < my_tiles) lookup(wkv + ahead * KT::kWarpsKV);  // lands while S is computed
-    cp_async_wait<2 * kStages - 3>();  // K[j] (V[j] and the later tiles may be in flight)
+    cp_async_wait<2 * kAhead - 1>();  // K[j] (V[j] and the later tiles may be in flight)
     group_sync<KT>(wkv);
     if (j == 0) trace(kTraceFirstK);
+    uint32_t q_off = q_off0, k_off = k_off0, v_off = v_off0;
+    asm volatile("" : "+r"(q_off), "+r"(k_off), "+r"(v_off));  // per tile (above)
     T* ks = k_tile(stage);
     if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
       rope_tile<KT>(ks, kTileKV, [&](int r) { return base + r; }, gtid, KT::kGroupThreads, p);
@@ -311,13 +338,12 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       uint32_t a_tmp[kMmaQ][4];
       if constexpr (!KT::kQInRegs) {
 #pragma unroll
-        for (int mq = 0; mq < kMmaQ; ++mq) load_q_frag(a_tmp[mq], mq, kk);
+        for (int mq = 0; mq < kMmaQ; ++mq) load_q_frag(a_tmp[mq], q_off, mq, kk);
       }
 #pragma unroll
       for (int n2 = 0; n2 < kMmaKV; ++n2) {
         uint32_t kb[4];
-        const int row = n2 * 16 + lane % 8 + (lane / 16) * 8;
-        ldmatrix_x4(kb, ks + Tile::offset(row, 2 * kk + (lane / 8) % 2));
+        ldmatrix_x4(kb, ks + ((k_off ^ (16 * kk)) + n2 * 16 * D));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
           const uint32_t* a = KT::kQInRegs ? q_frag[KT::kQInRegs ? mq : 0][KT::kQInRegs ? kk : 0]
@@ -331,13 +357,15 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     if (ahead < my_tiles) load(ahead % kStages, false);
     cp_async_commit();
 
+    float qk_scale = 1.f;  // what the softmax still multiplies the logits by
     if constexpr (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE)
-      logits_and_mask<KT::kMask, KT::kPos>(s, p, rng, rows, base, kTileKV, t);
+      qk_scale = logits_and_mask<KT::kMask, KT::kPos, true>(s, p, rng, rows, base, kTileKV, t);
 
     // Online softmax (base 2). The O rescale is skipped when no row of the warp raised its
     // maximum (the usual case once a row has seen its largest logits).
     float row_scale[kMmaQ][2];
-    if (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE && softmax_step(s, m, d, row_scale)) {
+    if (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE &&
+        softmax_step<true>(s, m, d, row_scale, qk_scale)) {
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
@@ -346,7 +374,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
           for (int e = 0; e < 4; ++e) o[mq][n][e] *= row_scale[mq][e / 2];
     }
 
-    cp_async_wait<2 * kStages - 3>();  // V[j]
+    cp_async_wait<2 * kAhead - 1>();  // V[j]
     group_sync<KT>(wkv);
     T* vs = v_tile(stage);
     // O += P V
@@ -358,7 +386,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 #pragma unroll
       for (int n2 = 0; n2 < D / 16; ++n2) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, vs + Tile::offset(kk * 16 + lane % 16, 2 * n2 + lane / 16));
+        ldmatrix_x4_trans(vb, vs + ((v_off ^ (16 * n2)) + kk * 16 * D));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
           mma_16816<T>(o[mq][2 * n2], pa[mq], vb[0], vb[1]);
