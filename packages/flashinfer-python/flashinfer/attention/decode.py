@@ -18,6 +18,7 @@ from typing import Optional, Union
 import torch
 
 from ..page import unpack_paged_kv_cache
+from . import runtime as rt
 from .wrapper import (
     BatchAttentionBase,
     check_given_lens,
@@ -177,7 +178,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
                              f"(len(paged_kv_last_page_len_buffer)), got {batch}")
         self._batch = batch
         self._variant = make_variant(self._q_dtype, self._o_dtype, head_dim, "none",
-                                 pos_encoding_mode, paged=True)
+                                 pos_encoding_mode, paged=True, kv_dtype=self._kv_dtype)
         plan, buf = self._schedule([1] * batch, kv_lens, num_qo_heads, num_kv_heads, head_dim,
                                    False, fixed_split_size, disable_split_kv, page_indptr)
         # qo_indptr right after the plan, whose length graph mode fixes: at a fixed address,
@@ -206,7 +207,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
         if q_len_per_req not in (None, 1):
             raise ValueError(f"q_len_per_req must be 1, got {q_len_per_req}")
         k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
-        self._check_kv_dtype(k)
+        self._check_kv_dtype(k, v)
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
                             kw["q_scale"], kw["k_scale"], kw["v_scale"])
 
@@ -278,8 +279,9 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Ten
     if page_size <= 0:
         raise ValueError(f"page_size must be positive, got {page_size}")
     check_head_dim(head_dim)
-    if q_data_type is None:  # FlashInfer's default here: the KV dtype, else float16
-        q_data_type = kv_data_type or data_type or "float16"
+    if q_data_type is None:  # the KV dtype where it is a half one, else float16
+        kv = rt.parse_dtype(kv_data_type or data_type, "kv_data_type")
+        q_data_type = kv if kv in (torch.float16, torch.bfloat16) else torch.float16
     self._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                       pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
                       window_left=window_left, logits_soft_cap=logits_soft_cap,
