@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_attention as ba  # noqa: E402
@@ -29,6 +31,18 @@ CASES = {
     "batch decode 128 x kv 8192": lambda: ba._decode(128, 8192, True, 1420.0, "<= 1390 us"),
     "batch decode 64 x kv 4096, CUDA-graph wrapper": lambda: ba._decode(
         64, 4096, True, 362.8, "<= 350 us", note=", CUDA-graph wrapper", graph_wrapper=True),
+    # fp8-e4m3 KV cache (issue 21): half the bytes of bf16; target >= 95% of the read ceiling
+    # and >= 1.25x FlashInfer 0.7.2 (235 us in the issue). Both decode paths of the peer (ours
+    # runs one kernel for both flags).
+    "batch decode 64 x kv 4096, fp8-e4m3 KV": lambda: ba._decode(
+        64, 4096, True, 235.0, ">= 95% of read, >= 1.25x peer", note=", fp8-e4m3 KV",
+        kv_dtype=torch.float8_e4m3fn),
+    "batch decode 64 x kv 4096 (CUDA cores, fp8-e4m3 KV)": lambda: ba._decode(
+        64, 4096, False, 235.0, ">= 95% of read, >= 1.25x peer", note=", fp8-e4m3 KV",
+        kv_dtype=torch.float8_e4m3fn),
+    "batch decode 64 x kv 4096, CUDA-graph wrapper, fp8-e4m3 KV": lambda: ba._decode(
+        64, 4096, True, 235.0, ">= 95% of read", note=", CUDA-graph wrapper, fp8-e4m3 KV",
+        graph_wrapper=True, kv_dtype=torch.float8_e4m3fn),
     "single prefill causal 16384": lambda: ba._single_prefill(16384, 5824.0, "<= 5800 us"),
     "ragged prefill causal 16 x 1024": lambda: ba._ragged_prefill(16, 1024, 452.0, "<= 450 us"),
     "paged prefill causal 8 x 2048": lambda: ba._paged_prefill(8, 2048, 906.0, "<= 900 us"),
@@ -41,9 +55,13 @@ def _build(args) -> list:
     for name, make in CASES.items():
         if wanted and not any(w in name for w in wanted):
             continue
-        case = make()
-        case.extra.clear()  # the peer's wrappers have no plan fields to report
-        case.fn()  # the first call (a JIT build on a cold cache)
+        try:
+            case = make()
+            case.extra.clear()  # the peer's wrappers have no plan fields to report
+            case.fn()  # the first call (a JIT build on a cold cache)
+        except Exception as err:  # a case one side cannot run: said, and left out of the merge
+            print(f"case {name!r} failed: {type(err).__name__}: {str(err)[:300]}", flush=True)
+            continue
         cases.append(case)
     return cases
 

@@ -335,7 +335,7 @@ def test_batch_paged_prefill_fp8(q_dtype, kv_dtype, opts, backend):
     o, lse = w.run(q, cache, k_scale=1.25, v_scale=0.5, return_lse=True)
     ref = {"causal": True, "window_left": opts.get("window_left", -1),
            "soft_cap": opts.get("logits_soft_cap")}
-    _check(o, None, q, seqs, q_dtype, qo_indptr.tolist(), sm_scale=1.25 / math.sqrt(d),
+    _check(o, lse, q, seqs, q_dtype, qo_indptr.tolist(), sm_scale=1.25 / math.sqrt(d),
            v_scale=0.5, **ref)
 
 
@@ -390,7 +390,7 @@ def test_append_casts_half_rows_into_an_fp8_cache(row_dtype, kv_dtype):
     big = 1e30 if row_dtype == torch.bfloat16 else 6e4
     k[0, 0, :4] = torch.tensor([big, -big, float("nan"), 1e-3], dtype=row_dtype)
     num_pages = 8
-    cache = torch.zeros(num_pages, 2, page, hkv, d, dtype=kv_dtype, device="cuda")
+    cache = torch.zeros(num_pages, 2, page, hkv, d, dtype=torch.uint8, device="cuda").view(kv_dtype)
     indptr = torch.tensor([0, 1, 4], dtype=torch.int32, device="cuda")
     indices = torch.tensor([6, 0, 3, 5], dtype=torch.int32, device="cuda")
     last = torch.tensor([5, 8], dtype=torch.int32, device="cuda")
@@ -417,7 +417,7 @@ def test_append_casts_half_rows_into_an_fp8_cache(row_dtype, kv_dtype):
     q = torch.randn(2, 4 * hkv, d, generator=gen).to(row_dtype).cuda()
     k_ok = k.clone()
     k_ok[0, 0, :4] = 0  # the saturated and NaN entries stay out of the attention check
-    cache.zero_()
+    cache.view(torch.uint8).zero_()
     flashinfer.append_paged_kv_cache(k_ok, v, bi, pos, cache, indices, indptr, last)
     o = w.run(q, cache)
     seqs = [(k_ok[int(append_indptr[b]):int(append_indptr[b + 1])].to(kv_dtype).double(),

@@ -85,6 +85,10 @@ struct KernelTraits {
   // half tiles. A tile is rewritten only after every warp of its group has passed the barrier
   // that follows its last read (the next tile's K or V wait), so one of each suffices.
   static constexpr bool kConvertKV = !std::is_same_v<DTypeKV, DTypeQ>;
+  // The type of O += P V: q's, except over fp8 V, which is converted to half whatever q is (one
+  // cvt per two values against four for bfloat16, on the decode kernel's critical issue slots;
+  // every fp8 value is a half, and P in [0, 1] keeps more bits in half than in bfloat16).
+  using DTypePV = std::conditional_t<kConvertKV, __half, DTypeQ>;
   static_assert(sizeof(DTypeKV) == sizeof(DTypeQ) || sizeof(DTypeKV) == 1,
                 "kv is q's type or an fp8 type");
   static constexpr int kLoadElems = 16 / int(sizeof(DTypeKV));  // elements per 16-byte copy
@@ -295,7 +299,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     }
   };
   // fp8 K/V, after the wait for a tile's copies: this thread's chunks of it (rows past the end
-  // were zero-filled) into the group's DTypeQ tile, before the barrier that publishes it.
+  // were zero-filled) into the group's K (DTypeQ) or V (DTypePV) tile, before the barrier that
+  // publishes it.
   auto convert = [&](int stage, bool is_v) {
     if constexpr (KT::kConvertKV) {
       T* dst = is_v ? v_tile(stage) : k_tile(stage);
@@ -306,7 +311,11 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
         const uint4 in =
             *reinterpret_cast<const uint4*>(staged + (row * KT::kLoadChunks + my_chunk) * 16);
         uint4 lo, hi;
-        fp8x16_to<T, TKV>(in, lo, hi);
+        if (is_v) {
+          fp8x16_to<typename KT::DTypePV, TKV>(in, lo, hi);
+        } else {
+          fp8x16_to<T, TKV>(in, lo, hi);
+        }
         *reinterpret_cast<uint4*>(dst + Tile::offset(row, 2 * my_chunk)) = lo;
         *reinterpret_cast<uint4*>(dst + Tile::offset(row, 2 * my_chunk + 1)) = hi;
       }
@@ -437,15 +446,15 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     for (int kk = 0; kk < (FLASHINFER_ATTENTION_PROBE_NO_COMPUTE ? 0 : kMmaKV); ++kk) {
       uint32_t pa[kMmaQ][4];
 #pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq) pack_p<T>(pa[mq], s, mq, kk);
+      for (int mq = 0; mq < kMmaQ; ++mq) pack_p<typename KT::DTypePV>(pa[mq], s, mq, kk);
 #pragma unroll
       for (int n2 = 0; n2 < D / 16; ++n2) {
         uint32_t vb[4];
         ldmatrix_x4_trans(vb, vs + Tile::offset(kk * 16 + lane % 16, 2 * n2 + lane / 16));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
-          mma_16816<T>(o[mq][2 * n2], pa[mq], vb[0], vb[1]);
-          mma_16816<T>(o[mq][2 * n2 + 1], pa[mq], vb[2], vb[3]);
+          mma_16816<typename KT::DTypePV>(o[mq][2 * n2], pa[mq], vb[0], vb[1]);
+          mma_16816<typename KT::DTypePV>(o[mq][2 * n2 + 1], pa[mq], vb[2], vb[3]);
         }
       }
     }
