@@ -75,8 +75,14 @@ struct KernelTraits {
   // are re-read from shared memory for each KV tile (the O accumulators need the registers).
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
   // Tiles in flight per key stream (loads issued kStages - 1 tiles ahead); head_dim 256 keeps
-  // two for shared memory.
-  static constexpr int kStages = HEAD_DIM_ <= 128 ? STAGES_ : 2;
+  // two for shared memory. fp8 K/V on the decode shapes of up to four key streams: a tile holds
+  // half the bytes, so twice the tiles ahead keep a half cache's bytes in flight (one tile ahead
+  // read 57% of the read ceiling, H200, 64 x 4096: latency-bound, half of bf16's bytes in flight
+  // per SM; benchmarks/results/2026-11-26-h200-1ff5624-fp8-kv-decode.json). Not on eight streams:
+  // 164 KB of shared memory, more than sm_80 gives a CTA.
+  static constexpr bool kFp8Decode =
+      !std::is_same_v<DTypeKV_, DTypeQ_> && WARPS_Q_ == 1 && WARPS_KV_ <= 4;
+  static constexpr int kStages = HEAD_DIM_ <= 128 ? (kFp8Decode ? 2 * STAGES_ - 1 : STAGES_) : 2;
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
   // fp8 K/V: the cp.async copies move fp8 bytes (16 per chunk) into a staging area of kStages
