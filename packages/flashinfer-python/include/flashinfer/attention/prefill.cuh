@@ -78,7 +78,7 @@ struct KernelTraits {
   // two for shared memory. fp8 K/V on the decode shapes of up to four key streams: a tile holds
   // half the bytes, so twice the tiles ahead keep a half cache's bytes in flight (one tile ahead
   // read 57% of the read ceiling, H200, 64 x 4096: latency-bound, half of bf16's bytes in flight
-  // per SM; benchmarks/results/2026-11-26-h200-1ff5624-fp8-kv-decode.json). Not on eight streams:
+  // per SM; benchmarks/results/2026-11-26-h200-1ff5624-attention-vs-peer.json). Not on eight streams:
   // 164 KB of shared memory, more than sm_80 gives a CTA.
   static constexpr bool kFp8Decode =
       !std::is_same_v<DTypeKV_, DTypeQ_> && WARPS_Q_ == 1 && WARPS_KV_ <= 4;
