@@ -22,7 +22,7 @@ def _ws():
 
 def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note="",
             layout="NHD", shuffle_pages=False, use_cuda_graph=None, l2_flush="read",
-            graph_wrapper=False, enable_pdl=None):
+            graph_wrapper=False, enable_pdl=None, kv_dtype=None):
     """Pages in order by default, as FlashInfer's own decode benchmark lays them out
     (benchmarks/bench_batch_decode.py: ``torch.arange(num_blocks)``), the setup of the published
     figures the targets compare with; ``shuffle_pages`` puts them in random order (a long-running
@@ -31,10 +31,12 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
     replays (harness.Case), as serving frameworks run decode; ``use_cuda_graph=False`` times
     the Python call with CUDA events instead (host launch gaps included). ``graph_wrapper``:
     the wrapper in CUDA-graph mode (caller buffers, a plan of fixed capacity that always splits
-    KV, as vLLM and SGLang run it)."""
+    KV, as vLLM and SGLang run it). ``kv_dtype``: the cache's dtype (default q's, bf16; fp8 reads
+    half the bytes; run with k_scale and v_scale as engines pass them)."""
+    kv_dtype = kv_dtype or DT
     pages = (kv_len + PAGE - 1) // PAGE
     shape = (PAGE, HKV, D) if layout == "NHD" else (HKV, PAGE, D)
-    cache = torch.randn(batch * pages, 2, *shape, dtype=DT, device="cuda")
+    cache = torch.randn(batch * pages, 2, *shape, dtype=DT, device="cuda").to(kv_dtype)
     indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
     indices = (torch.randperm(batch * pages, dtype=torch.int32) if shuffle_pages
                else torch.arange(batch * pages, dtype=torch.int32))
@@ -50,15 +52,18 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
                                                               device="cuda"))
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), layout,
                                                       use_tensor_cores=use_tensor_cores, **bufs)
-    w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=DT, fixed_split_size=split)
+    w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=DT, fixed_split_size=split,
+           kv_data_type=kv_dtype)
     q = torch.randn(batch, HQ, D, dtype=DT, device="cuda")
     out = torch.empty_like(q)
-    kv_bytes = batch * kv_len * HKV * D * 2 * 2
+    kv_bytes = batch * kv_len * HKV * D * 2 * kv_dtype.itemsize
+    scales = {} if kv_dtype == DT else {"k_scale": 0.5, "v_scale": 2.0}
     tc = "tensor cores" if use_tensor_cores else "CUDA cores"
     if shuffle_pages:
         note += ", pages shuffled"
     return Case(f"batch decode {batch} x kv {kv_len} ({tc}{note})",
-                lambda: w.run(q, cache, out=out, enable_pdl=enable_pdl), bytes_moved=kv_bytes + 2 * q.numel() * 2,
+                lambda: w.run(q, cache, out=out, enable_pdl=enable_pdl, **scales),
+                bytes_moved=kv_bytes + 2 * q.numel() * 2,
                 published_us=baseline, target=target, ceiling="read",
                 extra=_plan_fields(w),
                 use_cuda_graph=use_cuda_graph, l2_flush=l2_flush)

@@ -19,7 +19,8 @@ VERSION = _versions.public_version(__version__)
 
 def test_the_registry_is_the_documented_policy():
     """docs/wheels.md: no-mask and causal at head_dim 64/128/256; custom masks at 64/128/256;
-    in-kernel RoPE and ALiBi at 128; fp16 and bf16; paged and ragged."""
+    in-kernel RoPE and ALiBi at 128; fp16 and bf16; paged and ragged; an fp8-e4m3 KV cache
+    (no mask and causal) at 128."""
     attention = {n for n in NAMES if n.startswith("attention_")}
     want = set()
     for short in ("f16_of16", "bf16_obf16"):
@@ -29,7 +30,9 @@ def test_the_registry_is_the_documented_policy():
                                                                                  "custom")}
             want |= {f"attention_{layout}_{short}_d128_{m}_{p}" for m in ("none", "causal")
                      for p in ("rope_llama", "alibi")}
-    assert attention == want and len(want) == 52
+            q, o = short.split("_")
+            want |= {f"attention_{layout}_{q}_kve4m3_{o}_d128_{m}_none" for m in ("none", "causal")}
+    assert attention == want and len(want) == 60
     # besides attention: one module per small op family
     assert NAMES - attention == {"scale", "norm", "activation", "rope", "quantization", "page",
                                  "cascade", "topk", "sampling"} & (NAMES - attention)

@@ -19,6 +19,7 @@ from typing import Optional, Union
 import torch
 
 from ..page import unpack_paged_kv_cache
+from . import runtime as rt
 from .wrapper import (
     BatchAttentionBase,
     check_given_lens,
@@ -205,7 +206,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
         self._batch = batch
         self._variant = make_variant(self._q_dtype, self._o_dtype, head_dim,
                                      "causal" if q_len > 1 else "none", pos_encoding_mode,
-                                     paged=True)
+                                     paged=True, kv_dtype=self._kv_dtype)
         plan, buf = self._schedule([q_len] * batch, kv_lens, num_qo_heads, num_kv_heads,
                                    head_dim, q_len > 1, fixed_split_size, disable_split_kv,
                                    page_indptr)
@@ -247,7 +248,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
             raise ValueError(f"q must have batch_size * q_len_per_req = {self._batch} * "
                              f"{planned} rows (q_len_per_req as planned), got {q.shape[0]}")
         k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
-        self._check_kv_dtype(k)
+        self._check_kv_dtype(k, v)
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
                             kw["q_scale"], kw["k_scale"], kw["v_scale"], sinks)
 
@@ -301,8 +302,9 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Ten
     if page_size <= 0:
         raise ValueError(f"page_size must be positive, got {page_size}")
     check_head_dim(head_dim)
-    if q_data_type is None:  # FlashInfer's default here: the KV dtype, else float16
-        q_data_type = kv_data_type or data_type or "float16"
+    if q_data_type is None:  # the KV dtype where it is a half one, else float16
+        kv = rt.parse_dtype(kv_data_type or data_type, "kv_data_type")
+        q_data_type = kv if kv in (torch.float16, torch.bfloat16) else torch.float16
     self._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                       pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
                       window_left=window_left, logits_soft_cap=logits_soft_cap,

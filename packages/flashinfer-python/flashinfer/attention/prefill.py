@@ -10,6 +10,7 @@ from typing import Optional, Union
 import torch
 
 from ..page import unpack_paged_kv_cache
+from . import runtime as rt
 from .wrapper import (
     BatchAttentionBase,
     check_given_lens,
@@ -130,7 +131,7 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
             raise ValueError(f"q must have qo_indptr[-1] = {self._plan.num_rows} rows, got "
                              f"{q.shape[0]}")
         k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
-        self._check_kv_dtype(k)
+        self._check_kv_dtype(k, v)
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
                             kw["q_scale"], kw["k_scale"], kw["v_scale"], sinks)
 
@@ -219,8 +220,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
         nnz = k.shape[0] if self._kv_layout == "NHD" else k.shape[1]
         if nnz < self._kv_nnz:
             raise ValueError(f"k must hold kv_indptr[-1] = {self._kv_nnz} rows, got {nnz}")
-        self._check_kv_dtype(k)
-        v_scale_total = kw["v_scale"] if o_scale is None else (kw["v_scale"] or 1.0) * o_scale
+        self._check_kv_dtype(k, v)
+        o_scale = rt.check_scale(o_scale, "o_scale")
+        v_scale = rt.check_scale(kw["v_scale"], "v_scale")
+        v_scale_total = v_scale if o_scale is None else (v_scale or 1.0) * o_scale
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
                             kw["q_scale"], kw["k_scale"], v_scale_total, sinks)
 

@@ -59,16 +59,48 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+#: KV-cache dtypes besides q's: fp8, converted to q's dtype inside the kernel.
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def check_half(dtype: torch.dtype, name: str) -> None:
+    """q and the output: float16 or bfloat16. fp8 is known but supported only for the KV cache
+    (``NotImplementedError``); anything else is ``ValueError``."""
+    if dtype in FP8_KV_DTYPES:
+        raise NotImplementedError(f"{name}={dtype_name(dtype)} is not supported by this "
+                                  f"implementation: fp8 is supported for the KV cache only "
+                                  f"(q and the output are float16 or bfloat16)")
     if dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"{name} must be float16 or bfloat16, got {dtype_name(dtype)}"
-                         + (" (fp8 KV caches are not supported yet)" if dtype.itemsize == 1 else ""))
+        raise ValueError(f"{name} must be float16 or bfloat16, got {dtype_name(dtype)}")
+
+
+def check_kv_dtype(kv_dtype: torch.dtype, q_dtype: torch.dtype, name: str) -> None:
+    """The KV cache: q's dtype, or fp8 (e4m3 / e5m2) under a float16 or bfloat16 q."""
+    if kv_dtype != q_dtype and kv_dtype not in FP8_KV_DTYPES:
+        raise ValueError(f"{name} must be q's dtype ({dtype_name(q_dtype)}), float8_e4m3fn or "
+                         f"float8_e5m2, got {dtype_name(kv_dtype)}")
+
+
+def check_scale(value: Any, name: str) -> Optional[float]:
+    """A calibration scale (``q_scale``, ``k_scale``, ``v_scale``): None or a Python number,
+    as FlashInfer's ``run`` takes them; a tensor would have to be read back from the device
+    (a host synchronization, impossible under CUDA-graph capture)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float or None, got {type(value).__name__}"
+                        + (" (pass a Python float: reading a tensor would synchronize)"
+                           if isinstance(value, torch.Tensor) else ""))
+    return float(value)
 
 
 def resolve_scales(head_dim: int, sm_scale: Optional[float], q_scale: Optional[float],
                    k_scale: Optional[float], v_scale: Optional[float]) -> tuple[float, float]:
     """(sm_scale, o_scale): sm_scale defaults to 1/sqrt(head_dim); q_scale and k_scale multiply
-    it, v_scale multiplies the output."""
+    it, v_scale multiplies the output (fp8 calibration scales: the kernel reads the cache as it
+    is stored and applies them through these two host-side numbers, no extra pass)."""
+    q_scale, k_scale, v_scale = (check_scale(q_scale, "q_scale"), check_scale(k_scale, "k_scale"),
+                                 check_scale(v_scale, "v_scale"))
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     if not 0 < scale < math.inf:  # also nan
         raise ValueError(f"sm_scale must be positive and finite, got {sm_scale}")
@@ -154,9 +186,10 @@ def resolve_backend(device: torch.device, variant: AttentionVariant, backend: st
     ok = _capability(index) == (9, 0) and variant.has_sm90
     if backend == "fa3" and not ok:
         raise ValueError(f"backend='fa3' (the Hopper kernel) needs a compute capability 9.0 GPU "
-                         f"and head_dim 64 or 128 without pos_encoding_mode='ROPE_LLAMA'; got "
-                         f"capability {_capability(index)}, head_dim {variant.head_dim}, "
-                         f"pos_encoding_mode {variant.pos_encoding!r}")
+                         f"and head_dim 64 or 128 without pos_encoding_mode='ROPE_LLAMA', with a "
+                         f"KV cache of q's dtype; got capability {_capability(index)}, head_dim "
+                         f"{variant.head_dim}, pos_encoding_mode {variant.pos_encoding!r}, kv "
+                         f"dtype {variant.dtype_kv}")
     return "fa3" if ok else "fa2"
 
 

@@ -158,15 +158,16 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def check_single_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """k and v of a single-request call: 3-D, q's (half) dtype."""
+    """k and v of a single-request call: 3-D, one dtype: q's (half), or fp8."""
     for name, x in (("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.dim() != 3:
             raise ValueError(f"{name} must be a 3-D tensor, got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     rt.check_half(q.dtype, "q")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"k and v must have q's dtype ({rt.dtype_name(q.dtype)}), got "
-                         f"{rt.dtype_name(k.dtype)} and {rt.dtype_name(v.dtype)}")
+    rt.check_kv_dtype(k.dtype, q.dtype, "k.dtype")
+    if v.dtype != k.dtype:
+        raise ValueError(f"v must have k's dtype ({rt.dtype_name(k.dtype)}), got "
+                         f"{rt.dtype_name(v.dtype)}")
     device = q.device
     if k.device != device or v.device != device:
         raise ValueError(f"k and v must be on q's device ({device}), got {k.device} and "
@@ -234,10 +235,13 @@ def device_num_sms(device: torch.device) -> int:
 
 @functools.lru_cache(maxsize=256)
 def make_variant(q_dtype: torch.dtype, o_dtype: torch.dtype, head_dim: int, mask_mode: str,
-                 pos_encoding_mode: str, paged: bool) -> AttentionVariant:
-    """The compiled variant of these options (made once: plan() asks per batch)."""
+                 pos_encoding_mode: str, paged: bool,
+                 kv_dtype: Optional[torch.dtype] = None) -> AttentionVariant:
+    """The compiled variant of these options (made once: plan() asks per batch); ``kv_dtype``
+    None is q's."""
     return AttentionVariant(rt.dtype_name(q_dtype), rt.dtype_name(o_dtype), head_dim, mask_mode,
-                            pos_encoding_mode, paged)
+                            pos_encoding_mode, paged,
+                            None if kv_dtype is None else rt.dtype_name(kv_dtype))
 
 
 def _check_sm_scale(value):
@@ -433,6 +437,9 @@ class BatchAttentionBase:
     def _launch(self, q, k, v, out, lse, return_lse, enable_pdl, q_scale, k_scale, v_scale,
                 sinks=None):
         rt.check_sinks(sinks, self._num_qo_heads, q.device)
+        # fp8 scales fold into the record's two scalars (host arithmetic, no device pass).
+        sm, o_scale = self._scales if q_scale is None and k_scale is None and v_scale is None \
+            else rt.resolve_scales(self._head_dim, self._sm_scale, q_scale, k_scale, v_scale)
         if k.device != q.device or v.device != q.device:
             raise ValueError(f"the KV cache must be on q's device ({q.device}), got {k.device}")
         if k.shape[0] <= self._max_page_id:
@@ -452,8 +459,6 @@ class BatchAttentionBase:
         pdl = resolve_pdl(enable_pdl, q.device)
         if launch is None:  # the module is fetched (built on first use) from here on
             launch = self._launcher = self._prepare(q.device, pdl)
-        sm, o_scale = self._scales if q_scale is None and k_scale is None and v_scale is None \
-            else rt.resolve_scales(self._head_dim, self._sm_scale, q_scale, k_scale, v_scale)
         launch(q, k, v, out, lse, sm, o_scale, pdl, sinks)
         return (out, lse) if return_lse else out
 
@@ -485,12 +490,9 @@ class BatchAttentionBase:
         q_dtype = q_dtype or legacy or torch.float16
         kv_dtype = kv_dtype or legacy or q_dtype
         o_dtype = rt.parse_dtype(o_data_type, "o_data_type") or q_dtype
-        for name, dt in (("q_data_type", q_dtype), ("kv_data_type", kv_dtype),
-                         ("o_data_type", o_dtype)):
+        for name, dt in (("q_data_type", q_dtype), ("o_data_type", o_dtype)):
             rt.check_half(dt, name)
-        if kv_dtype != q_dtype:
-            raise ValueError(f"kv_data_type ({rt.dtype_name(kv_dtype)}) must equal q_data_type "
-                             f"({rt.dtype_name(q_dtype)})")
+        rt.check_kv_dtype(kv_dtype, q_dtype, "kv_data_type")
         self._num_qo_heads, self._num_kv_heads, self._head_dim = num_qo_heads, num_kv_heads, head_dim
         self._q_dtype, self._kv_dtype, self._o_dtype = q_dtype, kv_dtype, o_dtype
         self._pos_encoding_mode = pos_encoding_mode
@@ -502,10 +504,12 @@ class BatchAttentionBase:
                                                                    logits_soft_cap)
         self._rope_scale, self._rope_theta = rope_scale, rope_theta
 
-    def _check_kv_dtype(self, k: torch.Tensor) -> None:
-        if k.dtype != self._kv_dtype:
-            raise ValueError(f"the KV cache must have the planned kv_data_type "
-                             f"({rt.dtype_name(self._kv_dtype)}), got {rt.dtype_name(k.dtype)}")
+    def _check_kv_dtype(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        for x in (k, v):
+            if x.dtype != self._kv_dtype:
+                raise ValueError(f"the KV cache must have the planned kv_data_type "
+                                 f"({rt.dtype_name(self._kv_dtype)}), got "
+                                 f"{rt.dtype_name(x.dtype)}")
 
     # -- what serving engines read and write on a wrapper (docs/serving-engines.md) ----------
     def _buf_property(key: str):  # noqa: N805 (a helper run at class creation)
@@ -646,7 +650,7 @@ class BatchAttentionBase:
                 self._mask[:mask.numel()].copy_(mask, non_blocking=non_blocking)
             metadata = [*metadata, (bufs.get("mask_indptr"), mask_indptr, "mask_indptr")]
         self._variant = make_variant(self._q_dtype, self._o_dtype, head_dim, mask_mode,
-                                 self._pos_encoding_mode, self._paged)
+                                 self._pos_encoding_mode, self._paged, self._kv_dtype)
         plan, buf = self._schedule(qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim,
                                    mask_mode == "causal", fixed_split_size, disable_split_kv,
                                    kv_begins)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Optional
 
 from .core import SM80_AND_NEWER, JitSpec
 
 DTYPE_CODES = {"float16": 0, "bfloat16": 1}
 DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16"}
+# K/V may also be fp8 (converted to q's dtype in the kernel's shared memory).
+KV_DTYPE_CODES = {**DTYPE_CODES, "float8_e4m3fn": 2, "float8_e5m2": 3}
+KV_DTYPE_SHORT = {**DTYPE_SHORT, "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 MASK_MODES = {"none": 0, "causal": 1, "custom": 2}
 POS_ENCODINGS = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
 HEAD_DIMS = (64, 128, 256)
@@ -27,7 +31,7 @@ class AttentionVariant:
     Attributes
     ----------
     dtype_q : str
-        ``"float16"`` or ``"bfloat16"``: q, k and v.
+        ``"float16"`` or ``"bfloat16"``: q (and k, v unless ``dtype_kv`` says otherwise).
     dtype_o : str
         Output dtype, ``"float16"`` or ``"bfloat16"``.
     head_dim : int
@@ -38,6 +42,9 @@ class AttentionVariant:
         ``"NONE"``, ``"ROPE_LLAMA"`` (in-kernel RoPE on q and k) or ``"ALIBI"``.
     paged : bool
         Paged KV cache (else ragged: one contiguous run of tokens per request).
+    dtype_kv : str, optional
+        k and v: ``dtype_q`` (None is normalized to it), ``"float8_e4m3fn"`` or
+        ``"float8_e5m2"``.
     """
 
     dtype_q: str
@@ -46,8 +53,14 @@ class AttentionVariant:
     mask_mode: str = "none"
     pos_encoding: str = "NONE"
     paged: bool = True
+    dtype_kv: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.dtype_kv is None:
+            object.__setattr__(self, "dtype_kv", self.dtype_q)
+        if self.dtype_kv not in (self.dtype_q, "float8_e4m3fn", "float8_e5m2"):
+            raise ValueError(f"dtype_kv must be dtype_q ({self.dtype_q!r}), 'float8_e4m3fn' or "
+                             f"'float8_e5m2', got {self.dtype_kv!r}")
         for field, value, allowed in (
             ("dtype_q", self.dtype_q, DTYPE_CODES),
             ("dtype_o", self.dtype_o, DTYPE_CODES),
@@ -61,8 +74,9 @@ class AttentionVariant:
 
     @property
     def name(self) -> str:
+        kv = "" if self.dtype_kv == self.dtype_q else f"_kv{KV_DTYPE_SHORT[self.dtype_kv]}"
         return (
-            f"attention_{'paged' if self.paged else 'ragged'}_{DTYPE_SHORT[self.dtype_q]}"
+            f"attention_{'paged' if self.paged else 'ragged'}_{DTYPE_SHORT[self.dtype_q]}{kv}"
             f"_o{DTYPE_SHORT[self.dtype_o]}_d{self.head_dim}_{self.mask_mode}"
             f"_{self.pos_encoding.lower()}"
         )
@@ -72,12 +86,14 @@ class AttentionVariant:
         """Whether the module holds the Hopper kernel (CTA shape 3): head_dim 64 or 128, no
         in-kernel RoPE: ``kHasSm90`` of include/flashinfer/attention/launch.cuh, which a compiled
         module answers through ``cta_tile_q(3)`` (tests/test_package_layout.py holds the two
-        together)."""
-        return self.head_dim in (64, 128) and self.pos_encoding != "ROPE_LLAMA"
+        together). Not for fp8 K/V (launch.cuh says why)."""
+        return (self.head_dim in (64, 128) and self.pos_encoding != "ROPE_LLAMA"
+                and self.dtype_kv == self.dtype_q)
 
     def spec(self) -> JitSpec:
         flags = (
             f"-DFI_DTYPE_Q={DTYPE_CODES[self.dtype_q]}",
+            f"-DFI_DTYPE_KV={KV_DTYPE_CODES[self.dtype_kv]}",
             f"-DFI_DTYPE_O={DTYPE_CODES[self.dtype_o]}",
             f"-DFI_HEAD_DIM={self.head_dim}",
             f"-DFI_MASK_MODE={MASK_MODES[self.mask_mode]}",
@@ -123,10 +139,19 @@ def custom_mask_variants() -> list[AttentionVariant]:
             for paged in (True, False)]
 
 
+def fp8_kv_variants() -> list[AttentionVariant]:
+    """fp8-e4m3 KV caches at head_dim 128 under fp16 and bf16 q: paged decode and prefill (no
+    mask and causal) and ragged prefill, no in-kernel position encoding (vLLM's and SGLang's
+    ``kv_cache_dtype=fp8``)."""
+    return [AttentionVariant(dtype, dtype, 128, mask, "NONE", paged, "float8_e4m3fn")
+            for dtype in ("float16", "bfloat16") for paged in (True, False)
+            for mask in ("none", "causal")]
+
+
 def precompiled_variants() -> list[AttentionVariant]:
     """Every variant the flashinfer-jit-cache wheel holds (docs/wheels.md, "What the released
     set covers without nvcc"), in a stable order."""
-    return common_variants() + extra_variants() + custom_mask_variants()
+    return common_variants() + extra_variants() + custom_mask_variants() + fp8_kv_variants()
 
 
 @functools.cache

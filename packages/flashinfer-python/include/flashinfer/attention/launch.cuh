@@ -73,14 +73,14 @@ struct LaunchChoice {
 
 /*!
  * @brief The CTA shapes of one compiled attention variant and their launch.
- * @tparam DTypeQ q, k and v element type; DTypeO the output's
+ * @tparam DTypeQ q element type; DTypeKV k and v's (DTypeQ or fp8); DTypeO the output's
  */
-template <typename DTypeQ, typename DTypeO, int kHeadDim, MaskMode kMask, PosEncoding kPos,
-          bool kPaged>
+template <typename DTypeQ, typename DTypeKV, typename DTypeO, int kHeadDim, MaskMode kMask,
+          PosEncoding kPos, bool kPaged>
 struct AttentionLaunch {
   template <int WQ, int WKV, int MQ, int MKV, int STAGES = FLASHINFER_ATTENTION_STAGES>
-  using Traits =
-      KernelTraits<DTypeQ, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, WKV, MQ, MKV, STAGES>;
+  using Traits = KernelTraits<DTypeQ, DTypeKV, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, WKV,
+                              MQ, MKV, STAGES>;
 
   using Cta0 = Traits<1, FLASHINFER_ATTENTION_CTA0_WARPS_KV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
                       FLASHINFER_ATTENTION_CTA0_STAGES>;
@@ -100,10 +100,14 @@ struct AttentionLaunch {
   using Cta5 = Traits<1, kHasCta5 ? 8 : 2, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
                       FLASHINFER_ATTENTION_CTA0_STAGES>;
   // The Hopper kernel: head_dim 64/128, no in-kernel RoPE (it rotates K in shared memory, which
-  // only the FA2 kernel does). Where the variant has none, Cta3 names a valid stand-in that is
-  // never launched.
-  static constexpr bool kHasSm90 =
-      (kHeadDim == 64 || kHeadDim == 128) && kPos != PosEncoding::kRopeLlama;
+  // only the FA2 kernel does), K/V of q's type: its TMA copies land in wgmma's operand layout,
+  // and wgmma takes fp8 only with fp8 on both sides, so a half q over an fp8 cache would need a
+  // conversion stage between the TMA and the wgmmas; fp8 K/V runs on the FA2 kernel, which
+  // converts in shared memory (decode, the bandwidth-bound case, is FA2's in any case). Where
+  // the variant has none, Cta3 names a valid stand-in that is never launched.
+  static constexpr bool kHasSm90 = (kHeadDim == 64 || kHeadDim == 128) &&
+                                   kPos != PosEncoding::kRopeLlama &&
+                                   std::is_same_v<DTypeQ, DTypeKV>;
   using Cta3 = Sm90Traits<DTypeQ, DTypeO, kHasSm90 ? kHeadDim : 128, kMask,
                           kHasSm90 ? kPos : PosEncoding::kNone, kPaged>;
 

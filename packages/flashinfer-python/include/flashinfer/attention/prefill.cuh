@@ -20,6 +20,7 @@
 // rows of tile j + kAhead -> wait K[j] -> S = Q K^T -> issue its K -> mask, softmax -> wait V[j]
 // -> O += P V -> issue its V. Decode also gets bytes in flight from the kWarpsKV key streams.
 #pragma once
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -39,7 +40,9 @@ namespace attn {
 
 /*!
  * @brief Everything that is fixed at compile time for one attention kernel.
- * @tparam DTypeQ_ q and kv element type (__half or __nv_bfloat16)
+ * @tparam DTypeQ_ q element type (__half or __nv_bfloat16), the type of the MMAs
+ * @tparam DTypeKV_ k and v element type: DTypeQ_, or __nv_fp8_e4m3 / __nv_fp8_e5m2 (converted
+ *   to DTypeQ_ in shared memory: kConvertKV)
  * @tparam DTypeO_ output element type
  * @tparam HEAD_DIM_ 64, 128 or 256
  * @tparam PAGED_ paged KV cache (else ragged)
@@ -47,12 +50,12 @@ namespace attn {
  * @tparam MMA_Q_ 16-row MMA tiles per warp; MMA_KV_ 16-key MMA tiles per pipeline step
  * @tparam STAGES_ K/V tiles in flight per key stream at head_dim <= 128 (256 keeps two)
  */
-template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, MaskMode MASK_, PosEncoding POS_,
-          bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_, int MMA_KV_,
+template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_, int HEAD_DIM_, MaskMode MASK_,
+          PosEncoding POS_, bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_, int MMA_KV_,
           int STAGES_ = FLASHINFER_ATTENTION_STAGES>
 struct KernelTraits {
   using DTypeQ = DTypeQ_;
-  using DTypeKV = DTypeQ_;
+  using DTypeKV = DTypeKV_;
   using DTypeO = DTypeO_;
   using Tile = SwizzledTile<HEAD_DIM_>;
   static constexpr int kHeadDim = HEAD_DIM_;
@@ -72,14 +75,38 @@ struct KernelTraits {
   // are re-read from shared memory for each KV tile (the O accumulators need the registers).
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
   // Tiles in flight per key stream (loads issued kAhead tiles ahead); head_dim 256 keeps two for
-  // shared memory.
-  static constexpr int kStages = HEAD_DIM_ <= 128 ? STAGES_ : 2;
+  // shared memory. fp8 K/V on the decode shapes of up to four key streams: a tile holds half the
+  // bytes, so twice the tiles ahead keep a half cache's bytes in flight (one tile ahead read 57%
+  // of the read ceiling, H200, 64 x 4096: latency-bound, half of bf16's bytes in flight per SM;
+  // benchmarks/results/2026-11-26-h200-1ff5624-attention-vs-peer.json). Not on eight streams:
+  // 164 KB of shared memory, more than sm_80 gives a CTA.
+  static constexpr bool kFp8Decode =
+      !std::is_same_v<DTypeKV_, DTypeQ_> && WARPS_Q_ == 1 && WARPS_KV_ <= 4;
+  static constexpr int kStages = HEAD_DIM_ <= 128 ? (kFp8Decode ? 2 * STAGES_ - 1 : STAGES_) : 2;
   static constexpr int kAhead = kStages - 1;
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
+  // fp8 K/V: the cp.async copies move fp8 bytes (16 per chunk) into a staging area of kStages
+  // tiles per stream; after its wait each thread converts the chunks it copied itself (no extra
+  // barrier) into one DTypeQ K and one V tile per stream, which the MMAs read as they read the
+  // half tiles. A tile is rewritten only after every warp of its group has passed the barrier
+  // that follows its last read (the next tile's K or V wait), so one of each suffices.
+  static constexpr bool kConvertKV = !std::is_same_v<DTypeKV, DTypeQ>;
+  // The type of O += P V: q's, except over fp8 V, which is converted to half whatever q is (one
+  // cvt per two values against four for bfloat16, on the decode kernel's critical issue slots;
+  // every fp8 value is a half, and P in [0, 1] keeps more bits in half than in bfloat16).
+  using DTypePV = std::conditional_t<kConvertKV, __half, DTypeQ>;
+  static_assert(sizeof(DTypeKV) == sizeof(DTypeQ) || sizeof(DTypeKV) == 1,
+                "kv is q's type or an fp8 type");
+  static constexpr int kLoadElems = 16 / int(sizeof(DTypeKV));  // elements per 16-byte copy
+  static constexpr int kLoadChunks = HEAD_DIM_ / kLoadElems;    // copies per K/V row
+  static constexpr int kHalfTiles = kConvertKV ? 1 : kStages;   // DTypeQ K/V tiles per stream
+  static constexpr size_t kStageSmem =
+      kConvertKV ? size_t(kWarpsKV) * kStages * 2 * kTileKV * HEAD_DIM_ * sizeof(DTypeKV) : 0;
+
   static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
-  static constexpr size_t kKVSmem = size_t(kWarpsKV) * kStages * 2 /*K,V*/ * kTileKV *
-                                    HEAD_DIM_ * sizeof(DTypeKV);
+  static constexpr size_t kKVSmem = size_t(kWarpsKV) * kHalfTiles * 2 /*K,V*/ * kTileKV *
+                                    HEAD_DIM_ * sizeof(DTypeQ) + kStageSmem;
   static constexpr size_t kMergeSmem =
       kWarpsKV > 1 ? size_t(kWarpsKV) * kTileQ * (HEAD_DIM_ + 2) * sizeof(float) : 0;
   static constexpr size_t kSmemBytes = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
@@ -89,17 +116,17 @@ struct KernelTraits {
   static constexpr bool kClusterMerge =
       kWarpsQ == 1 && kWarpsKV > 1 && kMergeSmem + kClusterSmem <= kKVSmem;
 
-  static_assert(sizeof(DTypeQ) == 2, "the MMA path takes fp16 or bf16 q and kv");
-  // Threads sharing one K/V row in the loader: every chunk of it (one each), or where
-  // FLASHINFER_ATTENTION_LOAD_ROW_THREADS is fewer, several chunks each and fewer rows, so
-  // fewer page ids and row offsets in registers (prefill shapes only: decode keeps one chunk).
+  static_assert(sizeof(DTypeQ) == 2, "the MMA path takes fp16 or bf16 q");
+  // Threads sharing one K/V row in the loader: every 16-byte copy of it (one each), or where
+  // FLASHINFER_ATTENTION_LOAD_ROW_THREADS is fewer, several copies each and fewer rows, so
+  // fewer page ids and row offsets in registers (prefill shapes only: decode keeps one copy).
   static constexpr int kLoadRowThreads =
-      kWarpsQ > 1 && FLASHINFER_ATTENTION_LOAD_ROW_THREADS < kChunks
+      kWarpsQ > 1 && FLASHINFER_ATTENTION_LOAD_ROW_THREADS < kLoadChunks
           ? FLASHINFER_ATTENTION_LOAD_ROW_THREADS
-          : kChunks;
+          : kLoadChunks;
   static_assert(kGroupThreads % kLoadRowThreads == 0 &&
                     (kTileKV * kLoadRowThreads) % kGroupThreads == 0 &&
-                    kChunks % kLoadRowThreads == 0,
+                    kLoadChunks % kLoadRowThreads == 0,
                 "a K/V tile must split evenly over the threads of a group");
   static_assert(kWarpsQ == 1 || kWarpsKV == 1 || kWarpsQ * kWarpsKV <= 16,
                 "at most 16 warps per CTA");
@@ -137,6 +164,36 @@ __device__ __forceinline__ void rope_tile(T* tile, int rows, Pos pos, int tid, i
   }
 }
 
+/// Two fp8 values (the low 16 bits of `two`) of kind TKV as a DTypeQ pair T, packed. Exact: every
+/// e4m3 and e5m2 value is a half, and a bfloat16 (cvt.rn.f16x2.e4m3x2 on sm_89 and newer).
+template <typename T, typename TKV>
+__device__ __forceinline__ uint32_t fp8x2_to(uint32_t two) {
+  constexpr __nv_fp8_interpretation_t kKind =
+      std::is_same_v<TKV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), kKind);
+  const uint32_t bits = uint32_t(h.x) | (uint32_t(h.y) << 16);
+  if constexpr (std::is_same_v<T, __half>) {
+    return bits;
+  } else {
+    __half2 hh;
+    memcpy(&hh, &bits, 4);
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(hh));
+    uint32_t out;
+    memcpy(&out, &b, 4);
+    return out;
+  }
+}
+
+/// Sixteen fp8 values (one 16-byte copy) as two 16-byte chunks of T.
+template <typename T, typename TKV>
+__device__ __forceinline__ void fp8x16_to(const uint4& in, uint4& lo, uint4& hi) {
+  lo.x = fp8x2_to<T, TKV>(in.x), lo.y = fp8x2_to<T, TKV>(in.x >> 16);
+  lo.z = fp8x2_to<T, TKV>(in.y), lo.w = fp8x2_to<T, TKV>(in.y >> 16);
+  hi.x = fp8x2_to<T, TKV>(in.z), hi.y = fp8x2_to<T, TKV>(in.z >> 16);
+  hi.z = fp8x2_to<T, TKV>(in.w), hi.w = fp8x2_to<T, TKV>(in.w >> 16);
+}
+
 template <class KT>
 __device__ __forceinline__ void attention_item(const AttentionParams& p, const ItemIds& ids,
                                                uint32_t kv_head, uint8_t* smem) {
@@ -163,14 +220,23 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   const int delta = rng.delta, kv_lo = rng.kv_lo, kv_hi = rng.kv_hi, num_tiles = rng.num_tiles;
   const int my_tiles = num_tiles > wkv ? (num_tiles - wkv + KT::kWarpsKV - 1) / KT::kWarpsKV : 0;
 
+  using TKV = typename KT::DTypeKV;
   T* q_smem = reinterpret_cast<T*>(smem);
   T* kv_smem = reinterpret_cast<T*>(smem + KT::kQSmem);
   constexpr int kStages = KT::kStages;
+  constexpr int kHalfTiles = KT::kHalfTiles;
+  // The DTypeQ tiles the MMAs read (with fp8 K/V one K and one V per stream, whatever the stage).
   auto k_tile = [&](int stage) {
-    return kv_smem + ((wkv * kStages + stage) * 2 + 0) * kTileKV * D;
+    return kv_smem + ((wkv * kHalfTiles + (KT::kConvertKV ? 0 : stage)) * 2 + 0) * kTileKV * D;
   };
   auto v_tile = [&](int stage) {
-    return kv_smem + ((wkv * kStages + stage) * 2 + 1) * kTileKV * D;
+    return kv_smem + ((wkv * kHalfTiles + (KT::kConvertKV ? 0 : stage)) * 2 + 1) * kTileKV * D;
+  };
+  // fp8 K/V: the staging tiles the copies land in, [kTileKV][D] bytes, unswizzled (each thread
+  // reads back its own 16-byte chunks: a warp covers 512 contiguous bytes per row step).
+  uint8_t* kv_stage = smem + KT::kQSmem + (KT::kKVSmem - KT::kStageSmem);
+  auto stage_tile = [&](int stage, bool is_v) {
+    return kv_stage + ((wkv * kStages + stage) * 2 + int(is_v)) * kTileKV * D * sizeof(TKV);
   };
 
   // 2. Q tile -> shared memory (rows past the request are zeros).
@@ -188,21 +254,23 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   }
   cp_async_commit();
 
-  // 3. K/V tile loader: thread gtid owns chunks gtid % kRowThreads + c * kRowThreads of rows
-  // gtid / kRowThreads + j * step (kRowThreads = kChunks: one chunk of each of its rows).
+  // 3. K/V tile loader: thread gtid owns 16-byte copies gtid % kRowThreads + c * kRowThreads
+  // (8 half or 16 fp8 elements each) of rows gtid / kRowThreads + j * step (kRowThreads =
+  // kLoadChunks: one copy of each of its rows).
   // The page ids of its rows are looked up one tile ahead into registers and shared by the K and
   // V loads of that tile: a page table read is a dependent global load, and issuing it just
   // before the copies it feeds would double the latency of each tile. Rows past the end are
   // clamped to the last key (an address that exists) and copied as zeros, so the loads need no
   // branches.
-  const T* k = static_cast<const T*>(p.k);
-  const T* v = static_cast<const T*>(p.v);
+  const TKV* k = static_cast<const TKV*>(p.k);
+  const TKV* v = static_cast<const TKV*>(p.v);
   constexpr int kRowThreads = KT::kLoadRowThreads;
   constexpr int kRowStep = KT::kGroupThreads / kRowThreads;
   constexpr int kRowsPerThread = kTileKV / kRowStep;
+  constexpr int kCopies = KT::kLoadChunks / kRowThreads;  // per row and thread
   const int my_chunk = gtid % kRowThreads, my_row0 = gtid / kRowThreads;
-  const T* k_base = k + int64_t(kv_head) * p.k_stride_h + my_chunk * 8;
-  const T* v_base = v + int64_t(kv_head) * p.v_stride_h + my_chunk * 8;
+  const TKV* k_base = k + int64_t(kv_head) * p.k_stride_h + my_chunk * KT::kLoadElems;
+  const TKV* v_base = v + int64_t(kv_head) * p.v_stride_h + my_chunk * KT::kLoadElems;
   if constexpr (!KT::kPaged) {
     k_base += rng.kv_token_begin * p.k_stride_n;
     v_base += rng.kv_token_begin * p.v_stride_n;
@@ -222,8 +290,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     }
   };
   auto load = [&](int stage, bool is_v) {
-    T* dst = is_v ? v_tile(stage) : k_tile(stage);
-    const T* src0 = is_v ? v_base : k_base;
+    [[maybe_unused]] T* dst = is_v ? v_tile(stage) : k_tile(stage);  // (the half tiles)
+    const TKV* src0 = is_v ? v_base : k_base;
     // Strides are below 2^31 (checked by the binding): 32 x 32 -> 64-bit products.
     const int s_page = int(is_v ? p.v_stride_page : p.k_stride_page);
     const int s_n = int(is_v ? p.v_stride_n : p.k_stride_n);
@@ -239,10 +307,45 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       } else {
         off = mul_wide(clamped, s_n);
       }
+      const int row = my_row0 + j * kRowStep;
 #pragma unroll
-      for (int c = 0; c < kChunks / kRowThreads; ++c)
-        cp_async_16(dst + Tile::offset(my_row0 + j * kRowStep, my_chunk + c * kRowThreads),
-                    src0 + off + c * kRowThreads * 8, tok < kv_hi);
+      for (int c = 0; c < kCopies; ++c) {
+        const int chunk = my_chunk + c * kRowThreads;
+        const TKV* src = src0 + off + c * kRowThreads * KT::kLoadElems;
+        if constexpr (KT::kConvertKV) {
+          cp_async_16(stage_tile(stage, is_v) + (row * KT::kLoadChunks + chunk) * 16, src,
+                      tok < kv_hi);
+        } else {
+          cp_async_16(dst + Tile::offset(row, chunk), src, tok < kv_hi);
+        }
+      }
+    }
+  };
+  // fp8 K/V, after the wait for a tile's copies: this thread's chunks of it (rows past the end
+  // were zero-filled) into the group's K (DTypeQ) or V (DTypePV) tile, before the barrier that
+  // publishes it.
+  auto convert = [&](int stage, bool is_v) {
+    if constexpr (KT::kConvertKV) {
+      T* dst = is_v ? v_tile(stage) : k_tile(stage);
+      const uint8_t* staged = stage_tile(stage, is_v);
+#pragma unroll
+      for (int j = 0; j < kRowsPerThread; ++j) {
+        const int row = my_row0 + j * kRowStep;
+#pragma unroll
+        for (int c = 0; c < kCopies; ++c) {
+          const int chunk = my_chunk + c * kRowThreads;
+          const uint4 in =
+              *reinterpret_cast<const uint4*>(staged + (row * KT::kLoadChunks + chunk) * 16);
+          uint4 lo, hi;
+          if (is_v) {
+            fp8x16_to<typename KT::DTypePV, TKV>(in, lo, hi);
+          } else {
+            fp8x16_to<T, TKV>(in, lo, hi);
+          }
+          *reinterpret_cast<uint4*>(dst + Tile::offset(row, 2 * chunk)) = lo;
+          *reinterpret_cast<uint4*>(dst + Tile::offset(row, 2 * chunk + 1)) = hi;
+        }
+      }
     }
   };
 
@@ -315,6 +418,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     const int base = kv_lo + tile * kTileKV;
     if (ahead < my_tiles) lookup(wkv + ahead * KT::kWarpsKV);  // lands while S is computed
     cp_async_wait<2 * kAhead - 1>();  // K[j] (V[j] and the later tiles may be in flight)
+    convert(stage, false);
     group_sync<KT>(wkv);
     if (j == 0) trace(kTraceFirstK);
     uint32_t q_off = q_off0, k_off = k_off0, v_off = v_off0;
@@ -375,6 +479,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     }
 
     cp_async_wait<2 * kAhead - 1>();  // V[j]
+    convert(stage, true);
     group_sync<KT>(wkv);
     T* vs = v_tile(stage);
     // O += P V
@@ -382,15 +487,15 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     for (int kk = 0; kk < (FLASHINFER_ATTENTION_PROBE_NO_COMPUTE ? 0 : kMmaKV); ++kk) {
       uint32_t pa[kMmaQ][4];
 #pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq) pack_p<T>(pa[mq], s, mq, kk);
+      for (int mq = 0; mq < kMmaQ; ++mq) pack_p<typename KT::DTypePV>(pa[mq], s, mq, kk);
 #pragma unroll
       for (int n2 = 0; n2 < D / 16; ++n2) {
         uint32_t vb[4];
         ldmatrix_x4_trans(vb, vs + ((v_off ^ (16 * n2)) + kk * 16 * D));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
-          mma_16816<T>(o[mq][2 * n2], pa[mq], vb[0], vb[1]);
-          mma_16816<T>(o[mq][2 * n2 + 1], pa[mq], vb[2], vb[3]);
+          mma_16816<typename KT::DTypePV>(o[mq][2 * n2], pa[mq], vb[0], vb[1]);
+          mma_16816<typename KT::DTypePV>(o[mq][2 * n2 + 1], pa[mq], vb[2], vb[3]);
         }
       }
     }
