@@ -91,16 +91,20 @@ def _version_arg(session: nox.Session) -> str:
 
 
 def _build_set(session: nox.Session, outdir: Path, *, sdists: bool, archs: str,
-               modules: str | None, extra_env: dict[str, str] | None = None) -> None:
+               modules: str | None, extra_env: dict[str, str] | None = None,
+               workspace: Path | None = None) -> None:
     """Build the three wheels (and sdists) of the current version.txt into ``outdir``.
 
     The session must already hold torch and BUILD_REQUIREMENTS. The JIT cache the AOT build
-    compiles into is the session's own (content-addressed, so reusing it with ``-r`` is safe)."""
+    compiles into is FLASHINFER_WORKSPACE_BASE where set, else ``workspace``, else the session's
+    own (gone when nox recreates the session without ``-r``). It is content-addressed: a module
+    is reused only where its sources, headers, flags, archs and compiler hash the same, so
+    reusing it across builds and attempts is safe."""
     outdir.mkdir(parents=True, exist_ok=True)
     env = {
         "FLASHINFER_CUDA_ARCH_LIST": archs,
         "FLASHINFER_WORKSPACE_BASE": os.environ.get("FLASHINFER_WORKSPACE_BASE")
-        or str(Path(session.create_tmp()).resolve() / "aot-cache"),
+        or str(workspace or Path(session.create_tmp()).resolve() / "aot-cache"),
     }
     if modules:
         env["FLASHINFER_AOT_MODULES"] = modules
@@ -372,8 +376,11 @@ def pin(session: nox.Session) -> None:
 #: Where an unfinished release keeps its files: ``build/release/X.Y.Z/`` (git-ignored) holds the
 #: lock the wheels pin, the built set and its index until the release has passed its tests; only
 #: then do the files move to dist/ and the lock to artifacts/releases/. A failed release leaves
-#: nothing that blocks the next attempt, which starts by clearing this directory.
+#: nothing that blocks the next attempt, which starts by clearing this directory, all but the
+#: AOT build cache (:data:`AOT_CACHE`): a retried release recompiles only the modules whose
+#: sources, flags or toolchain changed, or that the failed attempt had not finished.
 RELEASE_STAGE = ROOT / "build" / "release"
+AOT_CACHE = "aot-cache"
 
 
 def _lock_rel(version: str) -> str:
@@ -420,7 +427,14 @@ def _fresh_stage(session: nox.Session, version: str) -> Path:
     stage = RELEASE_STAGE / version
     if stage.exists():
         session.log(f"removing what an unfinished release of {version} left in {stage}")
-        shutil.rmtree(stage)
+        for child in stage.iterdir():
+            if child.name == AOT_CACHE and child.is_dir():
+                session.log(f"keeping its AOT build cache ({stage / AOT_CACHE}): modules "
+                            "already compiled from the same sources and flags are reused")
+            elif child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
     (stage / "dist").mkdir(parents=True)
     return stage
 
@@ -487,7 +501,8 @@ def release(session: nox.Session) -> None:
         build_env["FLASHINFER_ARTIFACT_LOCK"] = str(stage / "lock.json")
     _build_set(session, outdir, sdists=True,
                archs=os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or RELEASE_ARCHS,
-               modules=os.environ.get("FLASHINFER_AOT_MODULES"), extra_env=build_env)
+               modules=os.environ.get("FLASHINFER_AOT_MODULES"), extra_env=build_env,
+               workspace=stage / AOT_CACHE)
     _check(session, outdir, version, sdists=True)
     roots = wheel_index.write_index(outdir, stage / "whl")
     wheels, _ = wheel_check.files_of(outdir, version)

@@ -22,7 +22,7 @@ def _ws():
 
 def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note="",
             layout="NHD", shuffle_pages=False, use_cuda_graph=None, l2_flush="read",
-            graph_wrapper=False, enable_pdl=None):
+            graph_wrapper=False, enable_pdl=None, kv_dtype=None):
     """Pages in order by default, as FlashInfer's own decode benchmark lays them out
     (benchmarks/bench_batch_decode.py: ``torch.arange(num_blocks)``), the setup of the published
     figures the targets compare with; ``shuffle_pages`` puts them in random order (a long-running
@@ -31,10 +31,12 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
     replays (harness.Case), as serving frameworks run decode; ``use_cuda_graph=False`` times
     the Python call with CUDA events instead (host launch gaps included). ``graph_wrapper``:
     the wrapper in CUDA-graph mode (caller buffers, a plan of fixed capacity that always splits
-    KV, as vLLM and SGLang run it)."""
+    KV, as vLLM and SGLang run it). ``kv_dtype``: the cache's dtype (default q's, bf16; fp8 reads
+    half the bytes; run with k_scale and v_scale as engines pass them)."""
+    kv_dtype = kv_dtype or DT
     pages = (kv_len + PAGE - 1) // PAGE
     shape = (PAGE, HKV, D) if layout == "NHD" else (HKV, PAGE, D)
-    cache = torch.randn(batch * pages, 2, *shape, dtype=DT, device="cuda")
+    cache = torch.randn(batch * pages, 2, *shape, dtype=DT, device="cuda").to(kv_dtype)
     indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
     indices = (torch.randperm(batch * pages, dtype=torch.int32) if shuffle_pages
                else torch.arange(batch * pages, dtype=torch.int32))
@@ -50,15 +52,18 @@ def _decode(batch, kv_len, use_tensor_cores, baseline, target, split=None, note=
                                                               device="cuda"))
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), layout,
                                                       use_tensor_cores=use_tensor_cores, **bufs)
-    w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=DT, fixed_split_size=split)
+    w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=DT, fixed_split_size=split,
+           kv_data_type=kv_dtype)
     q = torch.randn(batch, HQ, D, dtype=DT, device="cuda")
     out = torch.empty_like(q)
-    kv_bytes = batch * kv_len * HKV * D * 2 * 2
+    kv_bytes = batch * kv_len * HKV * D * 2 * kv_dtype.itemsize
+    scales = {} if kv_dtype == DT else {"k_scale": 0.5, "v_scale": 2.0}
     tc = "tensor cores" if use_tensor_cores else "CUDA cores"
     if shuffle_pages:
         note += ", pages shuffled"
     return Case(f"batch decode {batch} x kv {kv_len} ({tc}{note})",
-                lambda: w.run(q, cache, out=out, enable_pdl=enable_pdl), bytes_moved=kv_bytes + 2 * q.numel() * 2,
+                lambda: w.run(q, cache, out=out, enable_pdl=enable_pdl, **scales),
+                bytes_moved=kv_bytes + 2 * q.numel() * 2,
                 published_us=baseline, target=target, ceiling="read",
                 extra=_plan_fields(w),
                 use_cuda_graph=use_cuda_graph, l2_flush=l2_flush)
@@ -72,45 +77,73 @@ def _plan_fields(w) -> dict:
     return {"split": plan.kv_chunk_size, "items": plan.num_items, "cta": plan.cta}
 
 
-def _causal_flops(qo, kv):
+def _causal_flops(qo, kv, hq=HQ, d=D):
     # Visible (q, k) pairs of a bottom-right causal mask, times 4 * H * D.
     pairs = sum(min(kv, kv - qo + i + 1) for i in range(qo)) if qo <= kv else 0
-    return 4.0 * pairs * HQ * D
+    return 4.0 * pairs * hq * d
 
 
-def _single_prefill(n, baseline, target):
-    q = torch.randn(n, HQ, D, dtype=DT, device="cuda")
-    k = torch.randn(n, HKV, D, dtype=DT, device="cuda")
-    v = torch.randn(n, HKV, D, dtype=DT, device="cuda")
-    return Case(f"single prefill causal {n}",
-                lambda: flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True),
-                flops=_causal_flops(n, n), published_us=baseline, target=target)
+def _backend(backend):
+    """The keyword and the name suffix of a prefill case's backend (None: the default)."""
+    return ({}, "") if backend is None else ({"backend": backend}, f", {backend}")
 
 
-def _ragged_prefill(batch, n, baseline, target):
+def _single_prefill(n, baseline, target, backend=None, hq=HQ, hkv=HKV, d=D):
+    """``hq``, ``hkv``, ``d``: other head counts and head_dim than the table's (named then)."""
+    q = torch.randn(n, hq, d, dtype=DT, device="cuda")
+    k = torch.randn(n, hkv, d, dtype=DT, device="cuda")
+    v = torch.randn(n, hkv, d, dtype=DT, device="cuda")
+    kw, note = _backend(backend)
+    if (hq, hkv, d) != (HQ, HKV, D):
+        note = f", head_dim {d}, {hq}/{hkv} heads{note}"
+    return Case(f"single prefill causal {n}{note}",
+                lambda: flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True, **kw),
+                flops=_causal_flops(n, n, hq, d), published_us=baseline, target=target)
+
+
+def _single_decode(kv_len, split=None):
+    """``single_decode_with_kv_cache`` of one token over kv_len keys (NHD), as graph replays;
+    ``split`` (ours only): the keys per chunk instead of the plan's choice."""
+    q = torch.randn(HQ, D, dtype=DT, device="cuda")
+    k = torch.randn(kv_len, HKV, D, dtype=DT, device="cuda")
+    v = torch.randn(kv_len, HKV, D, dtype=DT, device="cuda")
+    if split is None:
+        fn = lambda: flashinfer.single_decode_with_kv_cache(q, k, v)  # noqa: E731
+    else:
+        from flashinfer.attention.single import run_single
+
+        fn = lambda: run_single(q[None], k, v, 0, None, None, False, "NONE", None,  # noqa: E731
+                                None, None, -1, None, None, None, False, q.dtype, split)
+    return Case(f"single decode kv {kv_len}" + (f", chunk {split}" if split else ""), fn,
+                bytes_moved=2 * kv_len * HKV * D * 2 + 2 * q.numel() * 2, ceiling="read")
+
+
+def _ragged_prefill(batch, n, baseline, target, backend=None):
     q = torch.randn(batch * n, HQ, D, dtype=DT, device="cuda")
     k = torch.randn(batch * n, HKV, D, dtype=DT, device="cuda")
     v = torch.randn(batch * n, HKV, D, dtype=DT, device="cuda")
     indptr = torch.arange(batch + 1, dtype=torch.int32) * n
-    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws())
+    kw, note = _backend(backend)
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws(), "NHD", **kw)
     w.plan(indptr, indptr, HQ, HKV, D, causal=True, q_data_type=DT)
     out = torch.empty_like(q)
-    return Case(f"ragged prefill causal {batch} x {n}", lambda: w.run(q, k, v, out=out),
+    return Case(f"ragged prefill causal {batch} x {n}{note}", lambda: w.run(q, k, v, out=out),
                 flops=batch * _causal_flops(n, n), published_us=baseline, target=target)
 
 
-def _paged_prefill(batch, n, baseline, target):
+def _paged_prefill(batch, n, baseline, target, backend=None):
     pages = n // PAGE
     cache = torch.randn(batch * pages, 2, PAGE, HKV, D, dtype=DT, device="cuda")
     kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
     qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * n
     indices = torch.randperm(batch * pages, dtype=torch.int32)
     last = torch.full((batch,), PAGE, dtype=torch.int32)
-    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD")
+    kw, note = _backend(backend)
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD", **kw)
     w.plan(qo_indptr, kv_indptr, indices, last, HQ, HKV, D, PAGE, causal=True, q_data_type=DT)
     q = torch.randn(batch * n, HQ, D, dtype=DT, device="cuda")
     out = torch.empty_like(q)
-    return Case(f"paged prefill causal {batch} x {n}", lambda: w.run(q, cache, out=out),
+    return Case(f"paged prefill causal {batch} x {n}{note}", lambda: w.run(q, cache, out=out),
                 flops=batch * _causal_flops(n, n), published_us=baseline, target=target)
 
 

@@ -31,8 +31,10 @@ CSV_COLUMNS = [
     "routine", "backend", "case_tag", "median_time_ms", "std_time_ms", "p10_time_ms",
     "p90_time_ms", "tflops", "tb_per_sec", "bytes", "flops", "timing", "refcheck", "max_abs_err", "ceiling",
     "ceiling_value", "pct_of_ceiling", "copy_GBps", "read_GBps", "bf16_matmul_TFLOPs", "shape",
-    "dtype", "gpu_name", "note", "args", "repro_command",
+    "dtype", "gpu_name", "note", "args", "repro_command", "timer",
 ]
+# timer: "cupti" (kernel time from CUPTI activity records) or "cuda_events" (CUDA events around
+# a graph replay or the call; "timing" says which and why)
 
 # flags the repro command never repeats
 _NOT_CASE = {"testlist", "output_path", "generate_repro_command", "list_routines", "plan_only",
@@ -51,9 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num_iters", type=int, default=30)
     g.add_argument("--dry_run_iters", type=int, default=5)
     g.add_argument("--no_cuda_graph", action="store_true")
-    g.add_argument("--use_cuda_events", action="store_true",
-                   help="time with CUDA events even where cupti-python is installed")
-    g.add_argument("--use_cupti", action="store_true", help="(default where installed)")
+    timer = g.add_mutually_exclusive_group()
+    timer.add_argument("--use_cuda_events", action="store_true",
+                       help="time with CUDA events even where cupti-python is installed")
+    timer.add_argument("--use_cupti", action="store_true",
+                       help="CUPTI (the default where it works) or stop: no fallback to events")
     g.add_argument("--refcheck", action="store_true")
     g.add_argument("--allow_output_mismatch", action="store_true")
     g.add_argument("--random_seed", type=int, default=42)
@@ -178,14 +182,41 @@ def list_routines() -> str:
 # --------------------------------------------------------------------------------------------
 
 
+class CuptiRequired(SystemExit):
+    """--use_cupti where CUPTI cannot run: stops the whole run, testlist included."""
+
+
+_TIMER: Dict[str, Any] = {}  # the process's CUPTI verdict and whether it was announced
+
+
+def cupti_reason() -> Optional[str]:
+    """None where CUPTI timing works here, else why not (flashinfer.testing's probe, once)."""
+    if "reason" not in _TIMER:
+        from flashinfer.testing import cupti_unavailable_reason
+
+        _TIMER["reason"] = cupti_unavailable_reason()
+    return _TIMER["reason"]
+
+
 def _use_cupti(args) -> bool:
+    """CUPTI unless --use_cuda_events or it cannot run here (then one message says why, and
+    --use_cupti stops the run)."""
     if args.use_cuda_events:
         return False
-    if importlib.util.find_spec("cupti") is None:
-        print("[INFO] cupti-python is not installed: timing with CUDA events"
+    reason = cupti_reason()
+    if reason is None:
+        if not _TIMER.get("told"):
+            print("[INFO] timing with CUPTI: each call's kernel time from activity records "
+                  "(--use_cuda_events for CUDA events)", flush=True)
+        _TIMER["told"] = True
+        return True
+    if args.use_cupti:
+        raise CuptiRequired(f"--use_cupti: CUPTI timing cannot run here: {reason}")
+    if not _TIMER.get("told"):
+        print(f"[INFO] CUPTI timing is not used: {reason}. Timing with CUDA events"
               + ("" if args.no_cuda_graph else " around CUDA-graph replays"), flush=True)
-        return False
-    return True
+    _TIMER["told"] = True
+    return False
 
 
 _CEILINGS: Dict[str, Any] = {}
@@ -269,20 +300,24 @@ def run_case(args: argparse.Namespace, cupti: Optional[bool] = None) -> List[Dic
 
 
 def _time(args, fn, cupti: bool, graph: bool = True):
-    """(per-call ms, how): CUPTI where asked and installed, else a CUDA graph of one call per
-    replay, else (--no_cuda_graph, or a call that cannot be captured) CUDA events."""
+    """(per-call ms, how): CUPTI where it runs (kernel time of eager calls, L2 flushed before
+    each), else CUDA events around a CUDA graph of one call per replay, else (--no_cuda_graph, or
+    a call that cannot be captured) CUDA events around the call."""
     import harness
 
     kw = dict(num_iters=args.num_iters, dry_run_iters=args.dry_run_iters)
     if cupti:
-        import warnings
+        from flashinfer.testing import CuptiUnavailable
 
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            times = harness.time_ms(fn, use_cuda_graph=False, use_cupti=True, **kw)
-        fell_back = any("CUPTI" in str(w.message) for w in caught)
-        return times, "cuda events (flashinfer.testing has no CUPTI timer)" if fell_back \
-            else "cupti"
+        try:
+            return (harness.time_ms(fn, use_cuda_graph=False, use_cupti=True, **kw),
+                    "cupti (kernel busy time per call, cold L2)")
+        except CuptiUnavailable as e:  # this call only: the row says so
+            if args.use_cupti:
+                raise CuptiRequired(f"--use_cupti: CUPTI failed: {e}") from e
+            print(f"[WARNING] CUPTI failed for this call ({e}); CUDA events instead", flush=True)
+            times, how = _time(args, fn, False, graph)
+            return times, f"{how} (CUPTI failed: {str(e)[:120]})"
     if graph and not args.no_cuda_graph:
         try:
             return harness.time_ms(fn, use_cuda_graph=True, **kw), "cuda graph replay"
@@ -327,7 +362,8 @@ def _timed_row(args, backend, times, timing, built, ceil, refcheck, err, note, r
                refcheck=refcheck, max_abs_err=err, ceiling=built.ceiling,
                ceiling_value=round(ceil[key], 1),
                pct_of_ceiling=round(100 * achieved / ceil[key], 1),
-               gpu_name=torch.cuda.get_device_name())
+               gpu_name=torch.cuda.get_device_name(),
+               timer="cupti" if timing.startswith("cupti") else "cuda_events")
     print(f"[PERF] {backend:<14} :: median time {med:.3f} ms; std {row['std_time_ms']:.3f} ms; "
           f"achieved tflops {tflops:.3f} TFLOPs/sec; achieved tb_per_sec {tbps:.3f} TB/sec; "
           f"{row['pct_of_ceiling']}% of {built.ceiling}", flush=True)
@@ -399,6 +435,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for case in cases:
             case.generate_repro_command |= args.generate_repro_command
             case.verbose = max(case.verbose, args.verbose)
+            if args.use_cuda_events or args.use_cupti:  # the command line's timer wins
+                case.use_cuda_events, case.use_cupti = args.use_cuda_events, args.use_cupti
     if args.plan_only:
         for case in cases:
             print(repro_command(case))
@@ -409,12 +447,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("no CUDA device: nothing to benchmark (--plan_only and --list_routines run "
               "without one)", file=sys.stderr)
         return 2
-    cupti = _use_cupti(args)
+    if any(case.use_cupti for case in cases) and cupti_reason() is not None:
+        print(f"--use_cupti: CUPTI timing cannot run here: {cupti_reason()}", file=sys.stderr)
+        return 2  # before any case runs
     rows: List[Dict[str, Any]] = []
     failed = 0
     for case in cases:
         try:
-            rows += run_case(case, cupti)
+            rows += run_case(case)
+        except CuptiRequired:
+            raise
         except SystemExit as e:  # a refcheck failure without --allow_output_mismatch
             print(f"[ERROR] {e}", flush=True)
             failed += 1

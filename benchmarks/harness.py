@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 import schema
 import torch
 
-from flashinfer.testing import bench_gpu_time
+from flashinfer.testing import bench_gpu_time, cuda_graph_of, cupti_kernel_times_ms
 
 
 @dataclass
@@ -71,10 +71,18 @@ def _median_ms(
 def time_ms(fn: Callable[[], Any], *, num_iters: int, dry_run_iters: int, use_cuda_graph: bool,
             use_cupti: bool = False, l2_flush: str = "read") -> list[float]:
     """Per-call milliseconds of ``num_iters`` timed calls after ``dry_run_iters`` warm-ups (the
-    benchmark CLI's counts; the record's cases use :func:`_median_ms`'s time budgets)."""
+    benchmark CLI's counts; the record's cases use :func:`_median_ms`'s time budgets).
+    ``use_cupti``: each call's kernel time from CUPTI (of a one-call graph's replays with
+    ``use_cuda_graph``); raises ``flashinfer.testing.CuptiUnavailable`` instead of falling back,
+    so the caller knows (and says) which timer it used."""
+    if use_cupti:
+        call = cuda_graph_of(fn, 1).replay if use_cuda_graph else fn
+        times = cupti_kernel_times_ms(call, dry_run_iters=dry_run_iters, repeat_iters=num_iters,
+                                      cold_l2_cache=l2_flush)
+        return [t for t in times if t > 0]
     times = bench_gpu_time(fn, dry_run_iters=dry_run_iters, repeat_iters=num_iters,
                            cold_l2_cache=l2_flush, use_cuda_graph=use_cuda_graph,
-                           enable_cupti=use_cupti, num_iters_within_graph=1)
+                           num_iters_within_graph=1)
     return [t for t in times if t > 0]
 
 

@@ -20,7 +20,6 @@ the first runs, and CUDA events around them see only the GPU's work (launch gaps
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -34,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peer_compare  # noqa: E402  (the command line and the join, shared with attention_vs_peer)
 import schema  # noqa: E402  (benchmarks/schema.py: the results record)
 
 N, REPS, WARMUP, N_GPU = 1000, 7, 100, 50
@@ -315,16 +315,6 @@ def _commit() -> str:
         return "unknown"
 
 
-def _load_rows(paths: list[str]) -> tuple[dict, list[dict]]:
-    """The first file's header and the rows of all files (a later row of one name wins)."""
-    head, rows = None, {}
-    for p in paths:
-        d = json.loads(Path(p).read_text())
-        head = head or d
-        rows.update({r["name"]: r for r in d["rows"]})
-    return head, list(rows.values())
-
-
 def _schema_case(c: dict) -> dict:
     """One merged row as a results-schema case: host time is the case's time."""
     case = {"name": c["name"], "group": "host", "median_us": c["host_us"],
@@ -338,12 +328,9 @@ def _schema_case(c: dict) -> dict:
 
 
 def merge(args) -> int:
-    ours, our_rows = _load_rows(args.ours)
-    peer, peer_rows = _load_rows(args.peer)
-    prow = {r["name"]: r for r in peer_rows}
+    ours, peer, pairs = peer_compare.paired(args.ours, args.peer)
     cases = []
-    for r in our_rows:
-        p = prow.get(r["name"], {})
+    for r, p in pairs:
         case = {"name": r["name"], "host_us": r.get("host_us"), "gpu_us": r.get("gpu_us"),
                 "peer_host_us": p.get("host_us"), "peer_gpu_us": p.get("gpu_us"),
                 "host_us_reps": r.get("host_us_reps"), "peer_host_us_reps": p.get("host_us_reps")}
@@ -375,21 +362,7 @@ def merge(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("measure")
-    m.add_argument("out")
-    m.add_argument("--label", default="ours")
-    m.add_argument("--cases", default="", help="comma-separated substrings of case names")
-    w = sub.add_parser("warmup")
-    w.add_argument("--label", default="ours")
-    w.add_argument("--cases", default="", help="comma-separated substrings of case names")
-    g = sub.add_parser("merge")
-    g.add_argument("out")
-    g.add_argument("--ours", nargs="+", required=True)
-    g.add_argument("--peer", nargs="+", required=True)
-    g.add_argument("--commit", default="")
-    args = ap.parse_args(argv)
+    args = peer_compare.command_line(__doc__, argv)
     return {"measure": measure, "warmup": warmup, "merge": merge}[args.cmd](args)
 
 

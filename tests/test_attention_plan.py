@@ -44,7 +44,7 @@ def _check_cover(qo_lens, kv_lens, plan, buf, group_size):
 
 
 @pytest.mark.parametrize("rows, head_dim, cta", [
-    (1, 128, 0), (16, 128, 0), (17, 128, 1), (64, 128, 1), (65, 128, 1), (100_000, 128, 1),
+    (1, 128, 0), (16, 128, 0), (17, 128, 1), (64, 128, 1), (65, 128, 2), (100_000, 128, 2),
     (65, 64, 2), (100_000, 256, 1),
 ])
 def test_choose_cta(rows, head_dim, cta):

@@ -156,5 +156,5 @@ def test_run_rejects_unknown_keywords(kind):
     kv = (_cache(),) if kind != "ragged prefill" else (torch.randn(40, HKV, D).half(),) * 2
     with pytest.raises(TypeError, match="unexpected keyword argument 'sm_scal'"):
         w.run(q, *kv, sm_scal=0.1)
-    with pytest.raises(NotImplementedError, match="sinks"):
-        w.run(q, *kv, sinks=torch.zeros(HQ))
+    with pytest.raises(NotImplementedError, match="kv_cache_sf"):
+        w.run(q, *kv, kv_cache_sf=torch.zeros(HQ))

@@ -166,7 +166,8 @@ def test_run_case_plumbing_on_cpu(tmp_path, monkeypatch):
     import torch
 
     monkeypatch.setattr(routines, "DEVICE", "cpu")
-    monkeypatch.setattr(fb, "_time", lambda args, fn, cupti, graph=True: ([0.1, 0.2, 0.3], "stub"))
+    monkeypatch.setattr(fb, "_time", lambda args, fn, cupti, graph=True: ([0.1, 0.2, 0.3],
+                                                                           "cupti (stub)"))
     monkeypatch.setitem(fb._CEILINGS, "copy_GBps", 3000.0)
     monkeypatch.setitem(fb._CEILINGS, "read_GBps", 3300.0)
     monkeypatch.setitem(fb._CEILINGS, "bf16_matmul_TFLOPs", 700.0)
@@ -179,6 +180,7 @@ def test_run_case_plumbing_on_cpu(tmp_path, monkeypatch):
         rows += fb.run_case(fb.parse_case(shlex.split(line)), cupti=False)
     assert [r["refcheck"] for r in rows] == ["pass", ""]
     assert rows[0]["median_time_ms"] == 0.2 and rows[0]["ceiling"] == "copy"
+    assert rows[0]["timer"] == "cupti" and rows[1]["timer"] == ""  # the second is skipped
     assert rows[0]["repro_command"].startswith("python3 benchmarks/flashinfer_benchmark.py")
     assert "top-left" in rows[1]["note"]  # causal SDPA with s_qo != s_kv is not comparable
     fb.write_csv(tmp_path / "o.csv", rows)

@@ -236,6 +236,57 @@ def test_a_successful_release_says_what_to_commit_and_a_second_one_is_refused(re
     assert session.logged[-1].startswith("nothing to commit")
 
 
+REAL_BUILD_SET = noxfile._build_set
+
+
+def test_a_retried_release_reuses_the_aot_modules_of_the_failed_attempt(repo, release_flow,
+                                                                         monkeypatch, tmp_path):
+    """The AOT build cache lives in build/release/X.Y.Z/aot-cache, which a failed attempt
+    leaves and the retry keeps (each attempt here gets a fresh session directory, as nox
+    without -r): a tiny fake module set, "compiled" by the jit-cache build into
+    FLASHINFER_WORKSPACE_BASE under a key of its sources, as the JIT cache is. The retry
+    compiles only what the failure stopped and what changed; success removes the cache."""
+    monkeypatch.setattr(noxfile, "_build_set", REAL_BUILD_SET)
+    monkeypatch.delenv("FLASHINFER_WORKSPACE_BASE", raising=False)
+    sources = {"norm": "v1", "rope": "v1", "scale": "does not compile"}
+    compiled, workspaces = [], set()
+
+    class BuildSession(ReleaseSession):
+        def run(self, *args, **kwargs):
+            if args[:3] != ("python", "-m", "build"):
+                return super().run(*args, **kwargs)
+            package, outdir = Path(args[-1]).name, Path(args[args.index("--outdir") + 1])
+            if package == "flashinfer-jit-cache":
+                base = Path(kwargs["env"]["FLASHINFER_WORKSPACE_BASE"])
+                workspaces.add(base)
+                for name, src in sources.items():
+                    so = base / "cached_ops" / f"{name}_{src.replace(' ', '-')}" / f"{name}.so"
+                    if so.is_file():
+                        continue
+                    if src == "does not compile":
+                        raise Refused(f"the AOT build failed: {name}")
+                    compiled.append(name)
+                    so.parent.mkdir(parents=True)
+                    so.write_bytes(b"")
+            for f in SET_FILES:
+                if f.startswith(package.replace("-", "_")):
+                    (outdir / f.format(v=self.posargs[0])).write_bytes(b"")
+            return ""
+
+    with pytest.raises(Refused, match="AOT build failed: scale"):
+        noxfile.release(BuildSession("1.2.3", tmp_path / "attempt-1"))
+    assert compiled == ["norm", "rope"]
+    sources.update(scale="v1", rope="v2")  # the fix, and an edit on the way
+    session = BuildSession("1.2.3", tmp_path / "attempt-2")
+    noxfile.release(session)
+    assert compiled == ["norm", "rope", "rope", "scale"]  # norm was reused
+    assert workspaces == {repo / "build" / "release" / "1.2.3" / "aot-cache"}
+    assert any("keeping its AOT build cache" in m for m in session.logged)
+    assert sorted(p.name for p in (repo / "dist").iterdir()) == sorted(
+        f.format(v="1.2.3") for f in SET_FILES)
+    assert not (repo / "build" / "release" / "1.2.3").exists()
+
+
 # ----------------------------------------------------------------------------------------------
 # The lock (tools/nox_artifacts.py)
 

@@ -376,7 +376,7 @@ def test_fast_decode_plan_refuses(fake):
     with pytest.raises(ValueError, match="global_override_indptr_cpu must have indptr's 3"):
         fast_decode_plan(w, indptr, indices, last, HQ, HKV, D, PAGE,
                          global_override_indptr_cpu=_i32([0, 4]))
-    with pytest.raises(ValueError, match="q_len_per_req must be 1"):
+    with pytest.raises(ValueError, match="q_len_per_req=2 needs tensor-core decode"):
         fast_decode_plan(w, indptr, indices, last, HQ, HKV, D, PAGE, q_len_per_req=2)
     with pytest.raises(ValueError, match="last_page_len entries must be in"):
         fast_decode_plan(w, indptr, indices, _i32([0, 3]), HQ, HKV, D, PAGE)

@@ -23,7 +23,7 @@ PEER="/tmp/peer:/tmp/site"
 ours() { PYTHONPATH=$OURS FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws "$@"; }
 peer() { PYTHONPATH=$PEER FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws "$@"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >> $OUT/log.txt
-( peer nice -n 5 python3 benchmarks/host_cost.py warmup --label peer && echo hc-ready > /tmp/peer-hc
+( peer nice -n 5 python3 benchmarks/host_cost.py warmup && echo hc-ready > /tmp/peer-hc
   peer nice -n 5 python3 benchmarks/attention_vs_peer.py warmup && echo ready > /tmp/peer-attn
 ) > /tmp/peer-warmup.log 2>&1 &
 if [ -z "${OURS_SITE:-}" ]; then

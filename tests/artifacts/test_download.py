@@ -259,9 +259,9 @@ def test_download_repairs_a_corrupt_store(release, http_server, store_dir):
     assert obj.read_bytes() == release.files[BIG]
 
 
-def test_checksum_knob_does_not_disable_verification(release, http_server, use, store_dir, caplog):
-    """FLASHINFER_CUBIN_CHECKSUM_DISABLED is accepted (FlashInfer has it) but changes nothing:
-    bytes that do not verify are never kept or loaded."""
+def test_checksum_knob_still_verifies_downloads(release, http_server, use, store_dir, caplog):
+    """FLASHINFER_CUBIN_CHECKSUM_DISABLED=1 skips verification of local files only: a download
+    that does not match is a transfer error, never kept or loaded."""
     with knobs.artifacts.scope():
         knobs.artifacts.checksum_disabled = True
         http_server.faults.append(Fault("flip", match=big_object(release), at=1, times=-1))
@@ -269,7 +269,28 @@ def test_checksum_knob_does_not_disable_verification(release, http_server, use, 
         with pytest.raises(DownloadError):
             get_cubin(BIG)
     assert objects(store_dir) == {}
-    assert "FLASHINFER_CUBIN_CHECKSUM_DISABLED is ignored" in caplog.text
+    assert "FLASHINFER_CUBIN_CHECKSUM_DISABLED=1: local kernel binaries" in caplog.text
+
+
+def test_checksum_knob_loads_a_replaced_local_file_with_a_warning(release, http_server, use,
+                                                                   store_dir):
+    """FlashInfer's meaning ("skip SHA256 verification"): a stored kernel binary replaced by
+    other bytes is loaded, marked unchecked, with a warning naming it, and kept; without the
+    knob it is deleted and downloaded again."""
+    from flashinfer.artifacts import UnverifiedCubinWarning
+
+    use(http_server.url)
+    get_cubin(BIG)
+    obj = store_dir / release.entry(BIG).object_path
+    obj.write_bytes(b"\x7fELF a locally rebuilt kernel")
+    with knobs.artifacts.scope():
+        knobs.artifacts.checksum_disabled = True
+        with pytest.warns(UnverifiedCubinWarning, match=f"loading {BIG} from .*UNVERIFIED"):
+            blob = get_cubin(BIG)
+    assert blob.data == b"\x7fELF a locally rebuilt kernel" and blob.checked is False
+    assert "unverified" in blob.source and obj.exists()
+    blob = get_cubin(BIG)  # the knob off again: verified, so replaced by the pinned bytes
+    assert blob.data == release.files[BIG] and blob.checked is True
 
 
 CA_VARIABLES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE")

@@ -60,6 +60,27 @@ def test_the_loader_hashes_the_bytes_it_hands_to_the_driver():
     assert "cuModuleLoadData" not in drv.calls
 
 
+def test_an_unchecked_blob_reaches_the_driver_only_through_the_knob():
+    """FLASHINFER_CUBIN_CHECKSUM_DISABLED=1 (verify_local) yields a blob marked unchecked, which
+    the loader hands to the driver without hashing it again; without the knob, verify_local
+    refuses the same bytes."""
+    from flashinfer import knobs
+    from flashinfer.artifacts import ChecksumError, UnverifiedCubinWarning
+    from flashinfer.artifacts.store import verify_local
+
+    entry = blob().entry
+    with pytest.raises(ChecksumError):
+        verify_local(entry, b"\x7fELF rebuilt", "test")
+    with knobs.artifacts.scope():
+        knobs.artifacts.checksum_disabled = True
+        with pytest.warns(UnverifiedCubinWarning):
+            b = verify_local(entry, b"\x7fELF rebuilt", "test")
+    assert b.checked is False
+    drv = FakeDriver()
+    Loader(drv=drv).function(b, 0)
+    assert "cuModuleLoadData" in drv.calls
+
+
 def test_missing_driver_is_a_typed_error():
     with pytest.raises(LoaderError, match="NVIDIA driver") as info:
         Driver("libcuda-that-does-not-exist.so.1")

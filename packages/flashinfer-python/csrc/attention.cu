@@ -2,6 +2,9 @@
 // chosen at compile time by the -D flags that flashinfer/jit/attention.py derives from its
 // variant dataclass:
 //   FI_DTYPE_Q, FI_DTYPE_O  0 = float16, 1 = bfloat16
+//   FI_DTYPE_KV             as FI_DTYPE_Q, or 2 = float8_e4m3fn, 3 = float8_e5m2 (converted to q's
+//                           type in shared memory: include/flashinfer/attention/prefill.cuh;
+//                           head_dim 64, 128, 256 with FI_HEAD_DIM_VO = FI_HEAD_DIM)
 //   FI_HEAD_DIM             64, 128, 192, 256, 512 (q and k)
 //   FI_HEAD_DIM_VO          v and the output: FI_HEAD_DIM, or 128 at 192 (default FI_HEAD_DIM)
 //   FI_MASK_MODE            0 none, 1 causal, 2 custom (attn::MaskMode)
@@ -26,9 +29,13 @@ using tvm::ffi::Optional;
 namespace {
 
 template <int V>
-using DTypeOf = std::conditional_t<V == 0, __half, __nv_bfloat16>;
+using DTypeOf = std::conditional_t<
+    V == 0, __half,
+    std::conditional_t<V == 1, __nv_bfloat16,
+                       std::conditional_t<V == 2, __nv_fp8_e4m3, __nv_fp8_e5m2>>>;
 
 using DTypeQ = DTypeOf<FI_DTYPE_Q>;
+using DTypeKV = DTypeOf<FI_DTYPE_KV>;
 using DTypeO = DTypeOf<FI_DTYPE_O>;
 constexpr int kHeadDim = FI_HEAD_DIM;
 #ifndef FI_HEAD_DIM_VO
@@ -38,7 +45,8 @@ constexpr int kHeadDimVO = FI_HEAD_DIM_VO;
 constexpr MaskMode kMask = static_cast<MaskMode>(FI_MASK_MODE);
 constexpr PosEncoding kPos = static_cast<PosEncoding>(FI_POS_ENCODING);
 constexpr bool kPaged = FI_PAGED != 0;
-using Launch = AttentionLaunch<DTypeQ, DTypeO, kHeadDim, kHeadDimVO, kMask, kPos, kPaged>;
+static_assert(FI_DTYPE_Q <= 1 && FI_DTYPE_O <= 1, "q and o are float16 or bfloat16");
+using Launch = AttentionLaunch<DTypeQ, DTypeKV, DTypeO, kHeadDim, kHeadDimVO, kMask, kPos, kPaged>;
 
 void check_cta(int64_t cta) {
   TVM_FFI_CHECK(cta >= 0 && cta < kNumCtaShapes, ValueError)
@@ -60,15 +68,16 @@ void run(TensorView q, TensorView k, TensorView v, TensorView o, Optional<Tensor
   // 1. Validate: the record, the call's tensors, the plan's choices.
   const RunRecord rec = check_run_params(params, q);
   const KVView kv = check_attention_inputs(q, k, v, o, lse, rec[kKvLayout], kPaged, kHeadDim,
-                                           kHeadDimVO, dtype_code<DTypeQ>(),
+                                           kHeadDimVO, dtype_code<DTypeQ>(), dtype_code<DTypeKV>(),
                                            dtype_code<DTypeO>());
   const int64_t cta = rec[kCta], grid_x = rec[kGridX], cap = rec[kItemCapacity];
   check_cta(cta);
   if (cta == kCtaSm90) {
     TVM_FFI_CHECK(Launch::kHasSm90, ValueError)
         << "cta 3 (the Hopper kernel) takes head_dim 64 or 128 (head_dim_vo equal) without "
-        << "in-kernel RoPE; this module is head_dim " << kHeadDim << ", head_dim_vo "
-        << kHeadDimVO << ", pos_encoding " << int(kPos);
+        << "in-kernel RoPE and K/V of q's dtype; this module is head_dim " << kHeadDim
+        << ", head_dim_vo " << kHeadDimVO << ", pos_encoding " << int(kPos) << ", kv dtype "
+        << dtype_code_name(dtype_code<DTypeKV>());
     TVM_FFI_CHECK(device_has_sm90(q.device().device_id), ValueError)
         << "cta 3 (the Hopper kernel) needs a compute capability 9.0 GPU";
   }

@@ -2,6 +2,7 @@
 // tensors of a call, and the run-time parameter record. Every user-facing problem raises
 // ValueError / TypeError naming the argument, what was expected and what was received.
 #pragma once
+#include <cuda_fp8.h>
 #include <flashinfer/attention/params.cuh>
 
 #include <cmath>
@@ -15,17 +16,29 @@ namespace ffi_utils {
 using attn::AttentionParams;
 using tvm::ffi::Optional;
 
-/// 0 = float16, 1 = bfloat16 (the FI_DTYPE_* codes).
+/// 0 = float16, 1 = bfloat16, 2 = float8_e4m3fn, 3 = float8_e5m2 (the FI_DTYPE_* codes; fp8
+/// for k and v only).
 template <typename T>
 constexpr int dtype_code() {
-  return std::is_same_v<T, __half> ? 0 : 1;
+  if constexpr (std::is_same_v<T, __half>) return 0;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return 1;
+  if constexpr (std::is_same_v<T, __nv_fp8_e4m3>) return 2;
+  return 3;
 }
 
 inline bool dtype_has_code(DLDataType dt, int code) {
-  return code == 0 ? is_dtype(dt, kDLFloat, 16) : is_dtype(dt, kDLBfloat, 16);
+  switch (code) {
+    case 0: return is_dtype(dt, kDLFloat, 16);
+    case 1: return is_dtype(dt, kDLBfloat, 16);
+    case 2: return is_dtype(dt, kDLFloat8_e4m3fn, 8);
+    default: return is_dtype(dt, kDLFloat8_e5m2, 8);
+  }
 }
 
-inline const char* dtype_code_name(int code) { return code == 0 ? "float16" : "bfloat16"; }
+inline const char* dtype_code_name(int code) {
+  static const char* const names[] = {"float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"};
+  return names[code];
+}
 
 /// K and V of one layer: base pointers and (page, token, head) strides in elements.
 struct KVView {
@@ -40,10 +53,11 @@ struct KVView {
 inline void check_vector_rows(const TensorView& t, const char* name) {
   TVM_FFI_CHECK(is_aligned(data_ptr(t), 16), ValueError)
       << name << " must start at a 16-byte aligned address";
+  const int64_t bytes = t.dtype().bits / 8, elems = 16 / bytes;
   for (int i = 0; i + 1 < t.ndim(); ++i) {
-    TVM_FFI_CHECK((t.stride(i) * 2) % 16 == 0 || t.size(i) == 1, ValueError)
-        << name << ".stride(" << i << ") must be a multiple of 8 elements (16 bytes), got "
-        << t.stride(i);
+    TVM_FFI_CHECK((t.stride(i) * bytes) % 16 == 0 || t.size(i) == 1, ValueError)
+        << name << ".stride(" << i << ") must be a multiple of " << elems
+        << " elements (16 bytes), got " << t.stride(i);
   }
 }
 
@@ -58,14 +72,14 @@ inline void check_tensor(const TensorView& t, const char* name, const TensorView
   check_vector_rows(t, name);
 }
 
-/// q (rows, Hq, D); o (rows, Hq, Dvo) with the output dtype; lse (rows, Hq) float32; k ragged
-/// (N, Hkv, D) NHD / (Hkv, N, D) HND, or paged (P, page, Hkv, D) NHD / (P, Hkv, page, D) HND;
-/// v like k with Dvo.
+/// q (rows, Hq, D); o (rows, Hq, Dvo) with the output dtype; lse (rows, Hq) float32; k, v (the
+/// kv dtype) ragged (N, Hkv, D) NHD / (Hkv, N, D) HND, or paged (P, page, Hkv, D) NHD /
+/// (P, Hkv, page, D) HND; v like k with Dvo.
 inline KVView check_attention_inputs(const TensorView& q, const TensorView& k,
                                      const TensorView& v, const TensorView& o,
                                      const Optional<TensorView>& lse, int64_t kv_layout,
                                      bool paged, int64_t head_dim, int64_t head_dim_vo,
-                                     int q_code, int o_code) {
+                                     int q_code, int kv_code, int o_code) {
   check_cuda(q, "q");
   check_tensor(q, "q", q, 3, q_code);
   check_size(q, "q", 2, head_dim);
@@ -84,8 +98,8 @@ inline KVView check_attention_inputs(const TensorView& q, const TensorView& k,
   TVM_FFI_CHECK(kv_layout == 0 || kv_layout == 1, ValueError)
       << "kv_layout must be 0 (NHD) or 1 (HND), got " << kv_layout;
   const int ndim = paged ? 4 : 3;
-  check_tensor(k, "k", q, ndim, q_code);
-  check_tensor(v, "v", q, ndim, q_code);
+  check_tensor(k, "k", q, ndim, kv_code);
+  check_tensor(v, "v", q, ndim, kv_code);
   for (int d = 0; d + 1 < ndim; ++d) check_size(v, "v", d, k.size(d));
   check_size(k, "k", ndim - 1, head_dim);
   check_size(v, "v", ndim - 1, head_dim_vo);
@@ -165,6 +179,7 @@ enum RunParam : int {
   kCustomMask,
   kMaskIndptr,
   kAlibiSlopes,
+  kSinks,
   kSmScale,
   kLogitsSoftCap,
   kOScale,
@@ -174,7 +189,7 @@ enum RunParam : int {
   kEnablePdl,
   kNumRunParams
 };
-inline constexpr int64_t kRunParamsVersion = 1;
+inline constexpr int64_t kRunParamsVersion = 2;
 
 /// Read access to a checked record.
 struct RunRecord {
@@ -256,6 +271,7 @@ inline void fill_record_params(AttentionParams& p, const RunRecord& rec, bool pa
   p.custom_mask = rec.ptr<const uint8_t>(kCustomMask);
   p.mask_indptr = rec.ptr<const int32_t>(kMaskIndptr);
   p.alibi_slopes = rec.ptr<const float>(kAlibiSlopes);
+  p.sinks = rec.ptr<const float>(kSinks);  // [Hq] float32 or null (checked by the wrapper)
 }
 
 inline void fill_scalar_params(AttentionParams& p, double sm_scale, double logits_soft_cap,

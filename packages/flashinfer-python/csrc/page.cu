@@ -1,5 +1,5 @@
-// TVM-FFI bindings of flashinfer::page (include/flashinfer/page.cuh): append_paged_kv_cache,
-// get_batch_indices_positions. The Python layer turns the paged cache (5-D tensor or (k, v)
+// TVM-FFI bindings of flashinfer::page (include/flashinfer/page.cuh): append_paged_kv_cache
+// (a copy, or a cast of float16/bfloat16 rows into an fp8 cache), get_batch_indices_positions. The Python layer turns the paged cache (5-D tensor or (k, v)
 // tuple, NHD or HND) into two 4-D views; here they arrive with the layout code.
 #include <flashinfer/page.cuh>
 
@@ -61,12 +61,27 @@ void dispatch_element_width(DLDataType dt, F&& f) {
   }
 }
 
+bool is_half(DLDataType dt) { return is_dtype(dt, kDLFloat, 16) || is_dtype(dt, kDLBfloat, 16); }
+bool is_fp8(DLDataType dt) {
+  return is_dtype(dt, kDLFloat8_e4m3fn, 8) || is_dtype(dt, kDLFloat8_e5m2, 8);
+}
+
+/// Call `f(T{}, TC{})` with the half type of the appended rows and the fp8 type of the cache.
+template <typename F>
+void dispatch_cast(DLDataType rows, DLDataType cache, F&& f) {
+  const bool e4m3 = is_dtype(cache, kDLFloat8_e4m3fn, 8);
+  if (is_dtype(rows, kDLFloat, 16)) {
+    return e4m3 ? f(__half{}, __nv_fp8_e4m3{}) : f(__half{}, __nv_fp8_e5m2{});
+  }
+  return e4m3 ? f(__nv_bfloat16{}, __nv_fp8_e4m3{}) : f(__nv_bfloat16{}, __nv_fp8_e5m2{});
+}
+
 }  // namespace
 
 // [append_paged_kv_cache_binding.begin]
 /// k_cache/v_cache: 4-D views [P, page, H, D] (layout 0, NHD) or [P, H, page, D] (1, HND), or
-/// one 5-D [P, 2, ...] tensor passed as both (CacheView); append_key/append_value (nnz, H, D);
-/// metadata int32.
+/// one 5-D [P, 2, ...] tensor passed as both (CacheView); append_key/append_value (nnz, H, D),
+/// the cache's dtype or float16/bfloat16 into an fp8 cache (cast); metadata int32.
 void append_paged_kv_cache(TensorView k_cache, TensorView v_cache, TensorView append_key,
                            TensorView append_value, TensorView batch_indices,
                            TensorView positions, TensorView kv_indices, TensorView kv_indptr,
@@ -96,13 +111,16 @@ void append_paged_kv_cache(TensorView k_cache, TensorView v_cache, TensorView ap
   const CacheView k{k_cache, 0}, v{v_cache, 1};
   for (const auto& [cache, name] : {std::pair{k, "k_cache"}, std::pair{v, "v_cache"}}) {
     check_same_device(append_key, "append_key", cache.t, name);
-    check_same_dtype(append_key, "append_key", cache.t, name);
+    if (!(is_half(append_key.dtype()) && is_fp8(cache.t.dtype()))) {
+      check_same_dtype(append_key, "append_key", cache.t, name);
+    }
     if (cache.t.ndim() != 5) check_ndim(cache.t, name, 4);
     TVM_FFI_CHECK(cache.size(head_dim_of_cache) == heads && cache.size(3) == dim, ValueError)
         << name << " must have num_heads " << heads << " and head_dim " << dim
         << " (those of append_key), got shape " << shape_str(cache.t);
     check_last_dim_contiguous(cache.t, name);
   }
+  check_same_dtype(k_cache, "k_cache", v_cache, "v_cache");
   TVM_FFI_CHECK(v.size(slot_dim) == k.size(slot_dim) && v.size(0) == k.size(0), ValueError)
       << "v_cache must have the page size and number of pages of k_cache, got shapes "
       << shape_str(k_cache) << " and " << shape_str(v_cache);
@@ -120,16 +138,17 @@ void append_paged_kv_cache(TensorView k_cache, TensorView v_cache, TensorView ap
   // 2. Device guard and stream.
   tvm::ffi::CUDADeviceGuard guard(append_key.device().device_id);
   cudaStream_t stream = get_stream(append_key.device());
-  // 3. Dispatch on the element width and launch.
-  dispatch_element_width(append_key.dtype(), [&](auto u) {
+  // 3. Dispatch on the element width (a copy) or the two dtypes (a cast) and launch.
+  auto launch = [&](auto u, auto uc) {
     using U = decltype(u);
-    flashinfer::page::AppendArgs<U> a;
+    using UC = decltype(uc);
+    flashinfer::page::AppendArgs<U, UC> a;
     a.key = data_ptr<U>(append_key);
     a.value = data_ptr<U>(append_value);
     a.key_stride_n = stride(append_key, 0), a.key_stride_h = stride(append_key, 1);
     a.value_stride_n = stride(append_value, 0), a.value_stride_h = stride(append_value, 1);
-    a.k_cache = k.data<U>();
-    a.v_cache = v.data<U>();
+    a.k_cache = k.data<UC>();
+    a.v_cache = v.data<UC>();
     a.k_stride_page = k.stride(0);
     a.k_stride_slot = k.stride(slot_dim);
     a.k_stride_head = k.stride(head_dim_of_cache);
@@ -149,7 +168,12 @@ void append_paged_kv_cache(TensorView k_cache, TensorView v_cache, TensorView ap
     a.batch_size = kv_last_page_len.size(0);
     check_launch(flashinfer::page::AppendPagedKVCache(a, enable_pdl, stream),
                  "append_paged_kv_cache");
-  });
+  };
+  if (is_half(append_key.dtype()) && is_fp8(k_cache.dtype())) {
+    dispatch_cast(append_key.dtype(), k_cache.dtype(), launch);
+  } else {
+    dispatch_element_width(append_key.dtype(), [&](auto u) { launch(u, u); });
+  }
 }
 // [append_paged_kv_cache_binding.end]
 

@@ -335,7 +335,9 @@ class ArtifactKnobs(KnobGroup):
     no_download = env_bool("FLASHINFER_NO_DOWNLOAD", doc="Never download kernel binaries.")
     checksum_disabled = env_bool(
         "FLASHINFER_CUBIN_CHECKSUM_DISABLED",
-        doc="Accepted for compatibility and ignored: every kernel binary is always verified.",
+        doc="Skip SHA256 verification of local kernel binaries (FlashInfer's meaning): one that "
+        "does not match the pinned manifest is loaded with an UnverifiedCubinWarning and kept; "
+        "downloads are still verified.",
     )
     disable_version_check = env_bool(
         "FLASHINFER_DISABLE_VERSION_CHECK",

@@ -38,7 +38,8 @@ __all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens
 #: kv_layout name -> the layout code the kernels take.
 KV_LAYOUTS = {"NHD": 0, "HND": 1}
 
-#: Cache (and appended K/V) dtypes: the append is a copy, so any 1-, 2- or 4-byte float works.
+#: Cache (and appended K/V) dtypes: the append is a copy, so any 1-, 2- or 4-byte float works;
+#: float16 / bfloat16 rows into an fp8 cache are cast (:func:`append_paged_kv_cache`).
 CACHE_DTYPES = (
     torch.float16,
     torch.bfloat16,
@@ -353,8 +354,13 @@ def _check_append_rows(key: torch.Tensor, value: torch.Tensor) -> None:
     check_last_dim_contiguous(value, "append_value")
 
 
+_HALF = (torch.float16, torch.bfloat16)
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def _check_caches(key: torch.Tensor, caches: Sequence[torch.Tensor], kv_layout: str) -> None:
-    """Both caches hold append_key's dtype, heads and head_dim, with one page size."""
+    """Both caches hold append_key's dtype (or an fp8 one for half rows), heads and head_dim,
+    with one page size."""
     _, page_size, heads, head_dim = _paged_kv_dims(caches[0], kv_layout)
     for cache, name in zip(caches, ("k_cache", "v_cache")):
         _, p, h, d = _paged_kv_dims(cache, kv_layout)
@@ -364,9 +370,12 @@ def _check_caches(key: torch.Tensor, caches: Sequence[torch.Tensor], kv_layout: 
                 f"{key.shape[2]} (those of append_key, kv_layout={kv_layout!r}), got shape "
                 f"{tuple(cache.shape)}"
             )
-        if cache.dtype != key.dtype:
-            raise ValueError(f"{name} must have the dtype of append_key ({key.dtype}), got "
+        if cache.dtype != caches[0].dtype:
+            raise ValueError(f"v_cache must have k_cache's dtype ({caches[0].dtype}), got "
                              f"{cache.dtype}")
+        if cache.dtype != key.dtype and not (key.dtype in _HALF and cache.dtype in _FP8):
+            raise ValueError(f"{name} must have the dtype of append_key ({key.dtype}), or an "
+                             f"fp8 dtype for float16/bfloat16 rows, got {cache.dtype}")
         check_same_device(key, "append_key", cache, name)
         check_last_dim_contiguous(cache, name)
 
@@ -395,7 +404,11 @@ def append_paged_kv_cache(
     ----------
     append_key, append_value : torch.Tensor
         ``(nnz, num_kv_heads, head_dim)``, the cache's dtype (float16, bfloat16, float32 or
-        fp8 e4m3/e5m2); last dim contiguous, leading strides free (slices of a packed QKV).
+        fp8 e4m3/e5m2), or float16/bfloat16 into an fp8 cache: a plain cast (no scale; divide by
+        ``k_scale`` / ``v_scale`` first where the cache is calibrated), rounded to nearest even
+        and saturated to the fp8 type's largest finite value (448 for e4m3, 57344 for e5m2;
+        ``torch``'s ``.to()`` does not saturate), NaN kept. Last dim contiguous, leading strides
+        free (slices of a packed QKV).
     batch_indices, positions : torch.Tensor
         ``(nnz,)`` int32 (int64 converted), e.g. from :func:`get_batch_indices_positions`.
     paged_kv_cache : torch.Tensor or (torch.Tensor, torch.Tensor)

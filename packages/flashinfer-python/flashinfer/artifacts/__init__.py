@@ -36,7 +36,7 @@ from .resolve import (
     pinned_release,
     release_status,
 )
-from .store import Store, VerifiedBlob
+from .store import Store, UnverifiedCubinWarning, VerifiedBlob
 
 __all__ = [
     "BACKENDS",
@@ -58,6 +58,7 @@ __all__ = [
     "Release",
     "RepositoryError",
     "Store",
+    "UnverifiedCubinWarning",
     "VerifiedBlob",
     "clear_caches",
     "download_release",

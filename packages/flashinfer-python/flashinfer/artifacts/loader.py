@@ -11,7 +11,8 @@ against the pinned manifest when they were read. It hashes them once more right 
 ``cuModuleLoadData`` (tens of microseconds for a cubin, once per module and device), so "the bytes
 handed to the driver match the manifest" is checked at the one place that loads anything, not
 only where the bytes were read. Loading a cubin whose bytes do not match the manifest is
-therefore impossible through this API. What was loaded stays loaded: the driver holds a copy,
+therefore impossible through this API, except by FLASHINFER_CUBIN_CHECKSUM_DISABLED=1, which
+yields blobs marked ``checked=False`` (with a warning each; :func:`~.store.verify_local`). What was loaded stays loaded: the driver holds a copy,
 so changing the file afterwards changes nothing in this process (:func:`clear_caches` makes the
 next use read and verify it again).
 """
@@ -200,7 +201,8 @@ class Loader:
             with self.current(device):
                 module = self._modules.get((device, blob.entry.sha256))
                 if module is None:
-                    verify(blob.entry, blob.data, blob.source)  # see the module docstring
+                    if blob.checked:  # see the module docstring
+                        verify(blob.entry, blob.data, blob.source)
                     module = ctypes.c_void_p()
                     self.drv.check(
                         "cuModuleLoadData",

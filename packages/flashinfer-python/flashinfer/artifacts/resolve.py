@@ -45,7 +45,7 @@ from .repository import (
     open_repository,
     parse_repository_list,
 )
-from .store import Store, VerifiedBlob, hash_file, verify
+from .store import Store, VerifiedBlob, hash_file, verify_local
 
 logger = logging.getLogger("flashinfer.artifacts")
 
@@ -381,12 +381,13 @@ def lookup(manifest: Manifest, path: str) -> FileEntry:
 
 
 
-def _warn_ignored_knobs() -> None:
+def _warn_checksum_disabled() -> None:
     if knobs.artifacts.checksum_disabled and "checksum" not in _WARNED:
         _WARNED.add("checksum")
         logger.warning(
-            "FLASHINFER_CUBIN_CHECKSUM_DISABLED is ignored: kernel binaries are always verified "
-            "(a file that does not match the pinned manifest is never kept or loaded)"
+            "FLASHINFER_CUBIN_CHECKSUM_DISABLED=1: local kernel binaries that do not match the "
+            "pinned manifest are loaded anyway, each with an UnverifiedCubinWarning (downloads "
+            "are still verified)"
         )
 
 
@@ -411,7 +412,7 @@ def get_cubin(
     DownloadError
         No repository provided bytes that verify.
     """
-    _warn_ignored_knobs()
+    _warn_checksum_disabled()
     release = release or pinned_release()
     allow_download = (not knobs.artifacts.no_download) if allow_download is None else allow_download
     store = default_store()
@@ -420,7 +421,7 @@ def get_cubin(
     wheel = cubin_wheel_for(release)
     if wheel is not None:
         try:
-            return verify(entry, wheel.file(path).read_bytes(), str(wheel.file(path)))
+            return verify_local(entry, wheel.file(path).read_bytes(), str(wheel.file(path)))
         except (OSError, ChecksumError) as e:
             logger.warning("the installed flashinfer-cubin has a bad copy of %s: %s", path, e)
     blob = store.read_verified(entry)

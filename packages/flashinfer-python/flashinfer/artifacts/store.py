@@ -15,6 +15,11 @@ A file enters ``objects/`` only by ``os.replace`` after its sha256 and size matc
 and it is hashed again every time it is read: :func:`verify` is the only way to obtain a
 :class:`VerifiedBlob`, and the loader accepts nothing else. A stored file that no longer verifies
 (disk corruption, tampering) is deleted when it is found.
+
+The one exception is FlashInfer's ``FLASHINFER_CUBIN_CHECKSUM_DISABLED=1`` ("skip SHA256
+verification", for loading locally replaced kernel binaries): :func:`verify_local` then accepts a
+local file that does not match, with an :class:`UnverifiedCubinWarning` naming it, as a blob
+marked ``checked=False``; such a file is kept, not deleted. Downloads are verified regardless.
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ import hashlib
 import logging
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import ContextManager, Optional
 
+from .. import knobs
 from .._filelock import file_lock
 from .errors import ChecksumError
 from .manifest import FileEntry, manifest_path
@@ -42,14 +49,17 @@ class VerifiedBlob:
     Only :func:`verify` creates one; :mod:`flashinfer.artifacts.loader` loads nothing else.
     """
 
-    __slots__ = ("entry", "data", "source")
+    __slots__ = ("entry", "data", "source", "checked")
 
-    def __init__(self, entry: FileEntry, data: bytes, source: str, token: object):
+    def __init__(self, entry: FileEntry, data: bytes, source: str, token: object,
+                 checked: bool = True):
         if token is not _TOKEN:
             raise TypeError("VerifiedBlob is created only by flashinfer.artifacts.store.verify()")
         object.__setattr__(self, "entry", entry)
         object.__setattr__(self, "data", bytes(data))
         object.__setattr__(self, "source", source)
+        # False only for a file accepted unverified under FLASHINFER_CUBIN_CHECKSUM_DISABLED=1
+        object.__setattr__(self, "checked", checked)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"VerifiedBlob is immutable (cannot set {name!r})")
@@ -66,6 +76,28 @@ def verify(entry: FileEntry, data: bytes, source: str) -> VerifiedBlob:
     if digest != entry.sha256:
         raise ChecksumError(f"{entry.path}: sha256", entry.sha256, digest, source)
     return VerifiedBlob(entry, data, source, _TOKEN)
+
+
+class UnverifiedCubinWarning(UserWarning):
+    """A kernel binary that does not match the pinned manifest is loaded anyway, because
+    FLASHINFER_CUBIN_CHECKSUM_DISABLED=1."""
+
+
+def verify_local(entry: FileEntry, data: bytes, source: str) -> VerifiedBlob:
+    """:func:`verify` for a local file (installed wheel, store). Where
+    FLASHINFER_CUBIN_CHECKSUM_DISABLED=1, a file that does not match is returned anyway, with a
+    warning naming it and the mismatch, as a blob with ``checked=False``."""
+    try:
+        return verify(entry, data, source)
+    except ChecksumError as e:
+        if not knobs.artifacts.checksum_disabled:
+            raise
+        message = (f"FLASHINFER_CUBIN_CHECKSUM_DISABLED=1: loading {entry.path} from {source} "
+                   f"although it does not match the pinned manifest ({e}): this kernel binary "
+                   "is UNVERIFIED")
+        logger.warning(message)
+        warnings.warn(message, UnverifiedCubinWarning, stacklevel=3)
+        return VerifiedBlob(entry, data, f"{source} (unverified)", _TOKEN, checked=False)
 
 
 def hash_file(path: Path) -> tuple[str, int]:
@@ -116,14 +148,15 @@ class Store:
 
     def read_verified(self, entry: FileEntry) -> Optional[VerifiedBlob]:
         """The entry's bytes if the store has a copy that verifies; a copy that does not is
-        deleted (it would never be used) and None is returned."""
+        deleted (it would never be used) and None is returned, unless
+        FLASHINFER_CUBIN_CHECKSUM_DISABLED=1 (:func:`verify_local`: kept and returned)."""
         path = self.object_file(entry)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             return None
         try:
-            return verify(entry, data, str(path))
+            return verify_local(entry, data, str(path))
         except ChecksumError as e:
             logger.warning("deleting a stored file that no longer verifies: %s", e)
             with contextlib.suppress(FileNotFoundError):

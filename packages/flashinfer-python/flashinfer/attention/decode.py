@@ -1,5 +1,6 @@
 """Decode attention over a batch of requests: one query token per request over a paged KV
-cache, planned once per batch and run per layer.
+cache (or ``q_len_per_req`` of them, causal among themselves: speculative decoding), planned
+once per batch and run per layer.
 
 Both values of ``use_tensor_cores`` run the tensor-core kernel, with the query heads of each KV
 head packed as the rows of one MMA tile (all of a KV head's query heads read each key once):
@@ -18,12 +19,14 @@ from typing import Optional, Union
 import torch
 
 from ..page import unpack_paged_kv_cache
+from . import runtime as rt
 from .wrapper import (
     BatchAttentionBase,
     check_given_lens,
     check_head_dim,
     check_page_ids,
     host_ints,
+    legacy_forwards,
     lens_from_indptr,
     make_variant,
     paged_kv_lens,
@@ -38,9 +41,22 @@ _PLAN_ORDER = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_ty
 
 
 @functools.lru_cache(maxsize=64)
-def _arange(n: int) -> torch.Tensor:
-    """0..n-1 as int32 on the host (decode's qo_indptr: one query per request); not written."""
-    return torch.arange(n, dtype=torch.int32)
+def _qo_indptr(batch: int, q_len: int) -> torch.Tensor:
+    """0, q_len, ..., batch * q_len as int32 on the host (decode's qo_indptr: q_len query rows
+    per request); not written."""
+    return torch.arange(0, batch * q_len + 1, q_len, dtype=torch.int32)
+
+
+def check_q_len_per_req(q_len_per_req, use_tensor_cores: bool) -> int:
+    """``q_len_per_req`` of a decode plan: an int >= 1; more than 1 needs the tensor-core path,
+    as upstream's (both paths are the tensor-core kernel here, but a wrapper that would fail
+    upstream should fail here too)."""
+    if isinstance(q_len_per_req, bool) or not isinstance(q_len_per_req, int) or q_len_per_req < 1:
+        raise ValueError(f"q_len_per_req must be an int >= 1, got {q_len_per_req!r}")
+    if q_len_per_req > 1 and not use_tensor_cores:
+        raise ValueError(f"q_len_per_req={q_len_per_req} needs tensor-core decode: construct the "
+                         "wrapper with use_tensor_cores=True")
+    return q_len_per_req
 
 
 class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
@@ -85,6 +101,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
         self._bufs = {"kv_indptr": paged_kv_indptr_buffer, "kv_indices": paged_kv_indices_buffer,
                       "kv_last_page_len": paged_kv_last_page_len_buffer}
         self._mask = self._mask_indptr = None
+        self._q_len_per_req = 1  # query rows per request of the current plan
 
     @property
     def use_tensor_cores(self) -> bool:
@@ -128,7 +145,11 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
              fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
              q_len_per_req: int = 1, window_right: int = 0) -> None:
         """Schedule one decode step: ``indptr [B+1]``, ``indices`` (page ids, any order),
-        ``last_page_len [B]`` (int32, CPU or GPU)."""
+        ``last_page_len [B]`` (int32, CPU or GPU). ``q_len_per_req > 1`` (tensor cores only):
+        each request brings that many query rows, ``q (B * q_len_per_req, Hq, D)``, row j of a
+        request seeing its first ``kv_len - q_len_per_req + j + 1`` keys (causal, bottom-right
+        aligned); every request needs ``kv_len >= q_len_per_req``. In CUDA-graph mode it is
+        frozen by the first plan, like the batch size."""
         if args:
             warnings.warn("passing plan() options positionally is deprecated; use keywords",
                           DeprecationWarning, stacklevel=2)
@@ -141,8 +162,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
                              head_dim, page_size, **values)
         plan_args = dict(locals())
         refuse_unsupported("plan", block_tables=block_tables)
-        if q_len_per_req != 1:
-            raise ValueError(f"q_len_per_req must be 1 for this wrapper, got {q_len_per_req}")
+        check_q_len_per_req(q_len_per_req, self._use_tensor_cores)
         if window_right not in (0, -1):
             raise ValueError(f"window_right must be 0, got {window_right}")
         if page_size <= 0:
@@ -162,29 +182,40 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
                                 page_size)
         self._plan_batch(plan_args, indptr, indices, last_page_len, kv_lens, page_indptr,
                          seq_lens, num_qo_heads, num_kv_heads, head_dim, pos_encoding_mode,
-                         fixed_split_size, disable_split_kv, non_blocking)
+                         fixed_split_size, disable_split_kv, non_blocking, q_len_per_req)
 
     def _plan_batch(self, plan_args, indptr, indices, last_page_len, kv_lens, page_indptr,
                     seq_lens, num_qo_heads, num_kv_heads, head_dim, pos_encoding_mode,
-                    fixed_split_size, disable_split_kv, non_blocking) -> None:
+                    fixed_split_size, disable_split_kv, non_blocking, q_len=1) -> None:
         """The part of ``plan`` after the host metadata is read (``fast_decode_plan`` shares
-        it): schedule, stage, remember the arguments."""
+        it): schedule, stage, remember the arguments. ``q_len`` > 1 (checked by the caller):
+        a causal prefill of ``q_len`` rows per request over its keys."""
         check_given_lens(seq_lens, kv_lens, "seq_lens", "KV lengths")
         self._num_page_ids = page_indptr[-1] if page_indptr else 0
         batch = len(kv_lens)
         if self._use_cuda_graph and batch != self._fixed_batch:
             raise ValueError(f"CUDA-graph mode: the batch size is fixed to {self._fixed_batch} "
                              f"(len(paged_kv_last_page_len_buffer)), got {batch}")
+        if self._use_cuda_graph and self._plan is not None and q_len != self._q_len_per_req:
+            raise ValueError(f"CUDA-graph mode: q_len_per_req is fixed by the first plan to "
+                             f"{self._q_len_per_req}, got {q_len}; use one wrapper per value")
+        if q_len > 1 and min(kv_lens, default=q_len) < q_len:
+            raise ValueError(f"q_len_per_req={q_len} needs kv_len >= q_len_per_req for every "
+                             f"request (the new tokens are in the KV cache), got a request of "
+                             f"kv_len {min(kv_lens)}")
         self._batch = batch
-        self._variant = make_variant(self._q_dtype, self._o_dtype, head_dim, "none",
-                                 pos_encoding_mode, paged=True)
-        plan, buf = self._schedule([1] * batch, kv_lens, num_qo_heads, num_kv_heads, head_dim,
-                                   False, fixed_split_size, disable_split_kv, page_indptr)
+        self._variant = make_variant(self._q_dtype, self._o_dtype, head_dim,
+                                     "causal" if q_len > 1 else "none", pos_encoding_mode,
+                                     paged=True, kv_dtype=self._kv_dtype)
+        plan, buf = self._schedule([q_len] * batch, kv_lens, num_qo_heads, num_kv_heads,
+                                   head_dim, q_len > 1, fixed_split_size, disable_split_kv,
+                                   page_indptr)
+        self._q_len_per_req = q_len
         # qo_indptr right after the plan, whose length graph mode fixes: at a fixed address,
         # which a captured run keeps reading.
         self._qo_indptr, self._kv_indptr, self._kv_indices, self._kv_last_page_len = \
             self._set_plan(plan, buf, [
-                (None, _arange(batch + 1), "qo_indptr"),
+                (None, _qo_indptr(batch, q_len), "qo_indptr"),
                 (self._bufs["kv_indptr"], indptr, "indptr"),
                 (self._bufs["kv_indices"], indices, "indices"),
                 (self._bufs["kv_last_page_len"], last_page_len, "last_page_len")], non_blocking)
@@ -196,41 +227,35 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchAttentionBase):
             k_scale: Optional[float] = None, v_scale: Optional[float] = None,
             out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
             return_lse: bool = False, enable_pdl: Optional[bool] = None,
-            window_left: Optional[int] = None, q_len_per_req: Optional[int] = None, **extra):
-        """``q (B, Hq, D)`` -> ``(B, Hq, D)``, or ``(out, lse (B, Hq) float32)``."""
+            window_left: Optional[int] = None, sinks: Optional[torch.Tensor] = None,
+            q_len_per_req: Optional[int] = None, **extra):
+        """``q (B * q_len_per_req, Hq, D)`` -> ``(B * q_len_per_req, Hq, D)``, or ``(out, lse
+        (.., Hq) float32)``. ``sinks``: attention sinks, ``(Hq,)`` float32: each row's softmax
+        sum gains ``exp(sinks[h])`` with no value row; the lse includes it. ``q_len_per_req``
+        here is deprecated (pass it to ``plan``): it must be the planned one, and q's rows
+        ``B * q_len_per_req``."""
         kw = self._legacy_run_args(args, dict(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                               out=out, lse=lse, return_lse=return_lse))
         self._check_run_common(q, kw["out"], kw["lse"], kw["return_lse"], window_left, extra)
-        if q.shape[0] != self._batch:
-            raise ValueError(f"q must have one row per request ({self._batch}), got {q.shape[0]}")
-        if q_len_per_req not in (None, 1):
-            raise ValueError(f"q_len_per_req must be 1, got {q_len_per_req}")
+        planned = self._q_len_per_req
+        if q_len_per_req is not None:
+            warnings.warn("run(q_len_per_req=...) is deprecated; pass it to plan()",
+                          DeprecationWarning, stacklevel=2)
+            if q.shape[0] != self._batch * q_len_per_req:
+                raise ValueError(f"q.shape[0] ({q.shape[0]}) must be batch_size * q_len_per_req "
+                                 f"({self._batch} * {q_len_per_req})")
+        if q.shape[0] != self._batch * planned:
+            raise ValueError(f"q must have batch_size * q_len_per_req = {self._batch} * "
+                             f"{planned} rows (q_len_per_req as planned), got {q.shape[0]}")
         k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
-        self._check_kv_dtype(k)
+        self._check_kv_dtype(k, v)
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
-                            kw["q_scale"], kw["k_scale"], kw["v_scale"])
+                            kw["q_scale"], kw["k_scale"], kw["v_scale"], sinks)
 
-    def forward(self, q: torch.Tensor, paged_kv_cache, pos_encoding_mode: str = "NONE",
-                q_scale: Optional[float] = None, k_scale: Optional[float] = None,
-                v_scale: Optional[float] = None, window_left: int = -1,
-                logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
-                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None):
-        """Deprecated (use ``run``): as in FlashInfer, these options (defaults included)
-        replace the planned ones, then the batch runs (``_apply_legacy_options``)."""
-        warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
-                      stacklevel=2)
-        return self._forward((q, paged_kv_cache), False, locals())
-
-    def forward_return_lse(self, q: torch.Tensor, paged_kv_cache,
-                           pos_encoding_mode: str = "NONE", q_scale: Optional[float] = None,
-                           k_scale: Optional[float] = None, v_scale: Optional[float] = None,
-                           window_left: int = -1, logits_soft_cap: Optional[float] = None,
-                           sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
-                           rope_theta: Optional[float] = None):
-        """Deprecated: ``forward`` returning ``(out, lse)``."""
-        warnings.warn("forward_return_lse is deprecated; use plan() and run_return_lse()",
-                      DeprecationWarning, stacklevel=2)
-        return self._forward((q, paged_kv_cache), True, locals())
+    forward, forward_return_lse = legacy_forwards(
+        ("q", "paged_kv_cache"),
+        ("pos_encoding_mode", "q_scale", "k_scale", "v_scale", "window_left",
+         "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta"))
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
@@ -273,13 +298,13 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Ten
     if not isinstance(self, BatchDecodeWithPagedKVCacheWrapper):
         raise TypeError(f"fast_decode_plan needs a BatchDecodeWithPagedKVCacheWrapper, got "
                         f"{type(self).__name__}")
-    if q_len_per_req != 1:
-        raise ValueError(f"q_len_per_req must be 1 for this wrapper, got {q_len_per_req}")
+    check_q_len_per_req(q_len_per_req, self._use_tensor_cores)
     if page_size <= 0:
         raise ValueError(f"page_size must be positive, got {page_size}")
     check_head_dim(head_dim)
-    if q_data_type is None:  # FlashInfer's default here: the KV dtype, else float16
-        q_data_type = kv_data_type or data_type or "float16"
+    if q_data_type is None:  # the KV dtype where it is a half one, else float16
+        kv = rt.parse_dtype(kv_data_type or data_type, "kv_data_type")
+        q_data_type = kv if kv in (torch.float16, torch.bfloat16) else torch.float16
     self._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                       pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
                       window_left=window_left, logits_soft_cap=logits_soft_cap,
@@ -308,10 +333,10 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Ten
                      q_data_type=q_data_type, kv_data_type=kv_data_type, data_type=data_type,
                      sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
                      non_blocking=non_blocking, fixed_split_size=fixed_split_size,
-                     disable_split_kv=disable_split_kv)
+                     disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req)
     self._plan_batch(plan_args, indptr, indices, last_page_len, kv_lens, page_indptr, None,
                      num_qo_heads, num_kv_heads, head_dim, pos_encoding_mode, fixed_split_size,
-                     disable_split_kv, non_blocking)
+                     disable_split_kv, non_blocking, q_len_per_req)
 
 
 class _EnginePlan:
@@ -339,18 +364,22 @@ class _EnginePlan:
                              "_pin_memory_int_workspace_buffer)")
         if not w._use_cuda_graph or is_cuda_graph_enabled is not True:
             raise ValueError("_cached_module.plan() plans CUDA-graph wrappers only; call plan()")
-        if causal:
-            raise ValueError("causal must be False for decode, got True")
+        q_len = w._q_len_per_req  # fixed in graph mode by the first plan
+        if bool(causal) != (q_len > 1):
+            raise ValueError(f"causal must be {q_len > 1} for decode with q_len_per_req={q_len} "
+                             f"(as planned), got {causal}")
         if head_dim_vo != head_dim_qk:
             raise ValueError(f"head_dim_vo must equal head_dim_qk ({head_dim_qk}), got "
                              f"{head_dim_vo}")
         if num_colocated_ctas:
             raise NotImplementedError("num_colocated_ctas is not supported by this "
                                       "implementation")
-        if host_ints(qo_indptr_host, "qo_indptr") != list(range(batch_size + 1)) or \
-                total_num_rows != batch_size:
-            raise ValueError("decode plans one query row per request: qo_indptr must be "
-                             f"0..{batch_size} and total_num_rows {batch_size}")
+        if host_ints(qo_indptr_host, "qo_indptr") != \
+                list(range(0, batch_size * q_len + 1, q_len)) or \
+                total_num_rows != batch_size * q_len:
+            raise ValueError(f"decode plans q_len_per_req={q_len} query rows per request: "
+                             f"qo_indptr must be 0, {q_len}, ..., {batch_size * q_len} and "
+                             f"total_num_rows {batch_size * q_len}")
         page_indptr = host_ints(indptr_host, "indptr")
         pages = lens_from_indptr(page_indptr, "indptr")
         kv_lens = host_ints(kv_lens_host, "kv_lens")
@@ -379,4 +408,4 @@ class _EnginePlan:
                      "seq_lens": None, "block_tables": None}
         w._plan_batch(plan_args, bufs["kv_indptr"], bufs["kv_indices"], bufs["kv_last_page_len"],
                       kv_lens, page_indptr, None, num_qo_heads, num_kv_heads, head_dim_qk,
-                      w._pos_encoding_mode, fixed_split_size, disable_split_kv, True)
+                      w._pos_encoding_mode, fixed_split_size, disable_split_kv, True, q_len)

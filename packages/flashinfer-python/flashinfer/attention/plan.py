@@ -125,9 +125,11 @@ def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, batch_ct
     wave of the narrow shape instead of two of the wide one (64 x 4096 at 8 KV heads: 348.9 vs
     351.2 us; outside that range it measured slower). Longer queries take the Hopper
     kernel (3) where ``sm90`` says the GPU and the variant allow it; otherwise 64 rows, except
-    for long queries at head_dim 64, which take 128 rows. At head_dim 128 the FA2 128-row shape
-    shares each K/V tile among twice the rows but needs 32-key steps to fit its registers, and
-    measured 3-7% slower on the H100 (benchmarks/results/*-tune-attention*.json).
+    for long queries at head_dim 64 and 128, which take 128 rows (shape 2: each K/V tile in
+    shared memory serves twice the rows; at head_dim 128, 64-key steps since the kernel's
+    registers allow them: H200, bf16, 32/8 heads, against 64 rows single causal 16384 6468 vs
+    6995 us, paged 8 x 2048 1093 vs 1221, ragged 16 x 1024 649 vs 634;
+    benchmarks/notes/fa2-tiles-and-registers.md). head_dim 256 keeps 64 rows (registers).
 
     Examples
     --------
@@ -145,7 +147,7 @@ def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, batch_ct
         return 4 if two_streams else 0
     if sm90 and max_packed_rows > 64:
         return 3
-    if max_packed_rows <= 64 or head_dim >= 128:
+    if max_packed_rows <= 64 or head_dim > 128:
         return 1
     return 2
 

@@ -5,12 +5,12 @@ per batch and run per layer (:class:`.wrapper.BatchAttentionBase`). The semantic
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional, Union
 
 import torch
 
 from ..page import unpack_paged_kv_cache
+from . import runtime as rt
 from .wrapper import (
     BatchAttentionBase,
     check_given_lens,
@@ -18,6 +18,7 @@ from .wrapper import (
     check_head_dim,
     check_page_ids,
     host_ints,
+    legacy_forwards,
     lens_from_indptr,
     paged_kv_lens,
     refuse_unsupported,
@@ -120,10 +121,12 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
             k_scale: Optional[float] = None, v_scale: Optional[float] = None,
             out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
             return_lse: bool = False, enable_pdl: Optional[bool] = None,
-            window_left: Optional[int] = None, **extra):
+            window_left: Optional[int] = None, sinks: Optional[torch.Tensor] = None, **extra):
         """``q (qo_indptr[-1], Hq, head_dim_qk)`` -> output ``(.., Hq, head_dim_vo)`` (and the
         lse when ``return_lse``). The cache's v has head_dim_vo (a ``(k, v)`` tuple where it
-        differs from head_dim_qk)."""
+        differs from head_dim_qk). ``sinks``: attention sinks, ``(Hq,)`` float32
+        (``check_sinks``): each row's softmax sum gains ``exp(sinks[h])`` with no value row; the
+        lse includes it."""
         kw = self._legacy_run_args(args, dict(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                               out=out, lse=lse, return_lse=return_lse))
         self._check_run_common(q, kw["out"], kw["lse"], kw["return_lse"], window_left, extra)
@@ -131,32 +134,14 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
             raise ValueError(f"q must have qo_indptr[-1] = {self._plan.num_rows} rows, got "
                              f"{q.shape[0]}")
         k, v = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
-        self._check_kv_dtype(k)
+        self._check_kv_dtype(k, v)
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
-                            kw["q_scale"], kw["k_scale"], kw["v_scale"])
+                            kw["q_scale"], kw["k_scale"], kw["v_scale"], sinks)
 
-    def forward(self, q: torch.Tensor, paged_kv_cache, causal: bool = False,
-                pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-                k_scale: Optional[float] = None, v_scale: Optional[float] = None,
-                window_left: int = -1, logits_soft_cap: Optional[float] = None,
-                sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
-                rope_theta: Optional[float] = None):
-        """Deprecated (use ``run``): as in FlashInfer, these options (defaults included)
-        replace the planned ones, then the batch runs (``_apply_legacy_options``)."""
-        warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
-                      stacklevel=2)
-        return self._forward((q, paged_kv_cache), False, locals())
-
-    def forward_return_lse(self, q: torch.Tensor, paged_kv_cache, causal: bool = False,
-                           pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-                           k_scale: Optional[float] = None, v_scale: Optional[float] = None,
-                           window_left: int = -1, logits_soft_cap: Optional[float] = None,
-                           sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
-                           rope_theta: Optional[float] = None):
-        """Deprecated: ``forward`` returning ``(out, lse)``."""
-        warnings.warn("forward_return_lse is deprecated; use plan() and run_return_lse()",
-                      DeprecationWarning, stacklevel=2)
-        return self._forward((q, paged_kv_cache), True, locals())
+    forward, forward_return_lse = legacy_forwards(
+        ("q", "paged_kv_cache"),
+        ("causal", "pos_encoding_mode", "use_fp16_qk_reduction", "k_scale", "v_scale",
+         "window_left", "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta"))
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
@@ -226,9 +211,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
             q_scale: Optional[float] = None, k_scale: Optional[float] = None,
             v_scale: Optional[float] = None, o_scale: Optional[float] = None,
             out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
-            return_lse: bool = False, enable_pdl: Optional[bool] = None, **extra):
+            return_lse: bool = False, enable_pdl: Optional[bool] = None,
+            sinks: Optional[torch.Tensor] = None, **extra):
         """``q (qo_indptr[-1], Hq, head_dim_qk)``, ``k (kv_indptr[-1], Hkv, head_dim_qk)``,
-        ``v (kv_indptr[-1], Hkv, head_dim_vo)`` -> output ``(.., Hq, head_dim_vo)``."""
+        ``v (kv_indptr[-1], Hkv, head_dim_vo)`` -> output ``(.., Hq, head_dim_vo)``. ``sinks``:
+        as the paged wrapper's (an addition: FlashInfer's ragged ``run`` has none)."""
         kw = self._legacy_run_args(args, dict(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                               out=out, lse=lse, return_lse=return_lse))
         self._check_run_common(q, kw["out"], kw["lse"], kw["return_lse"], None, extra)
@@ -238,29 +225,14 @@ class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
         nnz = k.shape[0] if self._kv_layout == "NHD" else k.shape[1]
         if nnz < self._kv_nnz:
             raise ValueError(f"k must hold kv_indptr[-1] = {self._kv_nnz} rows, got {nnz}")
-        self._check_kv_dtype(k)
-        v_scale_total = kw["v_scale"] if o_scale is None else (kw["v_scale"] or 1.0) * o_scale
+        self._check_kv_dtype(k, v)
+        o_scale = rt.check_scale(o_scale, "o_scale")
+        v_scale = rt.check_scale(kw["v_scale"], "v_scale")
+        v_scale_total = v_scale if o_scale is None else (v_scale or 1.0) * o_scale
         return self._launch(q, k, v, kw["out"], kw["lse"], kw["return_lse"], enable_pdl,
-                            kw["q_scale"], kw["k_scale"], v_scale_total)
+                            kw["q_scale"], kw["k_scale"], v_scale_total, sinks)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-                window_left: int = -1, logits_soft_cap: Optional[float] = None,
-                sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
-                rope_theta: Optional[float] = None):
-        """Deprecated (use ``run``): as in FlashInfer, these options (defaults included)
-        replace the planned ones, then the batch runs (``_apply_legacy_options``)."""
-        warnings.warn("forward is deprecated; use plan() and run()", DeprecationWarning,
-                      stacklevel=2)
-        return self._forward((q, k, v), False, locals())
-
-    def forward_return_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           causal: bool = False, pos_encoding_mode: str = "NONE",
-                           use_fp16_qk_reduction: bool = False, window_left: int = -1,
-                           logits_soft_cap: Optional[float] = None,
-                           sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
-                           rope_theta: Optional[float] = None):
-        """Deprecated: ``forward`` returning ``(out, lse)``."""
-        warnings.warn("forward_return_lse is deprecated; use plan() and run_return_lse()",
-                      DeprecationWarning, stacklevel=2)
-        return self._forward((q, k, v), True, locals())
+    forward, forward_return_lse = legacy_forwards(
+        ("q", "k", "v"),
+        ("causal", "pos_encoding_mode", "use_fp16_qk_reduction", "window_left",
+         "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta"))

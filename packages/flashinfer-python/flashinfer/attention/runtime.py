@@ -59,16 +59,48 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+#: KV-cache dtypes besides q's: fp8, converted to q's dtype inside the kernel.
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def check_half(dtype: torch.dtype, name: str) -> None:
+    """q and the output: float16 or bfloat16. fp8 is known but supported only for the KV cache
+    (``NotImplementedError``); anything else is ``ValueError``."""
+    if dtype in FP8_KV_DTYPES:
+        raise NotImplementedError(f"{name}={dtype_name(dtype)} is not supported by this "
+                                  f"implementation: fp8 is supported for the KV cache only "
+                                  f"(q and the output are float16 or bfloat16)")
     if dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"{name} must be float16 or bfloat16, got {dtype_name(dtype)}"
-                         + (" (fp8 KV caches are not supported yet)" if dtype.itemsize == 1 else ""))
+        raise ValueError(f"{name} must be float16 or bfloat16, got {dtype_name(dtype)}")
+
+
+def check_kv_dtype(kv_dtype: torch.dtype, q_dtype: torch.dtype, name: str) -> None:
+    """The KV cache: q's dtype, or fp8 (e4m3 / e5m2) under a float16 or bfloat16 q."""
+    if kv_dtype != q_dtype and kv_dtype not in FP8_KV_DTYPES:
+        raise ValueError(f"{name} must be q's dtype ({dtype_name(q_dtype)}), float8_e4m3fn or "
+                         f"float8_e5m2, got {dtype_name(kv_dtype)}")
+
+
+def check_scale(value: Any, name: str) -> Optional[float]:
+    """A calibration scale (``q_scale``, ``k_scale``, ``v_scale``): None or a Python number,
+    as FlashInfer's ``run`` takes them; a tensor would have to be read back from the device
+    (a host synchronization, impossible under CUDA-graph capture)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float or None, got {type(value).__name__}"
+                        + (" (pass a Python float: reading a tensor would synchronize)"
+                           if isinstance(value, torch.Tensor) else ""))
+    return float(value)
 
 
 def resolve_scales(head_dim: int, sm_scale: Optional[float], q_scale: Optional[float],
                    k_scale: Optional[float], v_scale: Optional[float]) -> tuple[float, float]:
     """(sm_scale, o_scale): sm_scale defaults to 1/sqrt(head_dim); q_scale and k_scale multiply
-    it, v_scale multiplies the output."""
+    it, v_scale multiplies the output (fp8 calibration scales: the kernel reads the cache as it
+    is stored and applies them through these two host-side numbers, no extra pass)."""
+    q_scale, k_scale, v_scale = (check_scale(q_scale, "q_scale"), check_scale(k_scale, "k_scale"),
+                                 check_scale(v_scale, "v_scale"))
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     if not 0 < scale < math.inf:  # also nan
         raise ValueError(f"sm_scale must be positive and finite, got {sm_scale}")
@@ -155,9 +187,10 @@ def resolve_backend(device: torch.device, variant: AttentionVariant, backend: st
     if backend == "fa3" and not ok:
         raise ValueError(f"backend='fa3' (the Hopper kernel) needs a compute capability 9.0 GPU "
                          f"and head_dim 64 or 128 (head_dim_vo equal) without "
-                         f"pos_encoding_mode='ROPE_LLAMA'; got capability {_capability(index)}, "
-                         f"head_dim {variant.head_dim}, head_dim_vo {variant.head_dim_vo}, "
-                         f"pos_encoding_mode {variant.pos_encoding!r}")
+                         f"pos_encoding_mode='ROPE_LLAMA', with a KV cache of q's dtype; got "
+                         f"capability {_capability(index)}, head_dim {variant.head_dim}, "
+                         f"head_dim_vo {variant.head_dim_vo}, pos_encoding_mode "
+                         f"{variant.pos_encoding!r}, kv dtype {variant.dtype_kv}")
     return "fa3" if ok else "fa2"
 
 
@@ -304,13 +337,13 @@ class Workspace:
 # lse, as one int64 host tensor (device addresses as integers, floats as their float64 bits).
 # Its layout is stated here and in csrc/attention_utils.h (``RunParam``); the version and the
 # length are checked there, and tests/test_attention_layout.py holds the two lists together.
-RUN_PARAMS_VERSION = 1
+RUN_PARAMS_VERSION = 2
 RUN_PARAMS = (
     "version", "length", "device_id", "cta", "grid_x", "kv_layout",
     "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "plan",
     "item_capacity", "split_kv", "cluster_merge", "sm90_tma_q",
     "o_part", "lse_part", "num_rows", "merge_counters",
-    "custom_mask", "mask_indptr", "alibi_slopes",
+    "custom_mask", "mask_indptr", "alibi_slopes", "sinks",
     "sm_scale", "logits_soft_cap", "o_scale", "rope_scale", "rope_theta",
     "window_left", "enable_pdl",
 )
@@ -342,10 +375,10 @@ def run_params(**values: Any) -> torch.Tensor:
 
 class Launch:
     """Every launch of one plan: the compiled module and the plan's parameter record, resolved
-    once (``prepare``). A call passes q, k, v, o, lse and the record; the per-call scalars
-    (``sm_scale``, ``o_scale``, ``enable_pdl``) are the record's unless a call changes them (a
-    copy of the record, kept for the next call). Its host time per call is what an eager caller
-    pays per layer (benchmarks/host_cost.py)."""
+    once (``prepare``). A call passes q, k, v, o, lse and the record; the per-call values
+    (``sm_scale``, ``o_scale``, ``enable_pdl``, the ``sinks`` tensor's address) are the record's
+    unless a call changes them (a copy of the record, kept for the next call). Its host time per
+    call is what an eager caller pays per layer (benchmarks/host_cost.py)."""
 
     __slots__ = ("module", "params", "_scalars", "_last", "_keep")
 
@@ -353,13 +386,14 @@ class Launch:
         self.module = module
         self._keep = keep
         self.params = params
-        self._scalars = scalars  # (sm_scale, o_scale, enable_pdl) of ``params``
+        self._scalars = scalars  # (sm_scale, o_scale, enable_pdl, sinks address) of ``params``
         self._last = (scalars, params)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                  lse: Optional[torch.Tensor], sm_scale: float, o_scale: float,
-                 enable_pdl: bool) -> None:
-        scalars = (sm_scale, o_scale, enable_pdl)
+                 enable_pdl: bool, sinks: Optional[torch.Tensor] = None) -> None:
+        """``sinks``: float32 (Hq,) on q's device, checked by the caller (``check_sinks``)."""
+        scalars = (sm_scale, o_scale, enable_pdl, 0 if sinks is None else sinks.data_ptr())
         if scalars == self._scalars:
             params = self.params
         elif scalars == self._last[0]:
@@ -369,6 +403,7 @@ class Launch:
             params[_SLOT["sm_scale"]] = _float_bits(sm_scale)
             params[_SLOT["o_scale"]] = _float_bits(o_scale)
             params[_SLOT["enable_pdl"]] = int(enable_pdl)
+            params[_SLOT["sinks"]] = scalars[3]
             self._last = (scalars, params)
         self.module.run(q, k, v, o, lse, params)
 
@@ -421,7 +456,7 @@ def prepare(module: Any, plan: AttentionPlan, plan_dev: torch.Tensor, *, num_qo_
     # The record holds addresses: the launch keeps what they point to alive.
     keep = (plan_dev, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, o_part, lse_part,
             merge_counters, custom_mask, mask_indptr, alibi_slopes)
-    return Launch(module, params, (sm_scale, o_scale, enable_pdl), keep)
+    return Launch(module, params, (sm_scale, o_scale, enable_pdl, 0), keep)
 
 
 @functools.cache
@@ -429,6 +464,22 @@ def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
     from ..utils import get_alibi_slopes
 
     return get_alibi_slopes(num_heads).to(device=device, dtype=torch.float32)
+
+
+def check_sinks(sinks: Optional[torch.Tensor], num_qo_heads: int, device: torch.device) -> None:
+    """``run(sinks=)``: None, or one float32 logit per query head on q's device."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if sinks.dtype != torch.float32:
+        raise ValueError(f"sinks must be float32, got {dtype_name(sinks.dtype)}")
+    if tuple(sinks.shape) != (num_qo_heads,) or (num_qo_heads > 1 and sinks.stride(0) != 1):
+        raise ValueError(f"sinks must be a contiguous tensor of shape ({num_qo_heads},) (one "
+                         f"logit per query head), got shape {tuple(sinks.shape)} stride "
+                         f"{sinks.stride()}")
+    if sinks.device != device:
+        raise ValueError(f"sinks must be on q's device ({device}), got {sinks.device}")
 
 
 def alibi_slopes_for(pos_encoding_mode: str, num_heads: int,

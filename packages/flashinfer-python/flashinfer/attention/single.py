@@ -18,6 +18,7 @@ import torch
 
 from .._checks import check_cuda, resolve_pdl
 from ..api_logging import flashinfer_api
+from ..jit.attention import check_fp8_head_dims
 from . import runtime as rt
 from .plan import schedule
 from .wrapper import (
@@ -66,8 +67,10 @@ def single_prefill_with_kv_cache(
         ``(qo_len, num_qo_heads, head_dim)``, fp16 or bf16, last dim contiguous.
     k, v : torch.Tensor
         ``(kv_len, num_kv_heads, head_dim)`` (NHD) or ``(num_kv_heads, kv_len, head_dim)`` (HND),
-        q's dtype; any leading strides (K and V may differ). v's head dim may differ where the
-        pair is supported (192 / 128); the output has v's.
+        q's dtype or fp8 (``float8_e4m3fn``, ``float8_e5m2``; then ``k_scale`` / ``v_scale``
+        dequantize: logits ``sm_scale * k_scale * q.k``, output ``v_scale * softmax . v``); any
+        leading strides (K and V may differ). v's head dim may differ where the pair is
+        supported (192 / 128); the output has v's. fp8 takes head_dim 64, 128 or 256.
     custom_mask : torch.Tensor, optional
         ``(qo_len, kv_len)`` bool, True = attend; overrides ``causal``. Or ``packed_custom_mask``
         (``packbits(mask.flatten(), "little")``).
@@ -104,6 +107,7 @@ def single_prefill_with_kv_cache(
     kv_len = k.shape[0] if layout == 0 else k.shape[1]
     num_kv_heads = k.shape[1] if layout == 0 else k.shape[0]
     check_head_dim(head_dim, v.shape[-1])
+    check_fp8_head_dims(rt.dtype_name(k.dtype), head_dim, v.shape[-1])
     if k.shape[-1] != head_dim or v.shape[:-1] != k.shape[:-1]:
         raise ValueError(f"k and v must have shape {tuple(k.shape[:-1])} with head dims "
                          f"{head_dim} and {v.shape[-1]}, got {tuple(k.shape)} and "
@@ -114,6 +118,7 @@ def single_prefill_with_kv_cache(
                          f"{tuple(custom_mask.shape)}")
     o_dtype = rt.parse_dtype(o_dtype, "o_dtype") or q.dtype
     rt.check_half(o_dtype, "o_dtype")
+    rt.resolve_scales(head_dim, sm_scale, None, k_scale, v_scale)  # checks each scale
     check_cuda(q, "q")
     return run_single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
                    sm_scale, k_scale, v_scale, window_left, logits_soft_cap, rope_scale,
@@ -140,7 +145,9 @@ def single_decode_with_kv_cache(
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Attention of one query token ``q (Hq, D)`` over ``k``, ``v`` ``(kv_len, Hkv, D)`` (NHD)
     or ``(Hkv, kv_len, D)`` (HND). Returns ``(Hq, D)``, or ``(o, lse (Hq,))`` with
-    ``return_lse``. The query sits at position ``kv_len - 1`` (RoPE)."""
+    ``return_lse``. The query sits at position ``kv_len - 1`` (RoPE). ``k``/``v`` may be fp8
+    (``float8_e4m3fn``, ``float8_e5m2``) under a half q: ``q_scale * k_scale`` multiplies the
+    logits, ``v_scale`` the output."""
     layout = rt.check_kv_layout(kv_layout)
     rt.check_pos_encoding(pos_encoding_mode)
     if not isinstance(q, torch.Tensor) or q.dim() != 2:
@@ -149,10 +156,12 @@ def single_decode_with_kv_cache(
     check_single_kv(q, k, v)
     num_qo_heads, head_dim = q.shape
     check_head_dim(head_dim)
+    check_fp8_head_dims(rt.dtype_name(k.dtype), head_dim, head_dim)
     if k.shape[-1] != head_dim or v.shape != k.shape:
         raise ValueError(f"k and v must have the same shape with head_dim {head_dim}, got "
                          f"{tuple(k.shape)} and {tuple(v.shape)}")
     check_heads(num_qo_heads, k.shape[1] if layout == 0 else k.shape[0])
+    rt.resolve_scales(head_dim, sm_scale, q_scale, k_scale, v_scale)  # checks each scale
     check_cuda(q, "q")
     qk_scale = None if q_scale is None and k_scale is None else (q_scale or 1.0) * (k_scale or 1.0)
     result = run_single(q.unsqueeze(0), k, v, layout, None, None, False, pos_encoding_mode,
@@ -173,7 +182,7 @@ def run_single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_enc
     use_mask = custom_mask is not None or packed_custom_mask is not None
     sm, o_scale = rt.resolve_scales(head_dim, sm_scale, None, k_scale, v_scale)
     device = q.device
-    key = (device, q.dtype, o_dtype, q.shape, k.shape, v.shape[-1], layout, causal,
+    key = (device, q.dtype, k.dtype, o_dtype, q.shape, k.shape, v.shape[-1], layout, causal,
            pos_encoding_mode,
            window_left, logits_soft_cap, rope_scale, rope_theta, fixed_split_size, backend)
     launch = None if use_mask else rt.single_launches.get(key)
@@ -219,7 +228,7 @@ def _single_launch(q, k, head_dim_vo, layout, custom_mask, packed_custom_mask, c
     use_mask = custom_mask is not None or packed_custom_mask is not None
     mask_mode = "custom" if use_mask else ("causal" if causal else "none")
     variant = make_variant(q.dtype, o_dtype, head_dim, mask_mode, pos_encoding_mode, paged=False,
-                           head_dim_vo=head_dim_vo)
+                           kv_dtype=k.dtype, head_dim_vo=head_dim_vo)
     plan, buf = schedule([qo_len], [kv_len], group_size=num_qo_heads // num_kv_heads,
                          num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_vo=head_dim_vo,
                          num_sms=device_num_sms(device), causal=mask_mode == "causal",

@@ -7,6 +7,7 @@ a CUDA graph)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import operator
 import warnings
@@ -15,15 +16,18 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .._checks import check_cuda_device, resolve_pdl
-from ..jit.attention import AttentionVariant, check_head_dims
+from ..jit.attention import AttentionVariant, check_fp8_head_dims, check_head_dims
 from . import runtime as rt
 from .plan import CTAS_PER_SM, AttentionPlan, schedule
 
 # The options of the deprecated forward() that replace the planned ones.
 LEGACY_OPTIONS = ("causal", "pos_encoding_mode", "use_fp16_qk_reduction", "window_left",
                   "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta")
-UNSUPPORTED_RUN = ("sinks", "kv_cache_sf", "skip_softmax_threshold_scale_factor",
-                    "uses_spcompress")
+UNSUPPORTED_RUN = ("kv_cache_sf", "skip_softmax_threshold_scale_factor", "uses_spcompress")
+# Defaults of the deprecated forward()'s parameters (FlashInfer's; legacy_forwards).
+_LEGACY_DEFAULTS = dict(causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
+                        q_scale=None, k_scale=None, v_scale=None, window_left=-1,
+                        logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None)
 
 
 # Arguments FlashInfer's plan/constructors accept that this implementation cannot honour, with
@@ -51,6 +55,36 @@ def refuse_unsupported(where: str, **given) -> None:
         if value is not default and (isinstance(value, torch.Tensor) or value != default):
             raise NotImplementedError(f"{where}({name}=...) is not supported by this "
                                       f"implementation ({why})")
+
+
+def legacy_forwards(inputs: tuple[str, ...], options: tuple[str, ...]):
+    """FlashInfer's deprecated ``forward`` and ``forward_return_lse`` of one wrapper: both take
+    ``inputs`` (q and the KV) and then ``options`` (positional or keyword, in that order, with
+    FlashInfer's defaults) and call ``self._forward``: the options, defaults included, replace
+    the planned ones, then the batch runs (``_apply_legacy_options``)."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in inputs]
+    params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                 default=_LEGACY_DEFAULTS[n]) for n in options]
+    signature = inspect.Signature(params)
+
+    def make(name: str, return_lse: bool, use: str):
+        def method(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)  # TypeError for unknown or missing names
+            bound.apply_defaults()
+            given = bound.arguments
+            warnings.warn(f"{name} is deprecated; use plan() and {use}()", DeprecationWarning,
+                          stacklevel=2)
+            return given["self"]._forward(tuple(given[n] for n in inputs), return_lse, given)
+
+        method.__name__ = method.__qualname__ = name
+        method.__signature__ = signature
+        method.__doc__ = (f"Deprecated (use ``plan`` and ``{use}``): as in FlashInfer, these "
+                          "options (defaults included) replace the planned ones, then the batch "
+                          "runs" + (", returning ``(out, lse)``." if return_lse else "."))
+        return method
+
+    return make("forward", False, "run"), make("forward_return_lse", True, "run_return_lse")
 
 
 def check_given_lens(given, derived: Sequence[int], name: str, what: str) -> None:
@@ -122,15 +156,16 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def check_single_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """k and v of a single-request call: 3-D, q's (half) dtype."""
+    """k and v of a single-request call: 3-D, one dtype: q's (half), or fp8."""
     for name, x in (("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.dim() != 3:
             raise ValueError(f"{name} must be a 3-D tensor, got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     rt.check_half(q.dtype, "q")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"k and v must have q's dtype ({rt.dtype_name(q.dtype)}), got "
-                         f"{rt.dtype_name(k.dtype)} and {rt.dtype_name(v.dtype)}")
+    rt.check_kv_dtype(k.dtype, q.dtype, "k.dtype")
+    if v.dtype != k.dtype:
+        raise ValueError(f"v must have k's dtype ({rt.dtype_name(k.dtype)}), got "
+                         f"{rt.dtype_name(v.dtype)}")
     device = q.device
     if k.device != device or v.device != device:
         raise ValueError(f"k and v must be on q's device ({device}), got {k.device} and "
@@ -199,10 +234,14 @@ def device_num_sms(device: torch.device) -> int:
 @functools.lru_cache(maxsize=256)
 def make_variant(q_dtype: torch.dtype, o_dtype: torch.dtype, head_dim: int, mask_mode: str,
                  pos_encoding_mode: str, paged: bool,
+                 kv_dtype: Optional[torch.dtype] = None,
                  head_dim_vo: Optional[int] = None) -> AttentionVariant:
-    """The compiled variant of these options (made once: plan() asks per batch)."""
+    """The compiled variant of these options (made once: plan() asks per batch); ``kv_dtype``
+    None is q's, ``head_dim_vo`` None is ``head_dim``."""
     return AttentionVariant(rt.dtype_name(q_dtype), rt.dtype_name(o_dtype), head_dim, mask_mode,
-                            pos_encoding_mode, paged, head_dim_vo=head_dim_vo)
+                            pos_encoding_mode, paged,
+                            None if kv_dtype is None else rt.dtype_name(kv_dtype),
+                            head_dim_vo=head_dim_vo)
 
 
 def _check_sm_scale(value):
@@ -397,7 +436,12 @@ class BatchAttentionBase:
             raise ValueError(f"lse must have shape {shape[:2]} and dtype float32, got "
                              f"{tuple(lse.shape)} {rt.dtype_name(lse.dtype)}")
 
-    def _launch(self, q, k, v, out, lse, return_lse, enable_pdl, q_scale, k_scale, v_scale):
+    def _launch(self, q, k, v, out, lse, return_lse, enable_pdl, q_scale, k_scale, v_scale,
+                sinks=None):
+        rt.check_sinks(sinks, self._num_qo_heads, q.device)
+        # fp8 scales fold into the record's two scalars (host arithmetic, no device pass).
+        sm, o_scale = self._scales if q_scale is None and k_scale is None and v_scale is None \
+            else rt.resolve_scales(self._head_dim, self._sm_scale, q_scale, k_scale, v_scale)
         if k.device != q.device or v.device != q.device:
             raise ValueError(f"the KV cache must be on q's device ({q.device}), got {k.device}")
         if k.shape[0] <= self._max_page_id:
@@ -421,9 +465,7 @@ class BatchAttentionBase:
         pdl = resolve_pdl(enable_pdl, q.device)
         if launch is None:  # the module is fetched (built on first use) from here on
             launch = self._launcher = self._prepare(q.device, pdl)
-        sm, o_scale = self._scales if q_scale is None and k_scale is None and v_scale is None \
-            else rt.resolve_scales(self._head_dim, self._sm_scale, q_scale, k_scale, v_scale)
-        launch(q, k, v, out, lse, sm, o_scale, pdl)
+        launch(q, k, v, out, lse, sm, o_scale, pdl, sinks)
         return (out, lse) if return_lse else out
 
     def _prepare(self, device: torch.device, enable_pdl: bool) -> rt.Launch:
@@ -455,12 +497,10 @@ class BatchAttentionBase:
         q_dtype = q_dtype or legacy or torch.float16
         kv_dtype = kv_dtype or legacy or q_dtype
         o_dtype = rt.parse_dtype(o_data_type, "o_data_type") or q_dtype
-        for name, dt in (("q_data_type", q_dtype), ("kv_data_type", kv_dtype),
-                         ("o_data_type", o_dtype)):
+        for name, dt in (("q_data_type", q_dtype), ("o_data_type", o_dtype)):
             rt.check_half(dt, name)
-        if kv_dtype != q_dtype:
-            raise ValueError(f"kv_data_type ({rt.dtype_name(kv_dtype)}) must equal q_data_type "
-                             f"({rt.dtype_name(q_dtype)})")
+        rt.check_kv_dtype(kv_dtype, q_dtype, "kv_data_type")
+        check_fp8_head_dims(rt.dtype_name(kv_dtype), head_dim, head_dim_vo)
         self._num_qo_heads, self._num_kv_heads, self._head_dim = num_qo_heads, num_kv_heads, head_dim
         self._head_dim_vo = head_dim_vo
         self._q_dtype, self._kv_dtype, self._o_dtype = q_dtype, kv_dtype, o_dtype
@@ -473,10 +513,12 @@ class BatchAttentionBase:
                                                                    logits_soft_cap)
         self._rope_scale, self._rope_theta = rope_scale, rope_theta
 
-    def _check_kv_dtype(self, k: torch.Tensor) -> None:
-        if k.dtype != self._kv_dtype:
-            raise ValueError(f"the KV cache must have the planned kv_data_type "
-                             f"({rt.dtype_name(self._kv_dtype)}), got {rt.dtype_name(k.dtype)}")
+    def _check_kv_dtype(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        for x in (k, v):
+            if x.dtype != self._kv_dtype:
+                raise ValueError(f"the KV cache must have the planned kv_data_type "
+                                 f"({rt.dtype_name(self._kv_dtype)}), got "
+                                 f"{rt.dtype_name(x.dtype)}")
 
     # -- what serving engines read and write on a wrapper (docs/serving-engines.md) ----------
     def _buf_property(key: str):  # noqa: N805 (a helper run at class creation)
@@ -617,7 +659,8 @@ class BatchAttentionBase:
                 self._mask[:mask.numel()].copy_(mask, non_blocking=non_blocking)
             metadata = [*metadata, (bufs.get("mask_indptr"), mask_indptr, "mask_indptr")]
         self._variant = make_variant(self._q_dtype, self._o_dtype, head_dim, mask_mode,
-                                 self._pos_encoding_mode, self._paged, self._head_dim_vo)
+                                 self._pos_encoding_mode, self._paged, self._kv_dtype,
+                                 self._head_dim_vo)
         plan, buf = self._schedule(qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim,
                                    mask_mode == "causal", fixed_split_size, disable_split_kv,
                                    kv_begins)

@@ -16,6 +16,9 @@ from .core import SM80_AND_NEWER, JitSpec
 
 DTYPE_CODES = {"float16": 0, "bfloat16": 1}
 DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16"}
+# K/V may also be fp8 (converted to q's dtype in the kernel's shared memory).
+KV_DTYPE_CODES = {**DTYPE_CODES, "float8_e4m3fn": 2, "float8_e5m2": 3}
+KV_DTYPE_SHORT = {**DTYPE_SHORT, "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 MASK_MODES = {"none": 0, "causal": 1, "custom": 2}
 POS_ENCODINGS = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
 #: Head dims of q, k, v and the output alike.
@@ -41,6 +44,21 @@ def check_head_dims(head_dim_qk: int, head_dim_vo: Optional[int] = None) -> int:
                      f"pairs head_dim_qk/head_dim_vo {pairs}, got {head_dim_vo}")
 
 
+#: Head dims an fp8 K/V cache is supported at (with head_dim_vo = head_dim: the kernel converts
+#: K and V tiles of one width; include/flashinfer/attention/prefill.cuh asserts it).
+FP8_KV_HEAD_DIMS = (64, 128, 256)
+
+
+def check_fp8_head_dims(dtype_kv: str, head_dim_qk: int, head_dim_vo: int) -> None:
+    """``NotImplementedError`` for an fp8 K/V cache at head dims the kernel lacks (512, 192 /
+    128): an fp8 cache takes ``FP8_KV_HEAD_DIMS`` with v's head dim equal to k's."""
+    if dtype_kv.startswith("float8") and (head_dim_qk not in FP8_KV_HEAD_DIMS
+                                          or head_dim_vo != head_dim_qk):
+        raise NotImplementedError(
+            f"an fp8 KV cache ({dtype_kv}) takes head_dim {FP8_KV_HEAD_DIMS} with head_dim_vo "
+            f"equal to head_dim; got head_dim {head_dim_qk}, head_dim_vo {head_dim_vo}")
+
+
 @dataclass(frozen=True)
 class AttentionVariant:
     """One compiled specialization of the tensor-core attention kernel.
@@ -48,7 +66,7 @@ class AttentionVariant:
     Attributes
     ----------
     dtype_q : str
-        ``"float16"`` or ``"bfloat16"``: q, k and v.
+        ``"float16"`` or ``"bfloat16"``: q (and k, v unless ``dtype_kv`` says otherwise).
     dtype_o : str
         Output dtype, ``"float16"`` or ``"bfloat16"``.
     head_dim : int
@@ -59,6 +77,9 @@ class AttentionVariant:
         ``"NONE"``, ``"ROPE_LLAMA"`` (in-kernel RoPE on q and k) or ``"ALIBI"``.
     paged : bool
         Paged KV cache (else ragged: one contiguous run of tokens per request).
+    dtype_kv : str, optional
+        k and v: ``dtype_q`` (None is normalized to it), ``"float8_e4m3fn"`` or
+        ``"float8_e5m2"`` (fp8: at head_dim 64, 128 and 256 with ``head_dim_vo`` equal).
     head_dim_vo : int, optional
         v and output head dim (None: ``head_dim``); differs only in a ``HEAD_DIM_PAIRS`` pair.
     """
@@ -69,9 +90,15 @@ class AttentionVariant:
     mask_mode: str = "none"
     pos_encoding: str = "NONE"
     paged: bool = True
+    dtype_kv: Optional[str] = None
     head_dim_vo: Optional[int] = None
 
     def __post_init__(self) -> None:
+        if self.dtype_kv is None:
+            object.__setattr__(self, "dtype_kv", self.dtype_q)
+        if self.dtype_kv not in (self.dtype_q, "float8_e4m3fn", "float8_e5m2"):
+            raise ValueError(f"dtype_kv must be dtype_q ({self.dtype_q!r}), 'float8_e4m3fn' or "
+                             f"'float8_e5m2', got {self.dtype_kv!r}")
         for field, value, allowed in (
             ("dtype_q", self.dtype_q, DTYPE_CODES),
             ("dtype_o", self.dtype_o, DTYPE_CODES),
@@ -81,11 +108,13 @@ class AttentionVariant:
             if value not in allowed:
                 raise ValueError(f"{field} must be one of {sorted(allowed)}, got {value!r}")
         object.__setattr__(self, "head_dim_vo", check_head_dims(self.head_dim, self.head_dim_vo))
+        check_fp8_head_dims(self.dtype_kv, self.head_dim, self.head_dim_vo)
 
     @property
     def name(self) -> str:
+        kv = "" if self.dtype_kv == self.dtype_q else f"_kv{KV_DTYPE_SHORT[self.dtype_kv]}"
         return (
-            f"attention_{'paged' if self.paged else 'ragged'}_{DTYPE_SHORT[self.dtype_q]}"
+            f"attention_{'paged' if self.paged else 'ragged'}_{DTYPE_SHORT[self.dtype_q]}{kv}"
             f"_o{DTYPE_SHORT[self.dtype_o]}_d{self.head_dim}_{self.mask_mode}"
             f"_{self.pos_encoding.lower()}"
             + (f"_vo{self.head_dim_vo}" if self.head_dim_vo != self.head_dim else "")
@@ -97,13 +126,14 @@ class AttentionVariant:
         too), no in-kernel RoPE: ``kHasSm90`` of include/flashinfer/attention/launch.cuh, which
         a compiled module answers through ``cta_tile_q(3)`` (tests/test_package_layout.py holds
         the two together). 192 / 128 runs on the FA2 kernel: the Hopper kernel has one head
-        dim for QK and PV."""
+        dim for QK and PV. Not for fp8 K/V (launch.cuh says why)."""
         return (self.head_dim in (64, 128) and self.head_dim_vo == self.head_dim
-                and self.pos_encoding != "ROPE_LLAMA")
+                and self.pos_encoding != "ROPE_LLAMA" and self.dtype_kv == self.dtype_q)
 
     def spec(self) -> JitSpec:
         flags = (
             f"-DFI_DTYPE_Q={DTYPE_CODES[self.dtype_q]}",
+            f"-DFI_DTYPE_KV={KV_DTYPE_CODES[self.dtype_kv]}",
             f"-DFI_DTYPE_O={DTYPE_CODES[self.dtype_o]}",
             f"-DFI_HEAD_DIM={self.head_dim}",
             f"-DFI_HEAD_DIM_VO={self.head_dim_vo}",
@@ -158,10 +188,20 @@ def wide_head_variants() -> list[AttentionVariant]:
             for paged in (True, False) for mask in ("none", "causal")]
 
 
+def fp8_kv_variants() -> list[AttentionVariant]:
+    """fp8-e4m3 KV caches at head_dim 128 under fp16 and bf16 q: paged decode and prefill (no
+    mask and causal) and ragged prefill, no in-kernel position encoding (vLLM's and SGLang's
+    ``kv_cache_dtype=fp8``)."""
+    return [AttentionVariant(dtype, dtype, 128, mask, "NONE", paged, "float8_e4m3fn")
+            for dtype in ("float16", "bfloat16") for paged in (True, False)
+            for mask in ("none", "causal")]
+
+
 def precompiled_variants() -> list[AttentionVariant]:
     """Every variant the flashinfer-jit-cache wheel holds (docs/wheels.md, "What the released
     set covers without nvcc"), in a stable order."""
-    return common_variants() + extra_variants() + custom_mask_variants() + wide_head_variants()
+    return (common_variants() + extra_variants() + custom_mask_variants() + wide_head_variants()
+            + fp8_kv_variants())
 
 
 @functools.cache

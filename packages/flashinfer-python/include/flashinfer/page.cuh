@@ -15,7 +15,9 @@
 // block's range and issues the source loads of all its items before resolving any destination
 // (batch index -> indptr -> page index: three dependent, L1-cached loads), so the row loads are
 // in flight while the page table is walked. The copy is by element size (1, 2 or 4 bytes), so
-// fp8, half and float caches share the kernels.
+// fp8, half and float caches share the kernels; half rows appended to an fp8 cache are cast on
+// the way (round to nearest even, saturating to the largest finite value, NaN kept), 8
+// elements per item (16 bytes read, 8 written).
 //
 // Tokens whose batch index is negative (padding) or whose position falls outside the request's
 // pages are skipped rather than written out of bounds, and so are page-table entries outside
@@ -24,6 +26,9 @@
 // cache. Skipped rows are not reported (a report would need a device flag the host reads back,
 // which a CUDA-graph-captured append cannot do); the appended rows simply do not appear.
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -38,15 +43,17 @@ namespace page {
 
 /*!
  * @brief Arguments of AppendPagedKVCache. Strides are in elements.
- * @tparam T the element's storage type: uint8_t (fp8), uint16_t (half) or uint32_t (float)
+ * @tparam T the appended element's type: for a copy its storage type, uint8_t (fp8), uint16_t
+ *   (half) or uint32_t (float); for a cast __half or __nv_bfloat16
+ * @tparam TC the cache's element type: T (a copy), or __nv_fp8_e4m3 / __nv_fp8_e5m2 (a cast)
  */
-template <typename T>
+template <typename T, typename TC = T>
 struct AppendArgs {
   const T* key = nullptr;    ///< (nnz, num_heads, head_dim)
   const T* value = nullptr;  ///< (nnz, num_heads, head_dim)
   int64_t key_stride_n = 0, key_stride_h = 0, value_stride_n = 0, value_stride_h = 0;
-  T* k_cache = nullptr;
-  T* v_cache = nullptr;
+  TC* k_cache = nullptr;
+  TC* v_cache = nullptr;
   int64_t k_stride_page = 0, k_stride_slot = 0, k_stride_head = 0;
   int64_t v_stride_page = 0, v_stride_slot = 0, v_stride_head = 0;
   const int32_t* batch_indices = nullptr;  ///< (nnz,)
@@ -66,23 +73,65 @@ inline constexpr int kThreads = 128;
 inline constexpr int kItemsPerThread = 4;
 inline constexpr int kBlockItems = kThreads * kItemsPerThread;
 
-/// N elements of T as one access: one 16-byte word, or one element.
-template <typename T, int N>
+/// N elements of T as one access: one 16-byte word, or one element; stored as TC (a copy where
+/// TC is T, else an fp8 cast).
+template <typename T, typename TC, int N, bool kCast = !std::is_same_v<T, TC>>
 struct Chunk {
   static_assert(sizeof(T) * N == 16 || N == 1, "a chunk is 16 bytes or one element");
   using Word = std::conditional_t<N == 1, T, int4>;
   Word w;
   __device__ __forceinline__ void load(const T* p) { w = *reinterpret_cast<const Word*>(p); }
-  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<Word*>(p) = w; }
+  __device__ __forceinline__ void store(TC* p) const { *reinterpret_cast<Word*>(p) = w; }
 };
 
-template <typename T>
+/// Two halves (__half or __nv_bfloat16, packed in `two`) as two fp8 values of type TC, packed.
+template <typename T, typename TC>
+__device__ __forceinline__ uint16_t cast_fp8x2(uint32_t two) {
+  constexpr __nv_fp8_interpretation_t kKind =
+      std::is_same_v<TC, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2_raw h;
+    h.x = static_cast<unsigned short>(two), h.y = static_cast<unsigned short>(two >> 16);
+    return __nv_cvt_halfraw2_to_fp8x2(h, __NV_SATFINITE, kKind);
+  } else {
+    __nv_bfloat162_raw h;
+    h.x = static_cast<unsigned short>(two), h.y = static_cast<unsigned short>(two >> 16);
+    return __nv_cvt_bfloat16raw2_to_fp8x2(h, __NV_SATFINITE, kKind);
+  }
+}
+
+template <typename T, typename TC, int N>
+struct Chunk<T, TC, N, true> {
+  static_assert(sizeof(T) == 2 && sizeof(TC) == 1, "the cast is half -> fp8");
+  static_assert(N == 8 || N == 1, "a cast chunk is 16 bytes in, 8 out, or one element");
+  using Word = std::conditional_t<N == 1, uint32_t, int4>;
+  Word w;
+  __device__ __forceinline__ void load(const T* p) {
+    if constexpr (N == 1) {
+      w = *reinterpret_cast<const uint16_t*>(p);
+    } else {
+      w = *reinterpret_cast<const int4*>(p);
+    }
+  }
+  __device__ __forceinline__ void store(TC* p) const {
+    if constexpr (N == 1) {
+      *reinterpret_cast<uint8_t*>(p) = static_cast<uint8_t>(cast_fp8x2<T, TC>(w));
+    } else {
+      uint2 out;
+      out.x = uint32_t(cast_fp8x2<T, TC>(w.x)) | (uint32_t(cast_fp8x2<T, TC>(w.y)) << 16);
+      out.y = uint32_t(cast_fp8x2<T, TC>(w.z)) | (uint32_t(cast_fp8x2<T, TC>(w.w)) << 16);
+      *reinterpret_cast<uint2*>(p) = out;
+    }
+  }
+};
+
+template <typename T, typename TC = T>
 struct AppendParams {
   const T* key;
   const T* value;
   int64_t key_sn, key_sh, value_sn, value_sh;
-  T* k_cache;
-  T* v_cache;
+  TC* k_cache;
+  TC* v_cache;
   int64_t k_sp, k_ss, k_sh, v_sp, v_ss, v_sh;
   const int32_t* batch_indices;
   const int32_t* positions;
@@ -104,8 +153,8 @@ struct AppendItem {
   bool is_v;
 };
 
-template <typename T>
-__device__ __forceinline__ AppendItem append_item(const AppendParams<T>& p, int64_t tok0,
+template <typename T, typename TC>
+__device__ __forceinline__ AppendItem append_item(const AppendParams<T, TC>& p, int64_t tok0,
                                                   int64_t rem0, uint32_t k) {
   // rem0 < items_per_token and k < kBlockItems, so the dividend stays far below 2^31.
   uint32_t dt, r;
@@ -117,13 +166,13 @@ __device__ __forceinline__ AppendItem append_item(const AppendParams<T>& p, int6
   return it;
 }
 
-template <typename T, int N>
+template <typename T, typename TC, int N>
 __global__ void __launch_bounds__(kThreads) AppendPagedKVCacheKernel(
-    const __grid_constant__ AppendParams<T> p) {
+    const __grid_constant__ AppendParams<T, TC> p) {
   int64_t tok0, rem0;
   p.items_per_token.divmod64(int64_t{blockIdx.x} * kBlockItems, tok0, rem0);
   pdl_wait();
-  Chunk<T, N> c[kItemsPerThread];
+  Chunk<T, TC, N> c[kItemsPerThread];
 #pragma unroll
   for (int k = 0; k < kItemsPerThread; ++k) {
     const AppendItem it = append_item(p, tok0, rem0, k);
@@ -146,8 +195,8 @@ __global__ void __launch_bounds__(kThreads) AppendPagedKVCacheKernel(
     if (entry < 0 || entry >= p.num_indices) continue;  // an indptr past kv_indices
     const int64_t page = p.kv_indices[entry];
     if (page < 0 || page >= p.num_pages) continue;  // a page id outside the cache
-    T* dst = it.is_v ? p.v_cache + page * p.v_sp + int64_t{slot} * p.v_ss + it.head * p.v_sh
-                     : p.k_cache + page * p.k_sp + int64_t{slot} * p.k_ss + it.head * p.k_sh;
+    TC* dst = it.is_v ? p.v_cache + page * p.v_sp + int64_t{slot} * p.v_ss + it.head * p.v_sh
+                      : p.k_cache + page * p.k_sp + int64_t{slot} * p.k_ss + it.head * p.k_sh;
     c[k].store(dst + int64_t{it.chunk} * N);
   }
   pdl_launch_dependents();
@@ -191,18 +240,20 @@ __global__ void BatchIndicesPositionsKernel(const int32_t* __restrict__ append_i
 }  // namespace detail
 
 /*!
- * @brief Copy row t of key/value (every head) into request batch_indices[t]'s page for
- *        position positions[t]. The page table must already cover the appended tokens.
+ * @brief Copy (or cast, TC an fp8 type) row t of key/value (every head) into request
+ *        batch_indices[t]'s page for position positions[t]. The page table must already cover
+ *        the appended tokens.
  */
-template <typename T>
-cudaError_t AppendPagedKVCache(const AppendArgs<T>& a, bool enable_pdl, cudaStream_t stream) {
+template <typename T, typename TC = T>
+cudaError_t AppendPagedKVCache(const AppendArgs<T, TC>& a, bool enable_pdl,
+                               cudaStream_t stream) {
   using namespace detail;
   if (a.nnz == 0 || a.num_heads == 0 || a.head_dim == 0) return cudaSuccess;
   if (a.page_size <= 0 || a.page_size >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
   constexpr int kVec = 16 / sizeof(T);
   const bool vec_ok =
       divisible(a.head_dim, kVec) && is_aligned(a.key, 16) && is_aligned(a.value, 16) &&
-      is_aligned(a.k_cache, 16) && is_aligned(a.v_cache, 16) &&
+      is_aligned(a.k_cache, kVec * sizeof(TC)) && is_aligned(a.v_cache, kVec * sizeof(TC)) &&
       divisible(a.key_stride_n, kVec) && divisible(a.key_stride_h, kVec) &&
       divisible(a.value_stride_n, kVec) && divisible(a.value_stride_h, kVec) &&
       divisible(a.k_stride_page, kVec) && divisible(a.k_stride_slot, kVec) &&
@@ -214,7 +265,7 @@ cudaError_t AppendPagedKVCache(const AppendArgs<T>& a, bool enable_pdl, cudaStre
   if (items_per_token >= (int64_t{1} << 30)) return cudaErrorInvalidValue;
   const int64_t blocks = ceil_div(a.nnz * items_per_token, kBlockItems);
   if (blocks > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
-  AppendParams<T> p{a.key,
+  AppendParams<T, TC> p{a.key,
                     a.value,
                     a.key_stride_n,
                     a.key_stride_h,
@@ -242,10 +293,10 @@ cudaError_t AppendPagedKVCache(const AppendArgs<T>& a, bool enable_pdl, cudaStre
                     FastDiv(static_cast<uint32_t>(a.page_size))};
   const dim3 grid(static_cast<unsigned>(blocks));
   if (vec_ok) {
-    return launch_kernel(AppendPagedKVCacheKernel<T, kVec>, grid, dim3(kThreads), 0, stream,
+    return launch_kernel(AppendPagedKVCacheKernel<T, TC, kVec>, grid, dim3(kThreads), 0, stream,
                          enable_pdl, p);
   }
-  return launch_kernel(AppendPagedKVCacheKernel<T, 1>, grid, dim3(kThreads), 0, stream,
+  return launch_kernel(AppendPagedKVCacheKernel<T, TC, 1>, grid, dim3(kThreads), 0, stream,
                        enable_pdl, p);
 }
 

@@ -185,21 +185,27 @@ __device__ __forceinline__ void for_each_s(float (&s)[MQ][NB][4], int base, int 
 
 /*!
  * @brief Logits transform (scale or soft cap, then ALiBi) and mask of one S tile of `tile_kv`
- *   keys starting at key `base`: masked keys become -inf.
+ *   keys starting at key `base`: masked keys become -inf. Returns the factor softmax_step
+ *   still has to apply: with `kDeferScale`, plain logits (no soft cap, no ALiBi) are left
+ *   unscaled and the scale goes into softmax_step's exp2 argument (one FFMA per element
+ *   instead of an FMUL pass and an FADD); 1 otherwise.
  *
  * Each is a straight pass over S with its run-time choice made once outside it (a per-element
  * branch splits the unrolled loop into hundreds of small blocks that the compiler then cannot
  * overlap with the MMAs around them); the mask pass runs only on tiles that need it.
  */
-template <MaskMode kMask, PosEncoding kPos, int MQ, int NB>
-__device__ __forceinline__ void logits_and_mask(float (&s)[MQ][NB][4], const AttentionParams& p,
-                                                const ItemRange& r, const RowFacts<MQ>& rows,
-                                                int base, int tile_kv, int t) {
+template <MaskMode kMask, PosEncoding kPos, bool kDeferScale = false, int MQ, int NB>
+__device__ __forceinline__ float logits_and_mask(float (&s)[MQ][NB][4], const AttentionParams& p,
+                                                 const ItemRange& r, const RowFacts<MQ>& rows,
+                                                 int base, int tile_kv, int t) {
   constexpr bool kCausal = kMask == MaskMode::kCausal;
   constexpr bool kCustom = kMask == MaskMode::kCustom;
+  float deferred = 1.f;
   if (p.softcap_post != 0.f) {
     for_each_s(s, base, t,
                [&](float& x, int, int, int) { x = p.softcap_post * tanhf(x * p.softcap_pre); });
+  } else if (kDeferScale && kPos != PosEncoding::kAlibi) {
+    deferred = p.sm_scale_log2;
   } else {
     for_each_s(s, base, t, [&](float& x, int, int, int) { x *= p.sm_scale_log2; });
   }
@@ -211,7 +217,7 @@ __device__ __forceinline__ void logits_and_mask(float (&s)[MQ][NB][4], const Att
   const bool need_mask = kCustom || base + tile_kv > r.kv_hi ||
                          (kCausal && base + tile_kv - 1 > r.delta + r.qo_first) ||
                          (p.window_left >= 0 && base < r.delta + r.qo_last - p.window_left);
-  if (!need_mask) return;
+  if (!need_mask) return deferred;
   // With no window the lower bound lies far below every key.
   const int window = p.window_left >= 0 ? p.window_left : 0x3fffffff;
   const int kv_hi = r.kv_hi;
@@ -228,27 +234,33 @@ __device__ __forceinline__ void logits_and_mask(float (&s)[MQ][NB][4], const Att
     }
     x = keep ? x : -INFINITY;
   });
+  return deferred;
 }
 
 /*!
  * @brief One online-softmax step (base 2) over a masked logits tile: updates the row maxima m
  *   and (thread-partial) sums d, turns s into exp2(s - m) and returns each row's scale for the
  *   accumulated output; the result is true when some row of the warp raised its maximum (when
- *   none did every scale is exactly 1 and the output rescale can be skipped).
+ *   none did every scale is exactly 1 and the output rescale can be skipped). With `kScaled`,
+ *   `qk_scale` (> 0) is the factor logits_and_mask left to apply: the logits are qk_scale * s,
+ *   their maximum is qk_scale * max(s) (the same float: rounding is monotonic), and
+ *   exp2(qk_scale * s - m) is one FFMA and one MUFU.EX2 per element.
  */
-template <int MQ, int NB>
+template <bool kScaled = false, int MQ, int NB>
 __device__ __forceinline__ bool softmax_step(float (&s)[MQ][NB][4], float (&m)[MQ][2],
-                                             float (&d)[MQ][2], float (&row_scale)[MQ][2]) {
+                                             float (&d)[MQ][2], float (&row_scale)[MQ][2],
+                                             float qk_scale = 1.f) {
   bool rescale = false;
 #pragma unroll
   for (int mq = 0; mq < MQ; ++mq) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = m[mq][h];
+      float mx = kScaled ? -INFINITY : m[mq][h];  // kScaled: of this tile's unscaled s
 #pragma unroll
       for (int n = 0; n < NB; ++n) mx = fmaxf(mx, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      if constexpr (kScaled) mx = fmaxf(m[mq][h], mx * qk_scale);  // m is in logit units
       const float m_safe = mx == -INFINITY ? 0.f : mx;
       rescale |= mx != m[mq][h];
       row_scale[mq][h] = fast_exp2(m[mq][h] - m_safe);  // m_old = -inf -> 0
@@ -256,8 +268,10 @@ __device__ __forceinline__ bool softmax_step(float (&s)[MQ][NB][4], float (&m)[M
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
-        s[mq][n][2 * h] = fast_exp2(s[mq][n][2 * h] - m_safe);
-        s[mq][n][2 * h + 1] = fast_exp2(s[mq][n][2 * h + 1] - m_safe);
+        float& x0 = s[mq][n][2 * h];
+        float& x1 = s[mq][n][2 * h + 1];
+        x0 = fast_exp2(kScaled ? fmaf(x0, qk_scale, -m_safe) : x0 - m_safe);
+        x1 = fast_exp2(kScaled ? fmaf(x1, qk_scale, -m_safe) : x1 - m_safe);
         sum += s[mq][n][2 * h] + s[mq][n][2 * h + 1];
       }
       d[mq][h] = d[mq][h] * row_scale[mq][h] + sum;
@@ -301,6 +315,26 @@ __device__ __forceinline__ bool writes_partial(const AttentionParams& p, const I
   return p.split_kv && (p.merge_counters == nullptr || item_chunks(p, r) > 1);
 }
 
+/*!
+ * @brief Folds the attention sink of q head `head` (AttentionParams::sinks) into one row's state
+ *   as the row is written: its sum gains exp(sink) and its output nothing, so the base-2 `lse`
+ *   (-inf: no key seen) becomes log2(2^lse + 2^(sink log2 e)); returns the factor of the row's
+ *   output, 2^(lse before - lse after) (1 without sinks). Only the item of KV chunk 0 folds it:
+ *   a split row's chunks then merge into a state that counts the sink once, and no merge (in
+ *   the kernel, in a cluster, or the merge kernel) needs to know of sinks.
+ */
+__device__ __forceinline__ float fold_sink(const AttentionParams& p, const ItemRange& r, int head,
+                                           float& lse) {
+  if (p.sinks == nullptr || r.chunk != 0) return 1.f;
+  const float s = p.sinks[head] * kLog2e;
+  const float hi = fmaxf(lse, s);
+  if (hi == -INFINITY) return 1.f;  // no key and a sink of -inf: nothing to add
+  const float total = hi + log2f(1.f + exp2f(fminf(lse, s) - hi));
+  const float factor = exp2f(lse - total);  // lse = -inf -> 0 (the row's output is 0 anyway)
+  lse = total;
+  return factor;
+}
+
 /// Output stores of one item: the final output (o, lse) or the float32 partial state of the
 /// item's chunk (`partial`: writes_partial). Packed row pr is q row pr / G of head
 /// kv_head * G + pr % G. D columns per row from column col0 of rows of kRowD (a CTA that
@@ -339,6 +373,11 @@ struct OutputWriter {
     }
   }
 
+  /// The sink of packed row pr folded into its base-2 lse (fold_sink): the output's factor.
+  __device__ __forceinline__ float sink(int pr, float& lse_value) const {
+    return fold_sink(p, r, qo_head(pr, kv_head, p.group_size).head, lse_value);
+  }
+
   /// Rows of one warp straight from accumulator layout: o[mq][n][e] at column 8 n + 2 t (+1).
   template <int MQ>
   __device__ __forceinline__ void rows(const float (&o)[MQ][D / 8][4], const float (&m)[MQ][2],
@@ -350,12 +389,12 @@ struct OutputWriter {
       for (int h = 0; h < 2; ++h) {
         const int pr = first_row + mq * 16 + g + 8 * h;
         if (pr >= r.packed_len) continue;
-        const float inv = d[mq][h] > 0.f ? 1.f / d[mq][h] : 0.f;
+        float row_lse = d[mq][h] > 0.f ? m[mq][h] + log2f(d[mq][h]) : -INFINITY;
+        const float inv = (d[mq][h] > 0.f ? 1.f / d[mq][h] : 0.f) * sink(pr, row_lse);
 #pragma unroll
         for (int n = 0; n < D / 8; ++n)
           pair(pr, n * 8 + 2 * t, o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
-        if (t == 0 && col0 == 0)
-          lse(pr, d[mq][h] > 0.f ? m[mq][h] + log2f(d[mq][h]) : -INFINITY);
+        if (t == 0 && col0 == 0) lse(pr, row_lse);
       }
   }
 };

@@ -74,7 +74,7 @@ struct LaunchChoice {
 
 /*!
  * @brief The CTA shapes of one compiled attention variant and their launch.
- * @tparam DTypeQ q, k and v element type; DTypeO the output's
+ * @tparam DTypeQ q element type; DTypeKV k and v's (DTypeQ or fp8); DTypeO the output's
  * @tparam kHeadDim q and k head dim; kHeadDimVO v and output head dim
  *
  * Head dims past 256 (512). One CTA computes at most 256 output columns: a 16-row MMA tile of
@@ -87,19 +87,19 @@ struct LaunchChoice {
  * per SM on sm_90 and at sm_80's limit). So two CTAs per SM on sm_90 (228 KB), one on sm_80.
  * Registers: 128 accumulators per thread, as at head_dim 256.
  */
-template <typename DTypeQ, typename DTypeO, int kHeadDim, int kHeadDimVO, MaskMode kMask,
-          PosEncoding kPos, bool kPaged>
+template <typename DTypeQ, typename DTypeKV, typename DTypeO, int kHeadDim, int kHeadDimVO,
+          MaskMode kMask, PosEncoding kPos, bool kPaged>
 struct AttentionLaunch {
   template <int WQ, int WKV, int MQ, int MKV, int STAGES = FLASHINFER_ATTENTION_STAGES>
-  using Traits = KernelTraits<DTypeQ, DTypeO, kHeadDim, kHeadDimVO, kMask, kPos, kPaged, WQ, WKV,
-                              MQ, MKV, STAGES>;
+  using Traits = KernelTraits<DTypeQ, DTypeKV, DTypeO, kHeadDim, kHeadDimVO, kMask, kPos, kPaged,
+                              WQ, WKV, MQ, MKV, STAGES>;
 
   static constexpr int kCta0WarpsKV = kHeadDim <= 256 ? FLASHINFER_ATTENTION_CTA0_WARPS_KV : 2;
   using Cta0 = Traits<1, kCta0WarpsKV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
                       FLASHINFER_ATTENTION_CTA0_STAGES>;
   using Cta1 = Traits<4, 1, 1, FLASHINFER_ATTENTION_CTA1_MMA_KV>;
   using Cta2 = Traits<FLASHINFER_ATTENTION_CTA2_WARPS_Q, 1, FLASHINFER_ATTENTION_CTA2_MMA_Q,
-                      FLASHINFER_ATTENTION_CTA2_MMA_KV>;
+                      FLASHINFER_ATTENTION_CTA2_MMA_KV, FLASHINFER_ATTENTION_CTA2_STAGES>;
   // Half the warps of shape 0, so four CTAs per SM fit the registers: a decode batch of 2-4
   // CTAs per SM runs in one wave instead of two (H100, 64 x 4096 at 8 KV heads: 348.9 vs 351.2
   // us; it loses on larger and split batches, whose shape stays 0: benchmarks/NOTES.md).
@@ -113,11 +113,15 @@ struct AttentionLaunch {
   using Cta5 = Traits<1, kHasCta5 ? 8 : 2, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
                       FLASHINFER_ATTENTION_CTA0_STAGES>;
   // The Hopper kernel: head_dim 64/128, no in-kernel RoPE (it rotates K in shared memory, which
-  // only the FA2 kernel does). Where the variant has none, Cta3 names a valid stand-in that is
-  // never launched.
-  // Nor where head_dim_vo differs from head_dim (192 / 128): the Hopper kernel has one head dim.
+  // only the FA2 kernel does), K/V of q's type: its TMA copies land in wgmma's operand layout,
+  // and wgmma takes fp8 only with fp8 on both sides, so a half q over an fp8 cache would need a
+  // conversion stage between the TMA and the wgmmas; fp8 K/V runs on the FA2 kernel, which
+  // converts in shared memory (decode, the bandwidth-bound case, is FA2's in any case). Nor
+  // where head_dim_vo differs from head_dim (192 / 128): the Hopper kernel has one head dim.
+  // Where the variant has none, Cta3 names a valid stand-in that is never launched.
   static constexpr bool kHasSm90 = (kHeadDim == 64 || kHeadDim == 128) &&
-                                   kHeadDimVO == kHeadDim && kPos != PosEncoding::kRopeLlama;
+                                   kHeadDimVO == kHeadDim && kPos != PosEncoding::kRopeLlama &&
+                                   std::is_same_v<DTypeQ, DTypeKV>;
   using Cta3 = Sm90Traits<DTypeQ, DTypeO, kHasSm90 ? kHeadDim : 128, kMask,
                           kHasSm90 ? kPos : PosEncoding::kNone, kPaged>;
 

@@ -85,6 +85,9 @@ struct AttentionParams {
   const int32_t* mask_indptr;
 
   const float* alibi_slopes;  // [Hq], kAlibi only
+  // Attention sinks: [Hq] float32 logits (natural log, not scaled by sm_scale) or null. A row of
+  // head h adds exp(sinks[h]) to its softmax sum, with no value row (fold_sink, common.cuh).
+  const float* sinks;
 
   int32_t num_qo_heads, num_kv_heads, group_size;
   int32_t window_left;    // < 0: off

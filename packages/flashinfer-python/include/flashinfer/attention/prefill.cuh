@@ -16,10 +16,11 @@
 // the lse written out is log2(sum exp(logit)). Masked keys are -inf, and a row that sees no key
 // at all ends with d = 0: it writes 0 and lse = -inf.
 //
-// Pipeline per KV tile j (kStages buffers, loads kStages - 1 tiles ahead): look up the rows of
-// tile j + kStages - 1 -> wait K[j] -> S = Q K^T -> issue its K -> mask, softmax -> wait V[j] ->
-// O += P V -> issue its V. Decode also gets bytes in flight from the kWarpsKV key streams.
+// Pipeline per KV tile j (kStages buffers, loads kAhead = kStages - 1 tiles ahead): look up the
+// rows of tile j + kAhead -> wait K[j] -> S = Q K^T -> issue its K -> mask, softmax -> wait V[j]
+// -> O += P V -> issue its V. Decode also gets bytes in flight from the kWarpsKV key streams.
 #pragma once
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -37,9 +38,14 @@
 namespace flashinfer {
 namespace attn {
 
+/// Greatest common divisor (the loader's threads per row).
+constexpr int gcd_int(int a, int b) { return b == 0 ? a : gcd_int(b, a % b); }
+
 /*!
  * @brief Everything that is fixed at compile time for one attention kernel.
- * @tparam DTypeQ_ q and kv element type (__half or __nv_bfloat16)
+ * @tparam DTypeQ_ q element type (__half or __nv_bfloat16), the type of the MMAs
+ * @tparam DTypeKV_ k and v element type: DTypeQ_, or __nv_fp8_e4m3 / __nv_fp8_e5m2 (converted
+ *   to DTypeQ_ in shared memory: kConvertKV)
  * @tparam DTypeO_ output element type
  * @tparam HEAD_DIM_ q and k head dim: 64, 128, 192, 256 or 512 (QK loads and MMAs)
  * @tparam HEAD_DIM_VO_ v and output head dim (PV and the output): HEAD_DIM_, or 128 at 192
@@ -48,12 +54,12 @@ namespace attn {
  * @tparam MMA_Q_ 16-row MMA tiles per warp; MMA_KV_ 16-key MMA tiles per pipeline step
  * @tparam STAGES_ K/V tiles in flight per key stream at head_dim <= 128 (wider heads keep two)
  */
-template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, int HEAD_DIM_VO_, MaskMode MASK_,
-          PosEncoding POS_, bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_, int MMA_KV_,
-          int STAGES_ = FLASHINFER_ATTENTION_STAGES>
+template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_, int HEAD_DIM_, int HEAD_DIM_VO_,
+          MaskMode MASK_, PosEncoding POS_, bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_,
+          int MMA_KV_, int STAGES_ = FLASHINFER_ATTENTION_STAGES>
 struct KernelTraits {
   using DTypeQ = DTypeQ_;
-  using DTypeKV = DTypeQ_;
+  using DTypeKV = DTypeKV_;
   using DTypeO = DTypeO_;
   using Tile = SwizzledTile<HEAD_DIM_>;
   static constexpr int kHeadDim = HEAD_DIM_;
@@ -80,15 +86,48 @@ struct KernelTraits {
   // Q fragments stay in registers when they are few (decode, head_dim <= 128); otherwise they
   // are re-read from shared memory for each KV tile (the O accumulators need the registers).
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
-  // Tiles in flight per key stream (loads issued kStages - 1 tiles ahead); wider heads keep
-  // two for shared memory.
-  static constexpr int kStages = HEAD_DIM_ <= 128 && kVoTile <= 128 ? STAGES_ : 2;
+  // Tiles in flight per key stream (loads issued kAhead tiles ahead); wider heads keep two for
+  // shared memory. fp8 K/V on the decode shapes of up to four key streams: a tile holds half the
+  // bytes, so twice the tiles ahead keep a half cache's bytes in flight (one tile ahead read 57%
+  // of the read ceiling, H200, 64 x 4096: latency-bound, half of bf16's bytes in flight per SM;
+  // benchmarks/results/2026-11-26-h200-1ff5624-attention-vs-peer.json). Not on eight streams:
+  // 164 KB of shared memory, more than sm_80 gives a CTA.
+  static constexpr bool kFp8Decode =
+      !std::is_same_v<DTypeKV_, DTypeQ_> && WARPS_Q_ == 1 && WARPS_KV_ <= 4;
+  static constexpr int kStages =
+      HEAD_DIM_ <= 128 && kVoTile <= 128 ? (kFp8Decode ? 2 * STAGES_ - 1 : STAGES_) : 2;
+  static constexpr int kAhead = kStages - 1;
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
+  // fp8 K/V: the cp.async copies move fp8 bytes (16 per chunk) into a staging area of kStages
+  // tiles per stream; after its wait each thread converts the chunks it copied itself (no extra
+  // barrier) into one DTypeQ K and one V tile per stream, which the MMAs read as they read the
+  // half tiles. A tile is rewritten only after every warp of its group has passed the barrier
+  // that follows its last read (the next tile's K or V wait), so one of each suffices.
+  static constexpr bool kConvertKV = !std::is_same_v<DTypeKV, DTypeQ>;
+  // The type of O += P V: q's, except over fp8 V, which is converted to half whatever q is (one
+  // cvt per two values against four for bfloat16, on the decode kernel's critical issue slots;
+  // every fp8 value is a half, and P in [0, 1] keeps more bits in half than in bfloat16).
+  using DTypePV = std::conditional_t<kConvertKV, __half, DTypeQ>;
+  static_assert(sizeof(DTypeKV) == sizeof(DTypeQ) || sizeof(DTypeKV) == 1,
+                "kv is q's type or an fp8 type");
+  // fp8 K/V at head_dim 64, 128 and 256 with v's head dim = k's (the host refuses the rest).
+  static_assert(!kConvertKV || (HEAD_DIM_ <= 256 && HEAD_DIM_VO_ == HEAD_DIM_),
+                "fp8 K/V takes head_dim 64, 128 or 256 with head_dim_vo = head_dim");
+  static constexpr int kLoadElems = 16 / int(sizeof(DTypeKV));  // elements per 16-byte copy
+  static constexpr int kLoadChunks = HEAD_DIM_ / kLoadElems;    // copies per K row
+  static constexpr int kLoadChunksVO = kVoTile / kLoadElems;    // copies per V row (of a slice)
+  static constexpr int kHalfTiles = kConvertKV ? 1 : kStages;   // DTypeQ K/V tiles per stream
+  static constexpr size_t kStageSmem = kConvertKV ? size_t(kWarpsKV) * kStages * kTileKV *
+                                                        (HEAD_DIM_ + kVoTile) * sizeof(DTypeKV)
+                                                  : 0;
+
   static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
-  // Per key stream and stage: a K tile [kTileKV][HEAD_DIM_], then a V tile [kTileKV][kVoTile].
-  static constexpr size_t kKVSmem = size_t(kWarpsKV) * kStages * kTileKV *
-                                    (HEAD_DIM_ + kVoTile) * sizeof(DTypeKV);
+  // Per key stream and DTypeQ tile: a K tile [kTileKV][HEAD_DIM_], then a V tile
+  // [kTileKV][kVoTile].
+  static constexpr size_t kKVSmem = size_t(kWarpsKV) * kHalfTiles * kTileKV *
+                                        (HEAD_DIM_ + kVoTile) * sizeof(DTypeQ) +
+                                    kStageSmem;
   static constexpr size_t kMergeSmem =
       kWarpsKV > 1 ? size_t(kWarpsKV) * kTileQ * (kVoTile + 2) * sizeof(float) : 0;
   static constexpr size_t kSmemBytes = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
@@ -99,8 +138,25 @@ struct KernelTraits {
   static constexpr bool kClusterMerge = kWarpsQ == 1 && kWarpsKV > 1 && kVoSlices == 1 &&
                                         kMergeSmem + kClusterSmem <= kKVSmem;
 
-  static_assert(sizeof(DTypeQ) == 2, "the MMA path takes fp16 or bf16 q and kv");
+  static_assert(sizeof(DTypeQ) == 2, "the MMA path takes fp16 or bf16 q");
   static_assert(HEAD_DIM_VO_ % kVoTile == 0, "output columns split evenly among CTAs");
+  // Threads sharing one K/V row in the loader: every 16-byte copy of it (one each), or where
+  // FLASHINFER_ATTENTION_LOAD_ROW_THREADS is fewer, several copies each and fewer rows, so
+  // fewer page ids and row offsets in registers (prefill shapes only: decode keeps one copy).
+  // Where the copies of a row outnumber or do not divide the group's threads (head_dim 192:
+  // 24 of K, 16 of V; 512: 64 of K, 32 of V), the most threads that divide the group and both
+  // rows' copies share a row (decode: 8 at 192, 32 at 512), each doing several copies; K and V
+  // then cover the same rows, whose page ids they share.
+  static constexpr int kLoadRowThreads0 =
+      gcd_int(gcd_int(kLoadChunks, kLoadChunksVO), kGroupThreads);
+  static constexpr int kLoadRowThreads =
+      kWarpsQ > 1 && FLASHINFER_ATTENTION_LOAD_ROW_THREADS < kLoadRowThreads0
+          ? FLASHINFER_ATTENTION_LOAD_ROW_THREADS
+          : kLoadRowThreads0;
+  static_assert(kGroupThreads % kLoadRowThreads == 0 &&
+                    (kTileKV * kLoadRowThreads) % kGroupThreads == 0 &&
+                    kLoadChunks % kLoadRowThreads == 0 && kLoadChunksVO % kLoadRowThreads == 0,
+                "a K/V tile must split evenly over the threads of a group");
   static_assert(kWarpsQ == 1 || kWarpsKV == 1 || kWarpsQ * kWarpsKV <= 16,
                 "at most 16 warps per CTA");
 };
@@ -116,39 +172,6 @@ __device__ __forceinline__ void group_sync(int group) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "n"(KT::kGroupThreads));
   }
 }
-
-/*!
- * @brief How the kThreads threads of a K/V group split the 16-byte copies of one tile of kRows
- *   rows x kChunks chunks: copy j of thread t is chunk (t + j kThreads) % kChunks of row
- *   (t + j kThreads) / kChunks. Where kChunks divides kThreads (head_dim <= 256 mostly) each
- *   thread copies one chunk of every (kThreads / kChunks)-th row; where kThreads divides
- *   kChunks (head_dim 512 with one warp of rows) it copies kChunks / kThreads chunks of every
- *   row. The page id of a row is looked up once per thread (kLookups; lookup_of(j) is copy j's).
- */
-template <int kRows, int kChunks, int kThreads>
-struct CopyPlan {
-  static_assert((kRows * kChunks) % kThreads == 0,
-                "a K/V tile must split evenly over the threads of a group");
-  static constexpr bool kOneChunk = kThreads % kChunks == 0;
-  static constexpr bool kAllRows = !kOneChunk && kChunks % kThreads == 0;
-  static constexpr int kCopies = kRows * kChunks / kThreads;
-  static constexpr int kPerRow = kAllRows ? kChunks / kThreads : 1;  // a thread's copies per row
-  static constexpr int kLookups = kCopies / kPerRow;
-  // Every thread looks up rows 0, 1, ... kRows - 1 in order (the plans of K and V then share them).
-  static constexpr bool kEveryRow = kAllRows || (kOneChunk && kThreads == kChunks);
-  __device__ __forceinline__ static int row(int t, int j) {
-    if constexpr (kOneChunk) return t / kChunks + j * (kThreads / kChunks);
-    if constexpr (kAllRows) return j / kPerRow;
-    return (t + j * kThreads) / kChunks;
-  }
-  __device__ __forceinline__ static int chunk(int t, int j) {
-    if constexpr (kOneChunk) return t % kChunks;
-    if constexpr (kAllRows) return t + (j % kPerRow) * kThreads;
-    return (t + j * kThreads) % kChunks;
-  }
-  __device__ __forceinline__ static int lookup_row(int t, int i) { return row(t, i * kPerRow); }
-  __device__ __forceinline__ static constexpr int lookup_of(int j) { return j / kPerRow; }
-};
 
 /// Rotate rows [0, rows) of a swizzled tile by RoPE (rotate-half); row r sits at position
 /// pos(r). Threads tid, tid + nthreads, ... each take one (row, pair).
@@ -168,6 +191,36 @@ __device__ __forceinline__ void rope_tile(T* tile, int rows, Pos pos, int tid, i
     *a = from_float<T>(x1 * c - x2 * s);
     *b = from_float<T>(x2 * c + x1 * s);
   }
+}
+
+/// Two fp8 values (the low 16 bits of `two`) of kind TKV as a DTypeQ pair T, packed. Exact: every
+/// e4m3 and e5m2 value is a half, and a bfloat16 (cvt.rn.f16x2.e4m3x2 on sm_89 and newer).
+template <typename T, typename TKV>
+__device__ __forceinline__ uint32_t fp8x2_to(uint32_t two) {
+  constexpr __nv_fp8_interpretation_t kKind =
+      std::is_same_v<TKV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), kKind);
+  const uint32_t bits = uint32_t(h.x) | (uint32_t(h.y) << 16);
+  if constexpr (std::is_same_v<T, __half>) {
+    return bits;
+  } else {
+    __half2 hh;
+    memcpy(&hh, &bits, 4);
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(hh));
+    uint32_t out;
+    memcpy(&out, &b, 4);
+    return out;
+  }
+}
+
+/// Sixteen fp8 values (one 16-byte copy) as two 16-byte chunks of T.
+template <typename T, typename TKV>
+__device__ __forceinline__ void fp8x16_to(const uint4& in, uint4& lo, uint4& hi) {
+  lo.x = fp8x2_to<T, TKV>(in.x), lo.y = fp8x2_to<T, TKV>(in.x >> 16);
+  lo.z = fp8x2_to<T, TKV>(in.y), lo.w = fp8x2_to<T, TKV>(in.y >> 16);
+  hi.x = fp8x2_to<T, TKV>(in.z), hi.y = fp8x2_to<T, TKV>(in.z >> 16);
+  hi.z = fp8x2_to<T, TKV>(in.w), hi.w = fp8x2_to<T, TKV>(in.w >> 16);
 }
 
 /// `vo_slice`: which kVoTile output columns of the item this CTA computes (kVoSlices > 1).
@@ -203,13 +256,23 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   const int delta = rng.delta, kv_lo = rng.kv_lo, kv_hi = rng.kv_hi, num_tiles = rng.num_tiles;
   const int my_tiles = num_tiles > wkv ? (num_tiles - wkv + KT::kWarpsKV - 1) / KT::kWarpsKV : 0;
 
+  using TKV = typename KT::DTypeKV;
   T* q_smem = reinterpret_cast<T*>(smem);
   T* kv_smem = reinterpret_cast<T*>(smem + KT::kQSmem);
   constexpr int kStages = KT::kStages;
+  constexpr int kHalfTiles = KT::kHalfTiles;
+  // The DTypeQ tiles the MMAs read (with fp8 K/V one K and one V per stream, whatever the
+  // stage): a K tile [kTileKV][D], then a V tile [kTileKV][DV].
   auto k_tile = [&](int stage) {
-    return kv_smem + (wkv * kStages + stage) * kTileKV * (D + DV);
+    return kv_smem + (wkv * kHalfTiles + (KT::kConvertKV ? 0 : stage)) * kTileKV * (D + DV);
   };
   auto v_tile = [&](int stage) { return k_tile(stage) + kTileKV * D; };
+  // fp8 K/V: the staging tiles the copies land in, [kTileKV][D] bytes, unswizzled (each thread
+  // reads back its own 16-byte chunks: a warp covers 512 contiguous bytes per row step).
+  uint8_t* kv_stage = smem + KT::kQSmem + (KT::kKVSmem - KT::kStageSmem);
+  auto stage_tile = [&](int stage, bool is_v) {
+    return kv_stage + ((wkv * kStages + stage) * 2 + int(is_v)) * kTileKV * D * sizeof(TKV);
+  };
 
   // 2. Q tile -> shared memory (rows past the request are zeros).
   const T* q = static_cast<const T*>(p.q);
@@ -226,86 +289,121 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   }
   cp_async_commit();
 
-  // 3. K/V tile loader: thread gtid's copies of a tile are its CopyPlan's (with K and V of one
-  // width: one chunk of rows gtid / kChunks + j * step). The page ids of its rows are looked up
-  // one tile ahead into registers and shared by the K and V loads of that tile (V of another
-  // width looks up its own rows): a page table read is a dependent global load, and issuing it
-  // just before the copies it feeds would double the latency of each tile. Rows past the end
-  // are clamped to the last key (an address that exists) and copied as zeros, so the loads need
-  // no branches.
-  using KCopy = CopyPlan<kTileKV, kChunks, KT::kGroupThreads>;
-  using VCopy = CopyPlan<kTileKV, KT::kChunksVO, KT::kGroupThreads>;
-  constexpr bool kSameRows =
-      kChunks == KT::kChunksVO || (KCopy::kEveryRow && VCopy::kEveryRow);
-  const T* k = static_cast<const T*>(p.k);
-  const T* v = static_cast<const T*>(p.v);
-  const T* k_base = k + int64_t(kv_head) * p.k_stride_h;
-  const T* v_base = v + int64_t(kv_head) * p.v_stride_h + vo_slice * DV;
+  // 3. K/V tile loader: thread gtid owns 16-byte copies gtid % kRowThreads + c * kRowThreads
+  // (8 half or 16 fp8 elements each) of rows gtid / kRowThreads + j * step (kRowThreads =
+  // kLoadChunks: one copy of each of its rows). K and V rows of different widths (192 / 128,
+  // and 512's V slice of 256) take different numbers of copies of the same rows.
+  // The page ids of its rows are looked up one tile ahead into registers and shared by the K and
+  // V loads of that tile: a page table read is a dependent global load, and issuing it just
+  // before the copies it feeds would double the latency of each tile. Rows past the end are
+  // clamped to the last key (an address that exists) and copied as zeros, so the loads need no
+  // branches.
+  const TKV* k = static_cast<const TKV*>(p.k);
+  const TKV* v = static_cast<const TKV*>(p.v);
+  constexpr int kRowThreads = KT::kLoadRowThreads;
+  constexpr int kRowStep = KT::kGroupThreads / kRowThreads;
+  constexpr int kRowsPerThread = kTileKV / kRowStep;
+  constexpr int kCopiesK = KT::kLoadChunks / kRowThreads;  // per row and thread
+  constexpr int kCopiesV = KT::kLoadChunksVO / kRowThreads;
+  const int my_chunk = gtid % kRowThreads, my_row0 = gtid / kRowThreads;
+  const TKV* k_base = k + int64_t(kv_head) * p.k_stride_h + my_chunk * KT::kLoadElems;
+  const TKV* v_base =
+      v + int64_t(kv_head) * p.v_stride_h + vo_slice * DV + my_chunk * KT::kLoadElems;
   if constexpr (!KT::kPaged) {
     k_base += rng.kv_token_begin * p.k_stride_n;
     v_base += rng.kv_token_begin * p.v_stride_n;
   }
   // Per row only the page id is kept (registers are scarce at 128 rows x 64 keys); token, slot
   // and validity are recomputed from the tile's first key when the copies are issued.
-  int row_page[KT::kPaged ? KCopy::kLookups : 1];
-  int v_row_page[KT::kPaged && !kSameRows ? VCopy::kLookups : 1];
+  int row_page[KT::kPaged ? kRowsPerThread : 1];
   int fetched_base = 0;  // first key of the tile the lookup was for
-  auto page_of = [&](int row) {
-    const int tok = min(fetched_base + row, kv_hi - 1);
-    return p.kv_indices[rng.page_begin + int(p.page_size.div(uint32_t(tok)))];
-  };
   auto lookup = [&](int tile) {
     fetched_base = kv_lo + tile * kTileKV;
     if constexpr (KT::kPaged) {
 #pragma unroll
-      for (int i = 0; i < KCopy::kLookups; ++i) row_page[i] = page_of(KCopy::lookup_row(gtid, i));
-      if constexpr (!kSameRows) {
-#pragma unroll
-        for (int i = 0; i < VCopy::kLookups; ++i)
-          v_row_page[i] = page_of(VCopy::lookup_row(gtid, i));
+      for (int j = 0; j < kRowsPerThread; ++j) {
+        const int tok = min(fetched_base + my_row0 + j * kRowStep, kv_hi - 1);
+        row_page[j] = p.kv_indices[rng.page_begin + int(p.page_size.div(uint32_t(tok)))];
       }
     }
   };
-  auto copy_tile = [&](auto plan, auto tile, T* dst, const T* src0, int s_page, int s_n,
-                       const int* pages) {
-    using Plan = decltype(plan);
-    using TileT = decltype(tile);
+  // is_v: std::true_type or std::false_type (K and V rows may take different copy counts).
+  auto load = [&](int stage, auto is_v_c) {
+    constexpr bool is_v = decltype(is_v_c)::value;
+    constexpr int kCopies = is_v ? kCopiesV : kCopiesK;
+    using DstTile = std::conditional_t<is_v, VTile, Tile>;
+    [[maybe_unused]] T* dst = is_v ? v_tile(stage) : k_tile(stage);  // (the half tiles)
+    const TKV* src0 = is_v ? v_base : k_base;
+    // Strides are below 2^31 (checked by the binding): 32 x 32 -> 64-bit products.
+    [[maybe_unused]] const int s_page = int(is_v ? p.v_stride_page : p.k_stride_page);
+    const int s_n = int(is_v ? p.v_stride_n : p.k_stride_n);
 #pragma unroll
-    for (int j = 0; j < Plan::kCopies; ++j) {
-      const int row = Plan::row(gtid, j), chunk = Plan::chunk(gtid, j);
-      const int tok = fetched_base + row;
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int tok = fetched_base + my_row0 + j * kRowStep;
       const int clamped = min(tok, kv_hi - 1);
       int64_t off;
       if constexpr (KT::kPaged) {
         uint32_t page, slot;
         p.page_size.divmod(uint32_t(clamped), page, slot);
-        off = mul_wide(int(slot), s_n) + mul_wide(pages[Plan::lookup_of(j)], s_page);
+        off = mul_wide(int(slot), s_n) + mul_wide(row_page[j], s_page);
       } else {
         off = mul_wide(clamped, s_n);
       }
-      cp_async_16(dst + TileT::offset(row, chunk), src0 + off + chunk * 8, tok < kv_hi);
+      const int row = my_row0 + j * kRowStep;
+#pragma unroll
+      for (int c = 0; c < kCopies; ++c) {
+        const int chunk = my_chunk + c * kRowThreads;
+        const TKV* src = src0 + off + c * kRowThreads * KT::kLoadElems;
+        if constexpr (KT::kConvertKV) {
+          cp_async_16(stage_tile(stage, is_v) + (row * KT::kLoadChunks + chunk) * 16, src,
+                      tok < kv_hi);
+        } else {
+          cp_async_16(dst + DstTile::offset(row, chunk), src, tok < kv_hi);
+        }
+      }
     }
   };
-  auto load = [&](int stage, bool is_v) {
-    // Strides are below 2^31 (checked by the binding): 32 x 32 -> 64-bit products.
-    if (is_v) {
-      copy_tile(VCopy{}, VTile{}, v_tile(stage), v_base, int(p.v_stride_page),
-                int(p.v_stride_n), kSameRows ? row_page : v_row_page);
-    } else {
-      copy_tile(KCopy{}, Tile{}, k_tile(stage), k_base, int(p.k_stride_page),
-                int(p.k_stride_n), row_page);
+  // fp8 K/V, after the wait for a tile's copies: this thread's chunks of it (rows past the end
+  // were zero-filled) into the group's K (DTypeQ) or V (DTypePV) tile, before the barrier that
+  // publishes it.
+  // (fp8 K/V: K and V of one width, D == DV: Tile is VTile and kCopiesK is kCopiesV.)
+  auto convert = [&](int stage, auto is_v_c) {
+    if constexpr (KT::kConvertKV) {
+      constexpr bool is_v = decltype(is_v_c)::value;
+      constexpr int kCopies = kCopiesK;
+      T* dst = is_v ? v_tile(stage) : k_tile(stage);
+      const uint8_t* staged = stage_tile(stage, is_v);
+#pragma unroll
+      for (int j = 0; j < kRowsPerThread; ++j) {
+        const int row = my_row0 + j * kRowStep;
+#pragma unroll
+        for (int c = 0; c < kCopies; ++c) {
+          const int chunk = my_chunk + c * kRowThreads;
+          const uint4 in =
+              *reinterpret_cast<const uint4*>(staged + (row * KT::kLoadChunks + chunk) * 16);
+          uint4 lo, hi;
+          if constexpr (is_v) {
+            fp8x16_to<typename KT::DTypePV, TKV>(in, lo, hi);
+          } else {
+            fp8x16_to<T, TKV>(in, lo, hi);
+          }
+          *reinterpret_cast<uint4*>(dst + Tile::offset(row, 2 * chunk)) = lo;
+          *reinterpret_cast<uint4*>(dst + Tile::offset(row, 2 * chunk + 1)) = hi;
+        }
+      }
     }
   };
 
-  // Prologue: tiles 0 .. kStages-2 in flight, K and V each one commit group.
+  // Prologue: tiles 0 .. kAhead-1 in flight, K and V each one commit group.
+  constexpr int kAhead = KT::kAhead;
 #pragma unroll
-  for (int s = 0; s + 1 < kStages; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     if (s < my_tiles) {
       lookup(wkv + s * KT::kWarpsKV);
-      load(s, false);
+      load(s, std::false_type{});
     }
     cp_async_commit();
-    if (s < my_tiles) load(s, true);
+    if (s < my_tiles) load(s, std::true_type{});
     cp_async_commit();
   }
 
@@ -313,7 +411,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   RowFacts<kMmaQ> rows;
   rows.template init<KT::kPos>(p, rng, row_begin + wq * 16 * kMmaQ, kv_head, g);
 
-  cp_async_wait<2 * (kStages - 1)>();  // Q has landed (the prologue's K/V may not)
+  cp_async_wait<2 * kAhead>();  // Q has landed (the prologue's K/V may not)
   __syncthreads();
   trace(kTraceQ);
   if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
@@ -323,16 +421,33 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     __syncthreads();
   }
 
+  // This lane's ldmatrix offsets (elements) at chunk pair 0 of its rows; chunk pair j of the
+  // same rows is the offset XOR 16 j: the swizzle XORs the chunk index with row % 8, chunk
+  // 2 j + b is 2 j ^ b, and 16 j ^ 8 (b ^ row % 8) stays below D (a power of two). Q rows
+  // wq * 16 * kMmaQ + mq * 16 + lane % 16, K rows n2 * 16 + lane % 8 + (lane / 16) * 8, V rows
+  // kk * 16 + lane % 16. The main loop makes them opaque once per tile, so the compiler
+  // recomputes each address with one LOP3 instead of holding one register per (rows, chunk
+  // pair) across the loop (ptxas, sm_90a: 128 rows x 64 keys ragged spilled 164 bytes, now 116;
+  // the decode shapes held 213-224 registers, now 200).
+  // Where D is no power of two (192) the XOR acts on the column part alone: the offsets are
+  // held as a row part (q_row0, k_row0: row * D) plus the column part, XORed. V's width is a
+  // power of two at every head dim.
+  constexpr bool kPow2D = (D & (D - 1)) == 0;
+  const int q_row = wq * 16 * kMmaQ + lane % 16, k_row = lane % 8 + (lane / 16) * 8;
+  const uint32_t q_row0 = kPow2D ? 0u : uint32_t(q_row * D);
+  const uint32_t k_row0 = kPow2D ? 0u : uint32_t(k_row * D);
+  const uint32_t q_off0 = Tile::offset(q_row, lane / 16) - q_row0;
+  const uint32_t k_off0 = Tile::offset(k_row, (lane / 8) % 2) - k_row0;
+  const uint32_t v_off0 = VTile::offset(lane % 16, lane / 16);
   uint32_t q_frag[KT::kQInRegs ? kMmaQ : 1][KT::kQInRegs ? D / 16 : 1][4];
-  auto load_q_frag = [&](uint32_t a[4], int mq, int kk) {
-    const int row = wq * 16 * kMmaQ + mq * 16 + lane % 16;
-    ldmatrix_x4(a, q_smem + Tile::offset(row, 2 * kk + lane / 16));
+  auto load_q_frag = [&](uint32_t a[4], uint32_t q_off, int mq, int kk) {
+    ldmatrix_x4(a, q_smem + (q_row0 + (q_off ^ (16 * kk)) + mq * 16 * D));
   };
   if constexpr (KT::kQInRegs) {
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) load_q_frag(q_frag[mq][kk], mq, kk);
+      for (int kk = 0; kk < D / 16; ++kk) load_q_frag(q_frag[mq][kk], q_off0, mq, kk);
   }
 
   float o[kMmaQ][DV / 8][4];
@@ -351,12 +466,15 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   for (int j = 0; j < my_tiles; ++j) {
     const int tile = wkv + j * KT::kWarpsKV;
     const int stage = j % kStages;
-    const int ahead = j + kStages - 1;  // the tile whose loads this iteration issues
+    const int ahead = j + kAhead;  // the tile whose loads this iteration issues
     const int base = kv_lo + tile * kTileKV;
     if (ahead < my_tiles) lookup(wkv + ahead * KT::kWarpsKV);  // lands while S is computed
-    cp_async_wait<2 * kStages - 3>();  // K[j] (V[j] and the later tiles may be in flight)
+    cp_async_wait<2 * kAhead - 1>();  // K[j] (V[j] and the later tiles may be in flight)
+    convert(stage, std::false_type{});
     group_sync<KT>(wkv);
     if (j == 0) trace(kTraceFirstK);
+    uint32_t q_off = q_off0, k_off = k_off0, v_off = v_off0;
+    asm volatile("" : "+r"(q_off), "+r"(k_off), "+r"(v_off));  // per tile (above)
     T* ks = k_tile(stage);
     if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
       rope_tile<KT>(ks, kTileKV, [&](int r) { return base + r; }, gtid, KT::kGroupThreads, p);
@@ -378,13 +496,12 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       uint32_t a_tmp[kMmaQ][4];
       if constexpr (!KT::kQInRegs) {
 #pragma unroll
-        for (int mq = 0; mq < kMmaQ; ++mq) load_q_frag(a_tmp[mq], mq, kk);
+        for (int mq = 0; mq < kMmaQ; ++mq) load_q_frag(a_tmp[mq], q_off, mq, kk);
       }
 #pragma unroll
       for (int n2 = 0; n2 < kMmaKV; ++n2) {
         uint32_t kb[4];
-        const int row = n2 * 16 + lane % 8 + (lane / 16) * 8;
-        ldmatrix_x4(kb, ks + Tile::offset(row, 2 * kk + (lane / 8) % 2));
+        ldmatrix_x4(kb, ks + (k_row0 + (k_off ^ (16 * kk)) + n2 * 16 * D));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
           const uint32_t* a = KT::kQInRegs ? q_frag[KT::kQInRegs ? mq : 0][KT::kQInRegs ? kk : 0]
@@ -395,16 +512,18 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       }
     }
 
-    if (ahead < my_tiles) load(ahead % kStages, false);
+    if (ahead < my_tiles) load(ahead % kStages, std::false_type{});
     cp_async_commit();
 
+    float qk_scale = 1.f;  // what the softmax still multiplies the logits by
     if constexpr (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE)
-      logits_and_mask<KT::kMask, KT::kPos>(s, p, rng, rows, base, kTileKV, t);
+      qk_scale = logits_and_mask<KT::kMask, KT::kPos, true>(s, p, rng, rows, base, kTileKV, t);
 
     // Online softmax (base 2). The O rescale is skipped when no row of the warp raised its
     // maximum (the usual case once a row has seen its largest logits).
     float row_scale[kMmaQ][2];
-    if (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE && softmax_step(s, m, d, row_scale)) {
+    if (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE &&
+        softmax_step<true>(s, m, d, row_scale, qk_scale)) {
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
@@ -413,7 +532,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
           for (int e = 0; e < 4; ++e) o[mq][n][e] *= row_scale[mq][e / 2];
     }
 
-    cp_async_wait<2 * kStages - 3>();  // V[j]
+    cp_async_wait<2 * kAhead - 1>();  // V[j]
+    convert(stage, std::true_type{});
     group_sync<KT>(wkv);
     T* vs = v_tile(stage);
     // O += P V
@@ -421,19 +541,19 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     for (int kk = 0; kk < (FLASHINFER_ATTENTION_PROBE_NO_COMPUTE ? 0 : kMmaKV); ++kk) {
       uint32_t pa[kMmaQ][4];
 #pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq) pack_p<T>(pa[mq], s, mq, kk);
+      for (int mq = 0; mq < kMmaQ; ++mq) pack_p<typename KT::DTypePV>(pa[mq], s, mq, kk);
 #pragma unroll
       for (int n2 = 0; n2 < DV / 16; ++n2) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, vs + VTile::offset(kk * 16 + lane % 16, 2 * n2 + lane / 16));
+        ldmatrix_x4_trans(vb, vs + ((v_off ^ (16 * n2)) + kk * 16 * DV));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
-          mma_16816<T>(o[mq][2 * n2], pa[mq], vb[0], vb[1]);
-          mma_16816<T>(o[mq][2 * n2 + 1], pa[mq], vb[2], vb[3]);
+          mma_16816<typename KT::DTypePV>(o[mq][2 * n2], pa[mq], vb[0], vb[1]);
+          mma_16816<typename KT::DTypePV>(o[mq][2 * n2 + 1], pa[mq], vb[2], vb[3]);
         }
       }
     }
-    if (ahead < my_tiles) load(ahead % kStages, true);
+    if (ahead < my_tiles) load(ahead % kStages, std::true_type{});
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -487,8 +607,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
         x0 += ov.x * f;
         x1 += ov.y * f;
       }
-      const float inv = dsum > 0.f ? 1.f / dsum : 0.f;
-      const float lse = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
+      float lse = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
+      const float inv = (dsum > 0.f ? 1.f / dsum : 0.f) * out.sink(pr, lse);
       if (to_cluster) {
         *reinterpret_cast<float2*>(cluster_o + row * DV + col) =
             make_float2(x0 * inv * p.o_scale, x1 * inv * p.o_scale);

@@ -360,14 +360,15 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = tile_row + g + 8 * h, pr = first_row + g + 8 * h;
-    const float inv = d[0][h] > 0.f ? p.o_scale / d[0][h] : 0.f;
+    float lse = d[0][h] > 0.f ? m[0][h] + log2f(d[0][h]) : -INFINITY;
+    const float inv = (d[0][h] > 0.f ? p.o_scale / d[0][h] : 0.f) * out.sink(pr, lse);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       *reinterpret_cast<uint32_t*>(stage + Tile::offset(row, n) + 2 * t) =
           pack2<TO>(o[0][n][2 * h] * inv, o[0][n][2 * h + 1] * inv);
     }
     if (t == 0 && pr < r.packed_len) {
-      out.lse(pr, d[0][h] > 0.f ? m[0][h] + log2f(d[0][h]) : -INFINITY);
+      out.lse(pr, lse);
     }
   }
   __syncwarp();

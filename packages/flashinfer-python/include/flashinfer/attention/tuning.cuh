@@ -41,19 +41,38 @@
 #define FLASHINFER_ATTENTION_CTA1_MMA_KV \
   (kHeadDim <= 128 || (kHeadDim == 192 && kHeadDimVO == 128) ? 4 : kHeadDim <= 256 ? 2 : 1)
 #endif
-// 128-row shape (cta 2): warps x 16-row MMA tiles per warp = 128 rows. Two MMA tiles per warp
-// hold 2 x head_dim/8 x 4 accumulators: 32-key steps keep S small enough that almost nothing
-// spills at head_dim 128 (64-key steps spill 168 bytes and run 40% slower:
-// benchmarks/results/*-tune-attention.json).
+// 128-row shape (cta 2): warps x 16-row MMA tiles per warp = 128 rows, 64 keys per step. Each
+// K/V tile in shared memory then serves 128 rows (half the L2 reads of shape 1 per key) and each
+// ldmatrix of K or V feeds two MMA tiles (half the shared-memory reads per MMA). At head_dim 128
+// its 2 x 16 x 4 accumulators leave few registers. Spill stores / loads (ptxas bytes), ragged and
+// paged: sm_90a 116 / 160 and 96 / 136, sm_80 52 / 52 and 92 / 120 (before the ldmatrix offsets
+// and the loader below were changed: 164 / 208, 252 / 624, 188 / 544, 260 / 664). H200, bf16,
+// 32/8 heads, backend="fa2", against shape 1 (64 rows x 64 keys, 3 stages) in the same build:
+// single causal 16384 6468 vs 6995 us, paged causal 8 x 2048 1093 vs 1221, ragged causal
+// 16 x 1024 649 vs 634 (benchmarks/notes/fa2-tiles-and-registers.md).
 #ifndef FLASHINFER_ATTENTION_CTA2_MMA_KV
-#define FLASHINFER_ATTENTION_CTA2_MMA_KV \
-  (kHeadDim == 128 ? 2 : kHeadDim <= 128 ? 4 : kHeadDim <= 256 ? 2 : 1)
+#define FLASHINFER_ATTENTION_CTA2_MMA_KV (kHeadDim <= 128 ? 4 : kHeadDim <= 256 ? 2 : 1)
 #endif
 #ifndef FLASHINFER_ATTENTION_CTA2_WARPS_Q
 #define FLASHINFER_ATTENTION_CTA2_WARPS_Q 4
 #endif
 #ifndef FLASHINFER_ATTENTION_CTA2_MMA_Q
 #define FLASHINFER_ATTENTION_CTA2_MMA_Q (kHeadDim <= 128 ? 2 : 1)
+#endif
+// Shape 2's tiles in flight at head_dim 128: two (Q 32 KB + 64 KB of K/V: two CTAs per SM on
+// Hopper's 228 KB; three stages, 128 KB, would hold one). On an sm_80 (164 KB) it runs one CTA
+// per SM either way, as shape 1 does at three stages (112 KB).
+#ifndef FLASHINFER_ATTENTION_CTA2_STAGES
+#define FLASHINFER_ATTENTION_CTA2_STAGES (kHeadDim == 128 ? 2 : FLASHINFER_ATTENTION_STAGES)
+#endif
+// Threads per K/V row in the prefill shapes' loader: each copies 16 / 8 = 2 chunks of a head_dim
+// 128 row (4 at 256) and looks up half (a quarter) as many rows and page ids, which are held in
+// registers; decode keeps one chunk per thread. Shape 2 paged spill stores / loads: sm_90a
+// 136 / 184 -> 96 / 136, sm_80 140 / 220 -> 92 / 120. Part of the build that measured the FA2
+// rows above and head_dim 256 (single causal 8192, 16/8 heads: 2016 us against 2972 before
+// these changes, FlashInfer 0.7.2's fa2 1903; not measured apart from the other changes).
+#ifndef FLASHINFER_ATTENTION_LOAD_ROW_THREADS
+#define FLASHINFER_ATTENTION_LOAD_ROW_THREADS 8
 #endif
 
 // ---- The Hopper kernel (prefill_sm90.cuh) --------------------------------------------------

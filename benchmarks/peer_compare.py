@@ -1,0 +1,55 @@
+"""What the ours-against-the-peer scripts share (host_cost.py, attention_vs_peer.py): one
+command line, and the join of the two sides' measure files by case name.
+
+Each script's ``measure`` uses only ``flashinfer``'s public names, so the same file runs against
+this package or against the peer (FlashInfer 0.7.2) in a separate process of one device call
+(never both in one process: both are ``flashinfer``); ``merge`` joins the two files::
+
+    python benchmarks/<script>.py measure --label ours OUT.json [--cases SUBSTR,...]
+    python benchmarks/<script>.py warmup [--cases SUBSTR,...]     (first calls only: JIT builds)
+    python benchmarks/<script>.py merge RESULT.json --ours A.json [...] --peer B.json [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+
+def command_line(doc: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The ``measure`` / ``warmup`` / ``merge`` arguments (``args.cmd`` names the command)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    cases = dict(default="", help="comma-separated substrings of case names (default: all)")
+    m = sub.add_parser("measure")
+    m.add_argument("out")
+    m.add_argument("--label", default="ours")
+    m.add_argument("--cases", **cases)
+    sub.add_parser("warmup").add_argument("--cases", **cases)
+    g = sub.add_parser("merge")
+    g.add_argument("out")
+    g.add_argument("--ours", nargs="+", required=True, help="measure files of this package")
+    g.add_argument("--peer", nargs="+", required=True, help="measure files of the peer")
+    g.add_argument("--commit", default="")
+    return ap.parse_args(argv)
+
+
+def load_rows(paths: Sequence[str]) -> tuple[dict, list[dict]]:
+    """The first file's header and the rows of all files (a later row of one name wins)."""
+    head, rows = None, {}
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        head = head or d
+        rows.update({r["name"]: r for r in d["rows"]})
+    return head, list(rows.values())
+
+
+def paired(ours: Sequence[str], peer: Sequence[str]) -> tuple[dict, dict, list[tuple]]:
+    """Both sides' headers, and each of our rows with the peer's row of the same name ({} where
+    the peer has none)."""
+    our_head, our_rows = load_rows(ours)
+    peer_head, peer_rows = load_rows(peer)
+    by_name = {r["name"]: r for r in peer_rows}
+    return our_head, peer_head, [(r, by_name.get(r["name"], {})) for r in our_rows]

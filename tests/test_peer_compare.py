@@ -1,0 +1,80 @@
+"""benchmarks/peer_compare.py, and the merges of host_cost.py and attention_vs_peer.py built on
+it, on CPU with synthetic measure files: both write a valid results record with the peer's
+column and the ratio, reading one or several files per side."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import peer_compare  # noqa: E402
+import schema  # noqa: E402
+
+
+def test_command_line():
+    args = peer_compare.command_line("doc", ["measure", "o.json", "--label", "peer"])
+    assert (args.cmd, args.out, args.label, args.cases) == ("measure", "o.json", "peer", "")
+    args = peer_compare.command_line("doc", ["merge", "r.json", "--ours", "a", "b", "--peer", "c"])
+    assert (args.ours, args.peer, args.commit) == (["a", "b"], ["c"], "")
+    assert peer_compare.command_line("doc", ["warmup", "--cases", "x,y"]).cases == "x,y"
+    for bad in (["warmup", "--label", "peer"], ["merge", "r.json", "--ours", "a"], []):
+        with pytest.raises(SystemExit):  # warmup has no label to use: refused, not ignored
+            peer_compare.command_line("doc", bad)
+
+
+def _write(path, rows, **head):
+    path.write_text(json.dumps({"rows": rows, **head}))
+    return str(path)
+
+
+def test_paired_joins_by_name_across_files(tmp_path):
+    a = _write(tmp_path / "a.json", [{"name": "x", "v": 1}, {"name": "y", "v": 2}], label="ours")
+    b = _write(tmp_path / "b.json", [{"name": "y", "v": 3}])  # a rerun of one case wins
+    c = _write(tmp_path / "c.json", [{"name": "x", "v": 9}], label="peer")
+    ours, peer, pairs = peer_compare.paired([a, b], [c])
+    assert ours["label"] == "ours" and peer["label"] == "peer"
+    assert [(r["name"], r["v"], p.get("v")) for r, p in pairs] == [("x", 1, 9), ("y", 3, None)]
+
+
+DEVICE = {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}
+
+
+def test_host_cost_merge_writes_a_valid_record(tmp_path):
+    import host_cost
+
+    ours = _write(tmp_path / "o.json", [{"name": "decode run", "host_us": 10.0, "gpu_us": 5.0},
+                                        {"name": "broken", "error": "boom"}],
+                  device=DEVICE, flashinfer_version="0.1.0", method={"reps": 7})
+    peer = _write(tmp_path / "p.json", [{"name": "decode run", "host_us": 20.0}],
+                  flashinfer_version="0.7.2")
+    out = tmp_path / "r.json"
+    assert host_cost.main(["merge", str(out), "--ours", ours, "--peer", peer,
+                           "--commit", "abc1234"]) == 0
+    rec = json.loads(out.read_text())
+    assert schema.validate(rec) == []
+    (case,) = rec["cases"]
+    assert case["peer_us"] == 20.0 and case["speedup_vs_peer"] == 2.0
+    assert case["extra"]["host_ratio_ours_over_peer"] == 0.5
+    assert rec["extra"]["failed"][0]["name"] == "broken"
+
+
+def test_attention_vs_peer_merge_writes_a_valid_record(tmp_path):
+    import attention_vs_peer
+
+    ceilings = {"copy_GBps": 3000.0, "read_GBps": 3300.0, "bf16_matmul_TFLOPs": 700.0}
+    row = {"name": "batch decode 64 x kv 4096", "group": "attention", "timing": "cuda graph",
+           "median_us": 300.0, "p10_us": 299.0, "p90_us": 301.0}
+    ours = _write(tmp_path / "o.json", [row], device=DEVICE, ceilings=ceilings)
+    peer = _write(tmp_path / "p.json", [dict(row, median_us=360.0)], ceilings=ceilings,
+                  flashinfer_version="0.7.2")
+    out = tmp_path / "r.json"
+    assert attention_vs_peer.main(["merge", str(out), "--ours", ours, "--peer", peer,
+                                   "--commit", "abc1234"]) == 0
+    rec = json.loads(out.read_text())
+    assert schema.validate(rec) == []
+    (case,) = rec["cases"]
+    assert case["peer_us"] == 360.0 and case["speedup_vs_peer"] == 1.2
+    assert case["extra"]["ratio_ours_over_peer"] == round(300 / 360, 3)
