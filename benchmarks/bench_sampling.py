@@ -136,12 +136,19 @@ def time_us(fn, iters: int = 60) -> tuple[float, str]:
 PEER_SKIP = ("top_k_first",)
 
 
-def standalone(out: str, warm_only: bool, peer: bool = False) -> None:
+def standalone(out: str, warm_only: bool, peer: bool = False, only: str = "",
+               no_cluster: bool = False) -> None:
     import flashinfer
 
+    if no_cluster:  # ours only: the one-CTA-per-row path (what SM80/89 run)
+        from flashinfer import knobs
+
+        knobs.sampling.no_cluster = True
     rows = {"flashinfer": getattr(flashinfer, "__version__", "?"),
-            "device": torch.cuda.get_device_name(), "cases": {}}
+            "device": torch.cuda.get_device_name(), "no_cluster": no_cluster, "cases": {}}
     for name, make, _, _ in specs():
+        if only and not any(o in name for o in only.split(",")):
+            continue
         if peer and any(s in name for s in PEER_SKIP):
             rows["cases"][name] = {"error": "not measured (the peer's top-k module JIT)"}
             continue
@@ -185,11 +192,14 @@ if __name__ == "__main__":
     ap.add_argument("--standalone")
     ap.add_argument("--warm", action="store_true")
     ap.add_argument("--peer", action="store_true", help="skip the cases listed in PEER_SKIP")
+    ap.add_argument("--only", default="", help="comma-separated substrings of case names")
+    ap.add_argument("--no-cluster", action="store_true",
+                    help="ours: force the one-CTA-per-row path (FLASHINFER_SAMPLING_NO_CLUSTER)")
     ap.add_argument("--merge", nargs=3)
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.merge:
         merge(*a.merge, a.out)
     else:
-        standalone(a.standalone, a.warm, a.peer)
+        standalone(a.standalone, a.warm, a.peer, a.only, a.no_cluster)
     sys.exit(0)
