@@ -9,9 +9,13 @@
 // another computes), and every later pass runs over shared memory. The CTAs exchange only small
 // partial results through distributed shared memory (DSMEM) after a cluster barrier.
 //
-// Thresholds are found by a radix select over order-preserving 32-bit keys of the values: four
-// rounds of 8 bits, each a pass that builds a 256-bin histogram (count and mass) of the elements
-// whose key matches the prefix chosen so far, a cluster barrier, and a merge of the C histograms
+// Thresholds are found by a radix select over order-preserving 32-bit keys of the values. The
+// first round bins the 11-bit key prefix (exponent and 3 mantissa bits) in a window of the 255
+// prefixes at and below the row max's, everything lower in one bin counted in registers: a row's
+// values spread over these bins, so the shared-memory atomics rarely conflict (a plain exponent
+// digit puts a warp's 32 values into a handful of bins). Later rounds take 8-bit digits of the
+// remaining bits. Each round is a pass that builds a 256-bin histogram (count and mass) of the
+// elements matching the prefix chosen so far, a cluster barrier, and a merge of the C histograms
 // from DSMEM followed by a block scan that picks the bin where the cumulative count/mass (from the
 // largest values down) reaches the target. A round stops the search early when the chosen bin
 // holds one element. The result is exact: the largest key t with F(t) >= target, where F(t) is
@@ -20,9 +24,13 @@
 // Masses are 64-bit fixed point: w(x) = floor(x * 2^(40 - e)) with 2^e <= max(row) < 2^(e+1).
 // Integer sums do not depend on the order of the additions, so histogram atomics, block and
 // cluster reductions are deterministic, and a draw is exact: target = floor(u * K) for the kept
-// mass K and a 32-bit uniform u, then the first element (in the kernel's fixed order: CTA, thread,
-// element) whose running kept mass exceeds target. Elements below 2^-41 of the row's max get
-// weight 0 (probability < 2^-41 relative to the largest).
+// mass K and a 32-bit uniform u, then the first column (in column order) whose running kept mass
+// exceeds target. Elements below 2^-41 of the row's max get weight 0 (probability < 2^-41
+// relative to the largest). Column order makes the draw independent of how a row is split, so
+// the one-CTA-per-row path below gives the cluster path's samples bit for bit.
+//
+// SM80/89 (no clusters) and FLASHINFER_SAMPLING_NO_CLUSTER: one CTA per row, the row in a global
+// scratch row (L2-resident passes instead of shared memory), the same code with a group of one.
 //
 // RNG: Philox-4x32-10 (Salmon et al., SC'11; the generator torch and curand use), counter =
 // (offset / 4, subsequence = output row), key = seed; (seed, offset) per call or per row. Written
