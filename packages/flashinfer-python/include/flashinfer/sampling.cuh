@@ -217,7 +217,8 @@ __device__ __forceinline__ void transform_row(RowCtx& ctx, const T* __restrict__
   if (kind == kSoftmax) {
     const float inv_t = 1.f / p.temperature(row);
     const float mx = cluster_reduce_f(
-        ctx, first_pass(ctx, true, [inv_t](float x) { return x * inv_t; }, &nan), 0, true);
+        ctx, first_pass(ctx, inv_t != 1.f, [inv_t](float x) { return x * inv_t; }, &nan), 0,
+        true);
     float sum = 0.f;
     for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) sum += __expf(ctx.vals[i] - mx);
     sum = cluster_reduce_f(ctx, block_sum_f(sum, s), 2, false);
@@ -402,6 +403,10 @@ template <typename Kernel>
 cudaError_t prepare(Kernel kernel, const RowPlan& plan) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(plan.smem));
+  if (e != cudaSuccess) return e;
+  // All of the unified L1/shared memory as shared memory: 3 CTAs of 64 KB chunks per SM.
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared);
   if (e != cudaSuccess) return e;
   if (plan.cluster > 8) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);

@@ -485,8 +485,77 @@ struct Threshold {
   bool all;
 };
 
-/// Bits of the first round's prefix: sign/exponent and the top 3 mantissa bits of a float.
+/// Round 0 of the radix search bins the key prefix above kWindowShift (for probabilities: pairs
+/// of exponents) in kWindowBins bins at and below the max's, and everything lower in one more bin.
+#ifdef FLASHINFER_SAMPLING_ATOMIC_WINDOW
+// A/B (benchmarks/bench_sampling.py --variant atomic_window): 11-bit prefixes, 255 bins filled
+// with shared-memory atomics.
 inline constexpr int kWindowShift = 21;
+inline constexpr int kWindowBins = kBins - 1;
+#else
+inline constexpr int kWindowShift = 25;
+inline constexpr int kWindowBins = 7;
+#endif
+
+/// Round 0's histogram without shared-memory atomics (an H200 call put them at ~30 us per atomic
+/// per element at 128 x 128256: top-k +44 us and top-p +104 us over plain sampling, with the
+/// 11-bit window of the A/B variant): each thread counts its elements into
+/// kWindowBins + 1 register bins by predicated adds, warps sum them, and one lane per warp adds
+/// the sums to bin 255 - j (bin j below the max's) or 0 (lower still) of the shared histogram.
+template <bool kCount, bool kMass>
+__device__ __forceinline__ void window_histogram(const RowCtx& ctx, int buf, uint32_t top) {
+#ifdef FLASHINFER_SAMPLING_ATOMIC_WINDOW
+  unsigned int tc = 0;
+  unsigned long long tm = 0;
+  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+    const float x = ctx.vals[i];
+    const uint32_t p = ctx.key(x) >> kWindowShift;
+    const uint32_t r = p >= top ? 0u : top - p;
+    if (r >= static_cast<uint32_t>(kWindowBins)) {
+      tc += 1;
+      if (kMass) tm += ctx.fixed(x);
+    } else {
+      const int d = kBins - 1 - static_cast<int>(r);
+      if (kCount) atomicAdd(&ctx.s->cnt[buf][d], 1u);
+      if (kMass) add_mass(ctx, buf, d, ctx.fixed(x));
+    }
+  }
+  tc = __reduce_add_sync(0xffffffffu, tc);
+  tm = warp_sum_u(tm);
+  if ((ctx.tid & 31) == 0) {
+    if (kCount && tc) atomicAdd(&ctx.s->cnt[buf][0], tc);
+    if (kMass && tm) add_mass(ctx, buf, 0, tm);
+  }
+#else
+  unsigned int c[kWindowBins + 1];
+  unsigned long long m[kWindowBins + 1];
+#pragma unroll
+  for (int j = 0; j <= kWindowBins; ++j) c[j] = 0, m[j] = 0;
+  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+    const float x = ctx.vals[i];
+    const uint32_t p = ctx.key(x) >> kWindowShift;
+    const uint32_t r = p >= top ? 0u : min(top - p, static_cast<uint32_t>(kWindowBins));
+    const unsigned long long w = kMass ? ctx.fixed(x) : 0ull;
+#pragma unroll
+    for (int j = 0; j <= kWindowBins; ++j) {
+      if (r == static_cast<uint32_t>(j)) {
+        if (kCount) c[j] += 1;
+        if (kMass) m[j] += w;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j <= kWindowBins; ++j) {
+    const unsigned int cj = kCount ? __reduce_add_sync(0xffffffffu, c[j]) : 0u;
+    const unsigned long long mj = kMass ? warp_sum_u(m[j]) : 0ull;
+    const int d = j == kWindowBins ? 0 : kBins - 1 - j;
+    if ((ctx.tid & 31) == 0) {
+      if (cj) atomicAdd(&ctx.s->cnt[buf][d], cj);
+      if (mj) add_mass(ctx, buf, d, mj);
+    }
+  }
+#endif
+}
 
 /*!
  * @brief The largest key t with F(t) >= target, F(t) = sum over the row's elements with key >= t
@@ -494,11 +563,9 @@ inline constexpr int kWindowShift = 21;
  *   the row's total (count, mass), known after the first round; `max_key` is the key of the
  *   row's largest value. Group-wide; every thread of every CTA receives the same result.
  *
- *   Round 1 bins the 11-bit key prefix (exponent and 3 mantissa bits) in a window of the 255
- *   prefixes at and below the max's: the values of a row spread over these bins, so the shared
- *   atomics rarely conflict (a plain exponent digit puts a warp's values in a few bins: ~100 us
- *   of top-p at 128 x 128256). Everything below the window is counted in registers, one bin.
- *   Later rounds take 8-bit digits of the remaining 21 bits; when the threshold falls below the
+ *   Round 0 (window_histogram, no atomics) finds which of the 7-bit key prefixes at and below the
+ *   max's holds the threshold; later rounds take 8-bit digits of the remaining 25 bits over the
+ *   elements of that prefix, with shared-memory atomics. When the threshold is lower than the
  *   window, the search restarts with 8-bit digits over the elements below it.
  */
 template <typename TargetOf>
@@ -506,11 +573,11 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, uin
                                   TargetOf target_of) {
   Shared* s = ctx.s;
   const uint32_t top = max_key >> kWindowShift;
-  const uint32_t lo = top >= kBins - 1 ? top - (kBins - 2) : 0;  // window: prefixes [lo, top]
+  const uint32_t lo = top >= kWindowBins ? top - (kWindowBins - 1) : 0;  // window: [lo, top]
   uint32_t prefix = 0, mask = 0, kmax = 0xffffffffu;
   CM above{0, 0};
   unsigned long long target = 0;
-  // Rounds: 0 = the window; then digits at `shift`. The tail restart runs 24, 16, 8, 0.
+  // Rounds: 0 = the window; then digits at `shift` (17, 9, 1, 0). The tail: 24, 16, 8, 0.
   int shift = -1;
   bool tail = false;
   for (int round = 0; round < 8; ++round) {
@@ -518,25 +585,12 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, uin
     ctx.parity ^= 1;
     // 1. This CTA's histogram.
     if (round == 0) {
-      unsigned int tc = 0;
-      unsigned long long tm = 0;
-      for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
-        const float x = ctx.vals[i];
-        const uint32_t p = ctx.key(x) >> kWindowShift;
-        if (p < lo) {
-          ++tc;
-          if (need_mass) tm += ctx.fixed(x);
-        } else {
-          const int d = p > top ? kBins - 1 : static_cast<int>(kBins - 1 - (top - p));
-          if (!by_mass) atomicAdd(&s->cnt[buf][d], 1u);  // a mass search needs no counts here
-          if (need_mass) add_mass(ctx, buf, d, ctx.fixed(x));
-        }
-      }
-      tc = __reduce_add_sync(0xffffffffu, tc);
-      tm = warp_sum_u(tm);
-      if ((ctx.tid & 31) == 0 && tc) {
-        atomicAdd(&s->cnt[buf][0], tc);
-        if (need_mass) add_mass(ctx, buf, 0, tm);
+      if (by_mass) {  // a mass search needs no counts here
+        window_histogram<false, true>(ctx, buf, top);
+      } else if (need_mass) {
+        window_histogram<true, true>(ctx, buf, top);
+      } else {
+        window_histogram<true, false>(ctx, buf, top);
       }
     } else {
       for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
@@ -609,14 +663,16 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, uin
       prefix = (top - (kBins - 1 - d)) << kWindowShift;
       mask = ~0u << kWindowShift;
       if (bin_c == 1) return Threshold{prefix, kept, false};
-      shift = 13;  // then 5, then 0 (its top 3 bits are already fixed by the prefix)
+      shift = kWindowShift - 8;  // then 8 less down to 0 (whose top bits the prefix fixes)
       continue;
     }
     prefix |= d << shift;
     mask |= (kBins - 1u) << shift;
-    // One element in the chosen bin: keeping the whole bin is the answer.
-    if (bin_c == 1 || shift == 0) return Threshold{prefix, kept, false};
-    shift = tail ? shift - 8 : (shift == 13 ? 5 : 0);
+    // One element in the chosen bin: keeping the whole bin is the answer. (Keys of
+    // probabilities end in a 0 bit: after shift 1 the bin holds equal values.)
+    if (bin_c == 1 || shift == 0 || (shift == 1 && !ctx.signed_keys))
+      return Threshold{prefix, kept, false};
+    shift = shift > 8 ? shift - 8 : 0;
   }
   return Threshold{prefix, CM{0, 0}, false};  // not reached
 }
