@@ -593,12 +593,15 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, uin
         window_histogram<true, false>(ctx, buf, top);
       }
     } else {
+      // A mass search's first digit round picks a bin of the bulk (never of one element): its
+      // counts are not kept either.
+      const bool count = !(by_mass && round == 1);
       for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
         const float x = ctx.vals[i];
         const uint32_t k = ctx.key(x);
         if ((k & mask) == prefix && k <= kmax) {
           const int d = (k >> shift) & (kBins - 1);
-          atomicAdd(&s->cnt[buf][d], 1u);
+          if (count) atomicAdd(&s->cnt[buf][d], 1u);
           if (need_mass) add_mass(ctx, buf, d, ctx.fixed(x));
         }
       }
@@ -651,8 +654,8 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, uin
     unsigned long long bin_c = s->pick[1];
     const CM kept{above.c + bin_c, s->pick_u[2]};  // (count unknown after a mass window)
     __syncthreads();  // pick is rewritten next round
+    if (by_mass && round <= 1) bin_c = 2;  // not counted: never stop here
     if (round == 0) {
-      if (by_mass) bin_c = 2;  // not counted: never stop here
       if (d == 0 && lo > 0) {
         // Below the window: 8-bit digits from the top over the keys under it.
         tail = true;
