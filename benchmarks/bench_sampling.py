@@ -138,36 +138,16 @@ def time_us(fn, iters: int = 60) -> tuple[float, str]:
 PEER_SKIP = ("top_k_first",)
 
 
-#: A/B builds of our module: name -> extra nvcc flags (include/flashinfer/sampling_common.cuh).
-VARIANTS = {"atomic_window": ("-DFLASHINFER_SAMPLING_ATOMIC_WINDOW",)}
-
-
-def use_variant(name: str) -> None:
-    """Make flashinfer.sampling's ops run the module built with VARIANTS[name]."""
-    import dataclasses
-
-    import flashinfer.sampling as fs
-    from flashinfer.jit.sampling import gen_sampling_module
-
-    base = gen_sampling_module()
-    mod = dataclasses.replace(base, name=f"sampling_{name}", precompiled=False,
-                              extra_cuda_cflags=base.extra_cuda_cflags + VARIANTS[name]
-                              ).build_and_load()
-    fs.get_sampling_module = lambda: mod
-
-
 def standalone(out: str, warm_only: bool, peer: bool = False, only: str = "",
-               no_cluster: bool = False, variant: str = "") -> None:
+               no_cluster: bool = False) -> None:
     import flashinfer
 
-    if variant:
-        use_variant(variant)
     if no_cluster:  # ours only: the one-CTA-per-row path (what SM80/89 run)
         from flashinfer import knobs
 
         knobs.sampling.no_cluster = True
     rows = {"flashinfer": getattr(flashinfer, "__version__", "?"),
-            "device": torch.cuda.get_device_name(), "no_cluster": no_cluster, "variant": variant,
+            "device": torch.cuda.get_device_name(), "no_cluster": no_cluster,
             "cases": {}}
     for name, make, _, _ in specs():
         if only and not any(o in name for o in only.split(",")):
@@ -218,12 +198,11 @@ if __name__ == "__main__":
     ap.add_argument("--only", default="", help="comma-separated substrings of case names")
     ap.add_argument("--no-cluster", action="store_true",
                     help="ours: force the one-CTA-per-row path (FLASHINFER_SAMPLING_NO_CLUSTER)")
-    ap.add_argument("--variant", default="", choices=["", *VARIANTS])
     ap.add_argument("--merge", nargs=3)
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.merge:
         merge(*a.merge, a.out)
     else:
-        standalone(a.standalone, a.warm, a.peer, a.only, a.no_cluster, a.variant)
+        standalone(a.standalone, a.warm, a.peer, a.only, a.no_cluster)
     sys.exit(0)

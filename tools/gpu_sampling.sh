@@ -30,23 +30,15 @@ ptopk=$!
 peer=$!
 # 1. Our first-call JIT (the peer's builds run alongside).
 python3 -c "import time; t = time.time(); import flashinfer.sampling as s; s.get_sampling_module(); print(f'sampling first-call JIT: {time.time() - t:.1f} s (peer builds alongside)')" 2>&1 | tee -a $log
-# The A/B variant (round 0 of the radix search with shared-memory atomics) builds meanwhile.
-(cd benchmarks && timeout 120 python3 bench_sampling.py --warm --variant atomic_window \
-  --only "top_p_sampling_from_probs 128" >/tmp/variant_warm.log 2>&1) &
-variant=$!
 # 2. Tests.
 timeout ${TEST_TIMEOUT:-150} python3 -m pytest tests/test_sampling.py -q -p no:cacheprovider --maxfail=25 "$@" > $OUT/pytest.log 2>&1
 echo "pytest exit $? at ${SECONDS} s"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/pytest.log | head -30
-# 3. Benchmarks: ours with the shared timer, the one-CTA path, the A/B variant, the harness
-#    (ceilings), the peer.
+# 3. Benchmarks: ours with the shared timer, the one-CTA path, the harness (ceilings), the peer.
 cd benchmarks
 timeout 70 python3 bench_sampling.py --standalone $OUT/ours.json >>$log 2>&1; echo "ours exit $? at ${SECONDS} s"
 timeout 40 python3 bench_sampling.py --standalone /tmp/one_cta.json --no-cluster \
   --only "top_p_sampling_from_probs 128,sampling_from_probs,top_k_sampling,softmax" >>$log 2>&1
 echo "one-CTA path exit $? at ${SECONDS} s"
-wait $variant; timeout 40 python3 bench_sampling.py --standalone /tmp/ab_atomic_window.json \
-  --variant atomic_window --only "top_p_sampling_from_probs,top_k_sampling,renorm,mask,joint" \
-  >>$log 2>&1; echo "A/B variant exit $? at ${SECONDS} s"
 timeout 90 python3 run.py --commit "$commit" --ops sampling --out $OUT/run.json >/tmp/run.log 2>&1
 echo "run.py exit $? at ${SECONDS} s"; tail -4 /tmp/run.log
 wait $peer; tail -2 /tmp/peer_warm.log | tee -a $log
@@ -62,6 +54,6 @@ if grep -q "built in" /tmp/peer_topk.log && [ $SECONDS -lt 320 ]; then
   tail -12 /tmp/topk_ours.log /tmp/topk_peer.log
 fi
 cd $root
-cp /tmp/peer_topk.log /tmp/peer_warm.log /tmp/variant_warm.log /tmp/run.log /tmp/one_cta.json /tmp/ab_*.json /tmp/topk_*.json /tmp/topk_*.log $OUT/ 2>/dev/null
-(cd $OUT && tar -czf extra.tgz peer_topk.log peer_warm.log variant_warm.log run.log one_cta.json ab_*.json topk_* 2>/dev/null; rm -f peer_topk.log peer_warm.log variant_warm.log run.log one_cta.json ab_*.json topk_*)
+cp /tmp/peer_topk.log /tmp/peer_warm.log /tmp/run.log /tmp/one_cta.json /tmp/topk_*.json /tmp/topk_*.log $OUT/ 2>/dev/null
+(cd $OUT && tar -czf extra.tgz peer_topk.log peer_warm.log run.log one_cta.json topk_* 2>/dev/null; rm -f peer_topk.log peer_warm.log run.log one_cta.json topk_*)
 echo "done at ${SECONDS} s"
