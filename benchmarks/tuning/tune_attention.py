@@ -40,7 +40,7 @@ VARIANTS = {
     "default": (),
     # setmaxnreg split (producer / consumers; 88 / 208 default since 981a959): the producer
     # spills 116 / 144 bytes at 72 / 216 (D = 128 paged causal), 60 / 52 at 88 / 208.
-    "sm90 regs 72/216": ("SM90_PRODUCER_REGS=72", "SM90_CONSUMER_REGS=216"),
+    "sm90 regs 72/216": ("SM90_PRODUCER_REGS=72",),
     # The two sides of the plan's TMA-Q threshold (benchmarks/tuning/tma_q_sweep.py).
     "sm90 Q by cp.async": ("SM90_TMA_Q=0",),
     "sm90 Q by TMA always": ("SM90_TMA_Q=2",),

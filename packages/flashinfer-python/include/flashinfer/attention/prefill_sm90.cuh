@@ -46,16 +46,44 @@
 namespace flashinfer {
 namespace attn {
 
-/// Work unit w of the persistent grid: (item, KV head), head-major (above).
+/// Work unit w of the persistent grid: (item, KV head).
 struct WorkUnit {
   int item;
   uint32_t kv_head;
 };
 
-__device__ __forceinline__ WorkUnit work_unit(const AttentionParams& p, int num_items, int w) {
-  (void)p;
-  return {w % num_items, uint32_t(w / num_items)};
-}
+/*!
+ * @brief The order in which the CTAs of the persistent grid take the work units. Head-major
+ *   (above) in rounds of gridDim.x: CTA x takes w = x, x + gridDim.x, ... Where every item is
+ *   of one request (its K/V streams are only the KV heads, which the CTAs running together
+ *   share in either order), item-major, w = item * num_kv_heads + kv_head over the plan's
+ *   items longest first, in snake order: odd rounds hand the units to the CTAs in reverse, so
+ *   the CTA that took the longest unit of one round takes the shortest of the next. The longest
+ *   CTA's work over the mean, single causal prefill 4096 (32/8 heads): 1.78 head-major, 1.00
+ *   snake; 16384: 1.03 and 1.00 (benchmarks/notes/sm90-tma-kv.md).
+ */
+struct WorkOrder {
+  int num_items, num_work;
+  uint32_t num_kv_heads;
+  bool snake;
+
+  __device__ __forceinline__ WorkOrder(const AttentionParams& p) {
+    num_items = *p.num_items;
+    num_kv_heads = uint32_t(p.num_kv_heads);
+    num_work = num_items * p.num_kv_heads;
+    snake = FLASHINFER_ATTENTION_SM90_SNAKE != 0 && num_items > 0 &&
+            p.request_idx[0] == p.request_idx[num_items - 1];
+  }
+  /// This CTA's n-th unit (n = 0, 1, ...); >= num_work: none (nor any later one).
+  __device__ __forceinline__ int w(uint32_t n) const {
+    const int x = snake && (n & 1) ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+    return int(n * gridDim.x) + x;
+  }
+  __device__ __forceinline__ WorkUnit unit(int w) const {
+    if (snake) return {int(uint32_t(w) / num_kv_heads), uint32_t(w) % num_kv_heads};
+    return {w % num_items, uint32_t(w / num_items)};
+  }
+};
 
 /// One work item as the producer hands it to the consumers.
 struct ItemSlot {
@@ -63,15 +91,19 @@ struct ItemSlot {
   uint32_t kv_head;
 };
 
-/// Q through the TMA (set by the launch where the layout allows it): a 3-D tensor map over q as
-/// (head_dim, q heads, tokens) with 128-byte swizzle and box (64, G, 128 / G), so the box of
-/// a KV head's G heads and 128 / G tokens lands as one column block of the 128 packed rows of
-/// a Q tile, in the layout the wgmma descriptors read. Its bytes complete on the Q buffer's
-/// barrier on their own; cp.async copies would hold up every K/V copy the producer issues
-/// after them (cp.async.mbarrier.arrive counts all of a thread's earlier copies).
-struct Sm90Q {
-  CUtensorMap map;
-  int tma;  // 0: cp.async (any layout)
+/// The TMA tensor maps of one launch (set by the launch where the layout allows them).
+/// Q: a 3-D map over q as (head_dim, q heads, tokens) with 128-byte swizzle and box
+/// (64, G, 128 / G), so the box of a KV head's G heads and 128 / G tokens lands as one column
+/// block of the 128 packed rows of a Q tile, in the layout the wgmma descriptors read. Its
+/// bytes complete on the Q buffer's barrier on their own; cp.async copies would hold up every
+/// K/V copy the producer issues after them (cp.async.mbarrier.arrive counts all of a thread's
+/// earlier copies). K and V (ragged only): (head_dim, KV heads, tokens), box (64, 1, kTileKV),
+/// one column block of a ring tile per copy; one producer thread issues a whole tile and arms
+/// its barrier with the bytes, so no consumer waits behind per-row address arithmetic.
+struct Sm90Maps {
+  CUtensorMap q, k, v;
+  int tma_q;   // 0: Q by cp.async (any layout)
+  int tma_kv;  // 0: K/V by cp.async (paged, or a layout the TMA cannot describe)
 };
 
 /*!
@@ -99,13 +131,16 @@ struct Sm90Traits {
   static constexpr int kProducerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   // Per consumer thread: O (D / 2), S (64) and P (32) registers and the row state; the
-  // producer's copies need few.
-  static constexpr int kProducerRegs = FLASHINFER_ATTENTION_SM90_PRODUCER_REGS;
-  static constexpr int kConsumerRegs = FLASHINFER_ATTENTION_SM90_CONSUMER_REGS;
+  // producer's copies need few, fewest where K/V come through the TMA (ragged), and the
+  // consumers take the rest.
   // setmaxnreg moves registers within what the CTA was given at launch: the 64K register file
   // over kThreads, in steps of 8 (168 at 384 threads). A split asking for more blocks the
   // consumers forever.
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = PAGED_ ? FLASHINFER_ATTENTION_SM90_PRODUCER_REGS
+                                              : FLASHINFER_ATTENTION_SM90_RAGGED_PRODUCER_REGS;
+  static constexpr int kConsumerRegs =
+      (kThreads * kLaunchRegs - kProducerThreads * kProducerRegs) / kConsumerThreads / 8 * 8;
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 &&
                     kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
                         kThreads * kLaunchRegs,
@@ -164,7 +199,7 @@ struct Sm90Sync {
  *   of the next tile are fetched while the current one is issued.
  */
 template <class KT>
-__device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm90Q& qm,
+__device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm90Maps& tm,
                                              Sm90Sync<KT> sync) {
   using T = typename KT::DTypeQ;
   constexpr int D = KT::kHeadDim, S = KT::kStages, kTileKV = KT::kTileKV;
@@ -190,17 +225,17 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
   uint32_t k = 0;  // items so far: Q buffer k % 2, round k / 2
   // The bounds of the next item are looked up (two dependent global loads) while the current
   // item's tiles are issued, not at the item boundary, where the consumers wait for them.
-  const int num_items = *p.num_items;
-  const int num_work = num_items * p.num_kv_heads;
+  const WorkOrder order(p);
+  const int num_work = order.num_work;
   auto range_of = [&](int w) {
-    return item_range<KT::kPaged, kCausal>(p, work_unit(p, num_items, w).item, KT::kTileQ,
-                                           kTileKV);
+    return item_range<KT::kPaged, kCausal>(p, order.unit(w).item, KT::kTileQ, kTileKV);
   };
-  ItemRange r_next = int(blockIdx.x) < num_work ? range_of(blockIdx.x) : ItemRange{};
-  for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
+  ItemRange r_next = order.w(0) < num_work ? range_of(order.w(0)) : ItemRange{};
+  for (uint32_t n = 0; order.w(n) < num_work; ++n) {
+    const int w = order.w(n);
     const ItemRange r = r_next;
-    const uint32_t kv_head = work_unit(p, num_items, w).kv_head;
-    const int w_next = w + int(gridDim.x);
+    const uint32_t kv_head = order.unit(w).kv_head;
+    const int w_next = order.w(n + 1);
     bool looked_up = w_next >= num_work;
     // With its bounds known, the next item's Q rows are prefetched into the L2 (one row per
     // thread), so its Q load after this item's last tile hits the L2. That matters most for
@@ -213,7 +248,7 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
         const int pr = r_next.row_begin + ptid;
         if (pr < r_next.packed_len) {
           const auto [qo, head] =
-              qo_head(pr, work_unit(p, num_items, w_next).kv_head, p.group_size);
+              qo_head(pr, order.unit(w_next).kv_head, p.group_size);
           const T* src = q + (r_next.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h;
 #pragma unroll
           for (int b = 0; b < kBlocks; ++b) prefetch_l2(src + 64 * b);  // 128-byte lines
@@ -228,14 +263,14 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
     if (ptid == 0) *sync.slot(qb) = ItemSlot{r, kv_head};
     T* q_smem = sync.template q_tile<T>(qb);
     const int G = p.group_size;
-    if (qm.tma) {
+    if (tm.tma_q) {
       // Rows past the request are the next request's (zeros past the tensor): finite, and
       // their outputs are not written.
       if (ptid == 0) {
         sm90::mbar_arrive_expect_tx(sync.q_full(qb), uint32_t(KT::kQBytes));  // publishes too
 #pragma unroll
         for (int b = 0; b < D / 64; ++b) {
-          sm90::tma_load_3d(q_smem + b * KT::QTile::kBlockElems, &qm.map, sync.q_full(qb),
+          sm90::tma_load_3d(q_smem + b * KT::QTile::kBlockElems, &tm.q, sync.q_full(qb),
                             64 * b, int(kv_head) * G, r.qo_begin + r.row_begin / G);
         }
       }
@@ -256,6 +291,40 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
       if (ptid == 0) sm90::mbar_arrive(sync.q_full(qb));  // publishes the slot (release)
     }
     ++k;
+
+    if constexpr (!KT::kPaged) {
+      if (tm.tma_kv) {
+        // One thread issues every tile: wait for the ring buffer, arm its barrier with the
+        // tile's bytes, one copy per 64-column block. Keys past the item come in as the next
+        // request's keys (zeros past the tensor): masked to -inf, and the consumers zero V
+        // rows past the request (sm90_zero_v_tail) so no stale value meets P = 0.
+        const int tok0 = int(r.kv_token_begin) + r.kv_lo;
+        for (int i = 0; i < r.num_tiles; ++i, ++c) {
+          if (ptid == 0) {
+            const int s = c % S;
+            const uint32_t free_phase = (c / S + 1) & 1;
+            const int tok = tok0 + i * kTileKV;
+            if (c >= S) sm90::mbar_wait(sync.empty_k(s), free_phase);
+            sm90::mbar_arrive_expect_tx(sync.full_k(s), uint32_t(KT::kKVBytes));
+#pragma unroll
+            for (int b = 0; b < kBlocks; ++b) {
+              sm90::tma_load_3d(k_tile(s) + b * KT::KVTile::kBlockElems, &tm.k, sync.full_k(s),
+                                64 * b, int(kv_head), tok);
+            }
+            if (c >= S) sm90::mbar_wait(sync.empty_v(s), free_phase);
+            sm90::mbar_arrive_expect_tx(sync.full_v(s), uint32_t(KT::kKVBytes));
+#pragma unroll
+            for (int b = 0; b < kBlocks; ++b) {
+              sm90::tma_load_3d(v_tile(s) + b * KT::KVTile::kBlockElems, &tm.v, sync.full_v(s),
+                                64 * b, int(kv_head), tok);
+            }
+          }
+          look_up_next();
+        }
+        look_up_next();
+        continue;
+      }
+    }
 
     const T* k_base = static_cast<const T*>(p.k) + int64_t(kv_head) * p.k_stride_h + sub_chunk * 8;
     const T* v_base = static_cast<const T*>(p.v) + int64_t(kv_head) * p.v_stride_h + sub_chunk * 8;
@@ -329,11 +398,50 @@ __device__ __forceinline__ void sm90_release(uint64_t* bar) {
   if (threadIdx.x % 32 == 0) sm90::mbar_arrive(bar);
 }
 
-/// Waits for a buffer the producer filled with cp.async, then orders those (generic-proxy)
-/// writes before this thread's wgmma (async-proxy) reads of it.
-__device__ __forceinline__ void sm90_acquire(uint64_t* bar, uint32_t parity) {
+/// Waits for a buffer the producer filled, then (`cp_async`: filled with cp.async) orders those
+/// generic-proxy writes before this thread's wgmma (async-proxy) reads of it; TMA writes are
+/// async-proxy writes already.
+__device__ __forceinline__ void sm90_acquire(uint64_t* bar, uint32_t parity, bool cp_async = true) {
   sm90::mbar_wait(bar, parity);
-  sm90::fence_proxy_async();
+  if (cp_async) sm90::fence_proxy_async();
+}
+
+/*!
+ * @brief One online-softmax step over raw Q K^T logits (masked keys -inf) with the logits'
+ *   scale folded into the exponent: the row maxima are taken over the raw values and scaled
+ *   once, and each element becomes exp2(s * scale - m) in one FFMA before the ex2, where
+ *   softmax_step (common.cuh) takes logits the logits pass has already scaled (a multiply and
+ *   a subtraction per element). m is in the scaled domain either way. `scale` > 0.
+ */
+template <int NB>
+__device__ __forceinline__ bool sm90_softmax_step(float (&s)[1][NB][4], float (&m)[1][2],
+                                                  float (&d)[1][2], float (&row_scale)[1][2],
+                                                  float scale) {
+  bool rescale = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NB; ++n) mx = fmaxf(mx, fmaxf(s[0][n][2 * h], s[0][n][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    mx = fmaxf(m[0][h], mx * scale);
+    const float m_safe = mx == -INFINITY ? 0.f : mx;
+    rescale |= mx != m[0][h];
+    row_scale[0][h] = fast_exp2(m[0][h] - m_safe);  // m_old = -inf -> 0
+    m[0][h] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        s[0][n][e] = fast_exp2(fmaf(s[0][n][e], scale, -m_safe));
+        sum += s[0][n][e];
+      }
+    }
+    d[0][h] = d[0][h] * row_scale[0][h] + sum;
+  }
+  return __any_sync(0xffffffff, rescale);
 }
 
 /*!
@@ -398,7 +506,8 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
 
 /// A consumer warpgroup: 64 rows of every work item of this CTA.
 template <class KT>
-__device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<KT> sync) {
+__device__ __forceinline__ void sm90_consume(const AttentionParams& p, const bool tma_kv,
+                                             Sm90Sync<KT> sync) {
   using T = typename KT::DTypeQ;
   using TO = typename KT::DTypeO;
   using Mma = sm90::Wgmma<T, KT::kTileKV>;    // S = Q K^T: 64 x kTileKV per warpgroup
@@ -462,14 +571,60 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
       for (int e = 0; e < 4; ++e) o[0][n][e] = 0.f;
   };
 
+  // Ping-pong (FlashAttention-3): the warpgroups take turns issuing their MMAs (hardware
+  // barriers 1 and 2: a warpgroup waits at its own, where the other arrives right after
+  // issuing), so one's softmax runs while the other's MMAs use the tensor cores. Warpgroup 1
+  // starts by handing warpgroup 0 the first turn.
+  constexpr bool kPingPong = FLASHINFER_ATTENTION_SM90_PINGPONG != 0;
+  auto my_turn = [&] {
+    if constexpr (kPingPong) sm90::named_barrier(1 + wg, KT::kConsumerThreads);
+  };
+  auto their_turn = [&] {
+    if constexpr (kPingPong) sm90::named_barrier_arrive(2 - wg, KT::kConsumerThreads);
+  };
+  if (wg == 1) their_turn();
+
+  // A TMA-filled V tile that runs past the request's keys holds the next request's rows (or
+  // whatever a larger buffer holds past the last request): their P is 0, but 0 x NaN is not,
+  // so those rows become zeros before the P V that reads them. Both warpgroups write half of
+  // them, then meet (hardware barrier 3). Rare: the last tile of an item that reaches past
+  // the request's last key.
+  auto zero_v_tail = [&](int slot, int base, const ItemRange& r) {
+    const int from = r.kv_len - base;
+    if (!tma_kv || from >= kTileKV) return;
+    T* v = kv_smem + (S + slot) * kTileKV * D;
+    constexpr int kChunks = D / 8;
+    for (int i = tid; i < (kTileKV - from) * kChunks; i += KT::kConsumerThreads) {
+      *reinterpret_cast<uint4*>(v + KT::KVTile::offset(from + i / kChunks, i % kChunks)) =
+          make_uint4(0, 0, 0, 0);
+    }
+    sm90::fence_proxy_async();
+    sm90::named_barrier(3, KT::kConsumerThreads);
+  };
+
   // Every wgmma is issued and waited for within one item: ptxas serializes all of them if one
   // stays in flight across the loop's back edge (warnings C7514, C7518). Issuing the next item's
   // S_0 behind the last P V (writing the item out while it computes) was tried that way and
   // measured 13% slower on 16 x 1024 ragged prefill: it waits for the next item's first tile.
+  // The logits' scale goes into the softmax's exp2 (sm90_softmax_step) where the logits are
+  // plain: no soft cap and no ALiBi (both transform scaled logits), a positive scale.
+  const bool fold = FLASHINFER_ATTENTION_SM90_FOLD_SCALE != 0 && KT::kPos == PosEncoding::kNone &&
+                    p.softcap_post == 0.f && p.sm_scale_log2 > 0.f;
+  const float exp_scale = fold ? p.sm_scale_log2 : 1.f;
+  auto logits = [&](const ItemRange& r, const RowFacts<1>& rows, int base) {
+    logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, base, kTileKV, t, !fold);
+  };
+  auto softmax = [&](float (&m)[1][2], float (&d)[1][2], float (&scale)[1][2]) {
+    if constexpr (FLASHINFER_ATTENTION_SM90_FOLD_SCALE != 0) {
+      return sm90_softmax_step(s, m, d, scale, exp_scale);
+    } else {
+      return softmax_step(s, m, d, scale);
+    }
+  };
+
   uint32_t c = 0;  // tiles consumed by this CTA so far (the producer counts the same way)
-  uint32_t k = 0;  // items so far
-  const int num_work = *p.num_items * p.num_kv_heads;
-  for (int w = blockIdx.x; w < num_work; w += gridDim.x, ++k) {
+  const WorkOrder order(p);
+  for (uint32_t k = 0; order.w(k) < order.num_work; ++k) {  // k: items so far
     const int qb = k % 2;
     sm90_acquire(sync.q_full(qb), (k / 2) & 1);
     const ItemRange r = sync.slot(qb)->r;
@@ -484,30 +639,35 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
       // Tile 0: S only.
       {
         const int slot = c % S;
-        sm90_acquire(sync.full_k(slot), (c / S) & 1);
+        sm90_acquire(sync.full_k(slot), (c / S) & 1, !tma_kv);
+        my_turn();
         issue_qk(qb, slot);
+        their_turn();
         sm90::wgmma_wait<0>();
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
-        logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, r.kv_lo, kTileKV, t);
+        logits(r, rows, r.kv_lo);
         float scale[1][2];
-        softmax_step(s, m, d, scale);  // O is still zero: nothing to rescale
+        softmax(m, d, scale);  // O is still zero: nothing to rescale
         pack_all();
       }
       // Tiles 1 ..: S_j overlaps the softmax with P_{j-1} V_{j-1}.
       for (int j = 1; j < r.num_tiles; ++j) {
         const uint32_t cj = c + j;
         const int slot = cj % S, prev = (cj - 1) % S;
-        sm90_acquire(sync.full_k(slot), (cj / S) & 1);
-        sm90_acquire(sync.full_v(prev), ((cj - 1) / S) & 1);
+        sm90_acquire(sync.full_k(slot), (cj / S) & 1, !tma_kv);
+        sm90_acquire(sync.full_v(prev), ((cj - 1) / S) & 1, !tma_kv);
+        zero_v_tail(prev, r.kv_lo + (j - 1) * kTileKV, r);
+        my_turn();
         issue_qk(qb, slot);
         issue_pv(prev);
+        their_turn();
         sm90::wgmma_wait<1>();  // S_j
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
-        logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, r.kv_lo + j * kTileKV, kTileKV, t);
+        logits(r, rows, r.kv_lo + j * kTileKV);
         float scale[1][2];
-        const bool rescale = softmax_step(s, m, d, scale);
+        const bool rescale = softmax(m, d, scale);
         sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1}
         sm90::fence_operands(o_flat);
         sm90::fence_operands(pf_flat);
@@ -522,8 +682,11 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
       }
       // The last tile's P V.
       const uint32_t cl = c + r.num_tiles - 1;
-      sm90_acquire(sync.full_v(cl % S), (cl / S) & 1);
+      sm90_acquire(sync.full_v(cl % S), (cl / S) & 1, !tma_kv);
+      zero_v_tail(cl % S, r.kv_lo + (r.num_tiles - 1) * kTileKV, r);
+      my_turn();
       issue_pv(cl % S);
+      their_turn();
       sm90::wgmma_wait<0>();
       sm90::fence_operands(o_flat);
       sm90::fence_operands(pf_flat);
@@ -548,6 +711,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
     sm90::fence_proxy_async();
     sm90_release(sync.q_empty(qb));
   }
+  if (wg == 0) my_turn();  // takes warpgroup 1's last hand-over: no arrival is left pending
 }
 
 #endif  // FLASHINFER_SM90_ENABLED
@@ -555,7 +719,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
 template <class KT>
 __global__ void __launch_bounds__(KT::kThreads, 1)
     attention_kernel_sm90(const __grid_constant__ AttentionParams p,
-                          const __grid_constant__ Sm90Q qm) {
+                          const __grid_constant__ Sm90Maps tm) {
 #ifdef FLASHINFER_SM90_ENABLED
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
@@ -563,15 +727,16 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
   if (threadIdx.x == 0) {
     constexpr uint32_t kConsumerWarps = KT::kConsumerThreads / 32;
     for (int s = 0; s < KT::kStages; ++s) {
-      sm90::mbar_init(sync.full_k(s), KT::kProducerThreads);
-      sm90::mbar_init(sync.full_v(s), KT::kProducerThreads);
+      // cp.async: each producer thread's copy arrival; TMA: one arrival that expects the bytes.
+      sm90::mbar_init(sync.full_k(s), tm.tma_kv ? 1 : KT::kProducerThreads);
+      sm90::mbar_init(sync.full_v(s), tm.tma_kv ? 1 : KT::kProducerThreads);
       sm90::mbar_init(sync.empty_k(s), kConsumerWarps);
       sm90::mbar_init(sync.empty_v(s), kConsumerWarps);
     }
     for (int b = 0; b < 2; ++b) {
       // cp.async: the producer threads' copy arrivals and one that publishes the slot; TMA:
       // one arrival that expects the bytes.
-      sm90::mbar_init(sync.q_full(b), qm.tma ? 1 : KT::kProducerThreads + 1);
+      sm90::mbar_init(sync.q_full(b), tm.tma_q ? 1 : KT::kProducerThreads + 1);
       sm90::mbar_init(sync.q_empty(b), kConsumerWarps);
     }
   }
@@ -579,10 +744,10 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
   pdl_wait();
   if (threadIdx.x >= KT::kConsumerThreads) {
     sm90::set_max_regs_dec<KT::kProducerRegs>();
-    sm90_produce<KT>(p, qm, sync);
+    sm90_produce<KT>(p, tm, sync);
   } else {
     sm90::set_max_regs_inc<KT::kConsumerRegs>();
-    sm90_consume<KT>(p, sync);
+    sm90_consume<KT>(p, tm.tma_kv != 0, sync);
   }
   pdl_launch_dependents();
 #endif
@@ -590,11 +755,11 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
 
 /*!
  * @brief Launch the Hopper attention kernel of traits KT over a persistent grid of `grid_x`
- *   CTAs (one per SM is resident: 384 threads, 192 KB of shared memory at head_dim 128); `qm`
- *   says whether Q comes through its tensor map.
+ *   CTAs (one per SM is resident: 384 threads, 192 KB of shared memory at head_dim 128); `tm`
+ *   says whether Q and K/V come through tensor maps.
  */
 template <class KT>
-cudaError_t LaunchAttentionSm90(const AttentionParams& p, const Sm90Q& qm, int grid_x,
+cudaError_t LaunchAttentionSm90(const AttentionParams& p, const Sm90Maps& tm, int grid_x,
                                 bool enable_pdl, cudaStream_t stream) {
   auto kernel = attention_kernel_sm90<KT>;
   constexpr size_t smem = KT::kSmemBytes;
@@ -603,7 +768,7 @@ cudaError_t LaunchAttentionSm90(const AttentionParams& p, const Sm90Q& qm, int g
   if (err != cudaSuccess) return err;
   if (grid_x <= 0) return cudaSuccess;
   return launch_kernel(kernel, dim3(grid_x), dim3(KT::kThreads), smem, stream, enable_pdl, p,
-                       qm);
+                       tm);
 }
 
 }  // namespace attn

@@ -59,11 +59,31 @@
 // 80 / 216 would need 65536 and hangs: measured, 3b134a7). 88 / 208: the producer's spills
 // drop from 116 to 60 bytes (D = 128 paged), paged prefill 8 x 2048 906 -> 864 us, ragged
 // 16 x 1024 432 -> 421 (981a959, benchmarks/NOTES.md).
+// The consumers take the rest (Sm90Traits::kConsumerRegs). Paged K/V (cp.async, page lookups):
 #ifndef FLASHINFER_ATTENTION_SM90_PRODUCER_REGS
 #define FLASHINFER_ATTENTION_SM90_PRODUCER_REGS 88
 #endif
-#ifndef FLASHINFER_ATTENTION_SM90_CONSUMER_REGS
-#define FLASHINFER_ATTENTION_SM90_CONSUMER_REGS 208
+// Ragged K/V (through the TMA where the layout allows: one thread issues a tile):
+#ifndef FLASHINFER_ATTENTION_SM90_RAGGED_PRODUCER_REGS
+#define FLASHINFER_ATTENTION_SM90_RAGGED_PRODUCER_REGS 40
+#endif
+// Ragged K/V through TMA tensor maps (1) or cp.async (0).
+#ifndef FLASHINFER_ATTENTION_SM90_TMA_KV
+#define FLASHINFER_ATTENTION_SM90_TMA_KV 1
+#endif
+// The logits' scale folded into the softmax's exp2 (one FFMA per element instead of a
+// multiply and a subtraction), 1, or applied by the logits pass, 0.
+#ifndef FLASHINFER_ATTENTION_SM90_FOLD_SCALE
+#define FLASHINFER_ATTENTION_SM90_FOLD_SCALE 1
+#endif
+// The persistent grid's work order where the batch is one request: item-major in snake order
+// (1) or head-major as for other batches (0) (prefill_sm90.cuh, WorkOrder).
+#ifndef FLASHINFER_ATTENTION_SM90_SNAKE
+#define FLASHINFER_ATTENTION_SM90_SNAKE 1
+#endif
+// Ping-pong between the two consumer warpgroups (their MMAs issued in turns), 1, or not, 0.
+#ifndef FLASHINFER_ATTENTION_SM90_PINGPONG
+#define FLASHINFER_ATTENTION_SM90_PINGPONG 0
 #endif
 // K/V stages of the Hopper kernel: by default as many as shared memory holds (prefill_sm90.cuh,
 // Sm90Traits::kStages); FLASHINFER_ATTENTION_SM90_STAGES overrides it for a tuning build.
