@@ -4,7 +4,8 @@
 # variants are checked and timed (benchmarks/tuning/sm90_vs_peer.py), then the peer in its own
 # process, then the Hopper GPU tests. Everything lands in $OUT.
 #   usage (device): bash tools/gpu_sm90.sh COMMIT [VARIANT ...]
-#   env: BUDGET (s, default 340), TESTS (pytest args, default the Hopper tests of test_prefill.py),
+#   env: WHEELS (default .gpu/wheels), PEER_TAR (default .gpu/peer/flashinfer-peer.tar.xz),
+#        BUDGET (s, default 340), TESTS (pytest args, default the Hopper tests of test_prefill.py),
 #        TEST_MODULES (aot --only list the tests need beyond the sweep's)
 set -uo pipefail
 commit=${1:?commit}; shift
@@ -12,8 +13,8 @@ start=$(date +%s)
 left() { echo $(( ${BUDGET:-340} - ($(date +%s) - start) )); }
 log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a $OUT/log.txt; }
 export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl || exit 1
-mkdir -p /tmp/peer && tar -xJf .gpu/peer/flashinfer-peer.tar.xz -C /tmp/peer
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHEELS:-.gpu/wheels}/*.whl || exit 1
+mkdir -p /tmp/peer && tar -xJf ${PEER_TAR:-.gpu/peer/flashinfer-peer.tar.xz} -C /tmp/peer
 ours() { PYTHONPATH=/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws "$@"; }
 peer() { PYTHONPATH=/tmp/peer:/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws "$@"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >> $OUT/log.txt
