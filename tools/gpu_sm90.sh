@@ -6,7 +6,8 @@
 #   usage (device): bash tools/gpu_sm90.sh COMMIT [VARIANT ...]
 #   env: WHEELS (default .gpu/wheels), PEER_TAR (default .gpu/peer/flashinfer-peer.tar.xz),
 #        BUDGET (s, default 340), TESTS (pytest args, default the Hopper tests of test_prefill.py),
-#        TEST_MODULES (aot --only list the tests need beyond the sweep's)
+#        TEST_MODULES (aot --only list the tests need beyond the sweep's), ALT_FLAGS (nvcc
+#        flags of a second test run, e.g. a variant's -DFLASHINFER_ATTENTION_... macros)
 set -uo pipefail
 commit=${1:?commit}; shift
 start=$(date +%s)
@@ -18,6 +19,7 @@ mkdir -p /tmp/peer && tar -xJf ${PEER_TAR:-.gpu/peer/flashinfer-peer.tar.xz} -C 
 ours() { PYTHONPATH=/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws "$@"; }
 peer() { PYTHONPATH=/tmp/peer:/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws "$@"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >> $OUT/log.txt
+rm -f /tmp/peer-ready /tmp/aot-tests-done /tmp/aot-alt-done
 log "peer warmup (background)"
 for group in 0,1,5,7,8 2,3,4,9 6; do
   ( peer nice -n 5 python3 benchmarks/tuning/sm90_vs_peer.py peer /dev/null --warmup --cases $group \
@@ -25,6 +27,11 @@ for group in 0,1,5,7,8 2,3,4,9 6; do
 done
 ( ours nice -n 5 python3 -m flashinfer.aot --jobs 8 --only "${TEST_MODULES:-attention_ragged_bf16_obf16_d64_none_none,attention_paged_bf16_obf16_d64_causal_none,attention_ragged_f16_of16_d128_causal_none}" \
     > /tmp/aot-tests.log 2>&1; echo done > /tmp/aot-tests-done ) &
+hopper_modules=attention_ragged_bf16_obf16_d64_causal_none,attention_ragged_bf16_obf16_d128_causal_none,attention_ragged_bf16_obf16_d128_none_none,attention_ragged_bf16_obf16_d64_none_none,attention_paged_bf16_obf16_d64_causal_none,attention_paged_bf16_obf16_d128_causal_none,attention_ragged_f16_of16_d128_causal_none
+if [ -n "${ALT_FLAGS:-}" ]; then
+  ( ours env FLASHINFER_EXTRA_CUDAFLAGS="$ALT_FLAGS" nice -n 5 python3 -m flashinfer.aot --jobs 8 \
+      --only $hopper_modules > /tmp/aot-alt.log 2>&1; echo done > /tmp/aot-alt-done ) &
+fi
 log "ours: build, check, time"
 ours timeout $(( $(left) - 80 )) python3 benchmarks/tuning/sm90_vs_peer.py ours /tmp/ours.json "$@" \
   > $OUT/ours.log 2>&1
@@ -42,5 +49,12 @@ ours timeout $(( $(left) - 5 )) python3 -m pytest ${TESTS:-tests/test_prefill.py
   -x -rfEs > $OUT/pytest.log 2>&1
 log "pytest exit $?: $(tail -1 $OUT/pytest.log)"
 grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head -10 >> $OUT/log.txt
+if [ -n "${ALT_FLAGS:-}" ]; then
+  while [ ! -f /tmp/aot-alt-done ] && [ $(left) -gt 25 ]; do sleep 2; done
+  log "tests with $ALT_FLAGS"
+  ours env FLASHINFER_EXTRA_CUDAFLAGS="$ALT_FLAGS" timeout $(( $(left) - 3 )) python3 -m pytest \
+    ${TESTS:-tests/test_prefill.py -k hopper} -q -p no:cacheprovider -x -rfEs > $OUT/pytest-alt.log 2>&1
+  log "pytest (alt) exit $?: $(tail -1 $OUT/pytest-alt.log)"
+fi
 tail -3 /tmp/peer-warm-*.log > $OUT/peer-warm.txt 2>&1
 log "done"
