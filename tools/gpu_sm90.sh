@@ -6,7 +6,8 @@
 #   usage (device): bash tools/gpu_sm90.sh COMMIT [VARIANT ...]
 #   env: WHEELS (default .gpu/wheels), PEER_TAR (default .gpu/peer/flashinfer-peer.tar.xz),
 #        BUDGET (s, default 340), TESTS (pytest args, default the Hopper tests of test_prefill.py),
-#        TEST_MODULES (aot --only list the tests need beyond the sweep's), ALT_FLAGS (nvcc
+#        STRESS (variant names, spaces as _), STRESS_N, TEST_MODULES (aot --only list the
+#        tests need beyond the sweep's; "all": every attention module), ALT_FLAGS (nvcc
 #        flags of a second test run, e.g. a variant's -DFLASHINFER_ATTENTION_... macros)
 set -uo pipefail
 commit=${1:?commit}; shift
@@ -25,7 +26,11 @@ for group in 0,1,5,7,8 2,3,4,9 6; do
   ( peer nice -n 5 python3 benchmarks/tuning/sm90_vs_peer.py peer /dev/null --warmup --cases $group \
       > /tmp/peer-warm-$group.log 2>&1; echo "$group exit $?" >> /tmp/peer-ready ) &
 done
-( ours nice -n 5 python3 -m flashinfer.aot --jobs 8 --only "${TEST_MODULES:-attention_ragged_bf16_obf16_d64_none_none,attention_paged_bf16_obf16_d64_causal_none,attention_ragged_f16_of16_d128_causal_none}" \
+test_modules=${TEST_MODULES:-attention_ragged_bf16_obf16_d64_none_none,attention_paged_bf16_obf16_d64_causal_none,attention_ragged_f16_of16_d128_causal_none}
+[ "$test_modules" = all ] && test_modules=$(ours python3 -c "
+from flashinfer import aot
+print(','.join(s.name for s in aot.registered_specs() if s.name.startswith('attention_')))")
+( ours nice -n 5 python3 -m flashinfer.aot --jobs 12 --only "$test_modules" \
     > /tmp/aot-tests.log 2>&1; echo done > /tmp/aot-tests-done ) &
 hopper_modules=attention_ragged_bf16_obf16_d64_causal_none,attention_ragged_bf16_obf16_d128_causal_none,attention_ragged_bf16_obf16_d128_none_none,attention_ragged_bf16_obf16_d64_none_none,attention_paged_bf16_obf16_d64_causal_none,attention_paged_bf16_obf16_d128_causal_none,attention_ragged_f16_of16_d128_causal_none
 if [ -n "${ALT_FLAGS:-}" ]; then
@@ -33,10 +38,16 @@ if [ -n "${ALT_FLAGS:-}" ]; then
       --only $hopper_modules > /tmp/aot-alt.log 2>&1; echo done > /tmp/aot-alt-done ) &
 fi
 log "ours: build, check, time"
-ours timeout $(( $(left) - 80 )) python3 benchmarks/tuning/sm90_vs_peer.py ours /tmp/ours.json "$@" \
+t=$(( $(left) - 80 )); [ $t -gt ${SWEEP_TIMEOUT:-150} ] && t=${SWEEP_TIMEOUT:-150}
+ours timeout $t python3 benchmarks/tuning/sm90_vs_peer.py ours /tmp/ours.json "$@" \
   > $OUT/ours.log 2>&1
 log "ours exit $?"
 grep -E "^check|built|^== " $OUT/ours.log >> $OUT/log.txt
+for v in ${STRESS:-}; do  # variants whose short cases replay STRESS_N times (a hang ends at 40 s)
+  ours timeout 40 python3 benchmarks/tuning/sm90_vs_peer.py stress "${v//_/ }" ${STRESS_N:-3000} \
+    >> $OUT/stress.log 2>&1
+  log "stress ${v//_/ } exit $?"
+done
 while [ "$(wc -l < /tmp/peer-ready 2>/dev/null || echo 0)" -lt 3 ] && [ $(left) -gt 70 ]; do sleep 2; done
 log "peer ready: $(tr '\n' ' ' < /tmp/peer-ready 2>/dev/null)"
 peer timeout $(( $(left) - 45 )) python3 benchmarks/tuning/sm90_vs_peer.py peer /tmp/peer.json > $OUT/peer.log 2>&1

@@ -7,6 +7,7 @@ in a separate process of the same device call (both packages are named ``flashin
     python benchmarks/tuning/sm90_vs_peer.py peer OUT.json [--warmup]      (the peer; --warmup builds)
     python benchmarks/tuning/sm90_vs_peer.py merge RESULT.json --ours A.json --peer B.json
         [--commit C] [--variant NAME]
+    python benchmarks/tuning/sm90_vs_peer.py stress VARIANT N   (N replays of the short cases)
 
 Only the public API is used, so the same cases run on either package, and both sides are timed
 by this file's `time_case` (not flashinfer.testing, which differs between the packages: the
@@ -40,19 +41,9 @@ PAGE = 16
 # Variants of ours: macro assignments (FLASHINFER_ATTENTION_ prefixed). "default" is the tree.
 VARIANTS = {
     "default": (),
-    "cp.async K/V, scale pass (before)": ("SM90_TMA_KV=0", "SM90_FOLD_SCALE=0",
-                                          "SM90_RAGGED_PRODUCER_REGS=88"),
-    "TMA K/V 40/232, scale pass": ("SM90_FOLD_SCALE=0",),
-    "TMA K/V 88/208, folded scale": ("SM90_RAGGED_PRODUCER_REGS=88",),
-    "TMA K/V 24/240, folded scale": ("SM90_RAGGED_PRODUCER_REGS=24",),
-    "cp.async K/V 88/208, folded scale": ("SM90_TMA_KV=0", "SM90_RAGGED_PRODUCER_REGS=88"),
-    "default + ping-pong": ("SM90_PINGPONG=1",),
-    "default, head-major always": ("SM90_SNAKE=0",),
-    "default, Q by cp.async always": ("SM90_TMA_Q=0",),
-    "default, Q by TMA always": ("SM90_TMA_Q=2",),
-    "default + ping-pong, 24/240, Q by TMA always": ("SM90_PINGPONG=1",
-                                                     "SM90_RAGGED_PRODUCER_REGS=24",
-                                                     "SM90_TMA_Q=2"),
+    "producer 88 / consumers 208": ("SM90_RAGGED_PRODUCER_REGS=88",),
+    "producer 56 / consumers 224": ("SM90_RAGGED_PRODUCER_REGS=56",),
+    "producer 24 / consumers 240": ("SM90_RAGGED_PRODUCER_REGS=24",),
 }
 
 
@@ -212,27 +203,58 @@ def check(label: str) -> dict:
     return {"errors": errs, "ok": ok}
 
 
-def ours(args) -> int:
-    import flashinfer.attention.runtime as rt
+def _specs(flags):
+    """The swept modules (bf16: head_dim 128 causal ragged and paged, non-causal ragged,
+    head_dim 64 causal ragged) with a variant's macros."""
     from flashinfer.jit.attention import AttentionVariant
+
+    out = {}
+    for d, mask, paged in ((128, "causal", False), (128, "causal", True), (128, "none", False),
+                           (64, "causal", False)):
+        m = AttentionVariant("bfloat16", "bfloat16", d, mask, "NONE", paged)
+        base = m.spec()
+        macros = tuple(f"-DFLASHINFER_ATTENTION_{f}" for f in flags)
+        out[m] = dataclasses.replace(base, extra_cuda_cflags=base.extra_cuda_cflags + macros)
+    return out
+
+
+def _use(specs) -> None:
+    import flashinfer.attention.runtime as rt
     from flashinfer.jit.core import get_module
 
-    modules = [AttentionVariant("bfloat16", "bfloat16", d, mask, "NONE", paged)
-               for d, mask, paged in ((128, "causal", False), (128, "causal", True),
-                                      (128, "none", False), (64, "causal", False))]
+    mods = {m: get_module(s) for m, s in specs.items()}
+    rt.set_module_source(lambda m: mods[m])
+
+
+def stress(args) -> int:
+    """Replays of the short cases (many items per CTA, every K/V tile through the TMA) and the
+    check, to catch a hang or a wrong result that a few timed replays would miss."""
+    _use(_specs(VARIANTS[args.variant]))
+    print(f"stress {args.variant}: {check(args.variant)}", flush=True)
+    for i in (9, 2, 0):  # ragged 64 x 256, ragged 16 x 1024, single 4096
+        case = cases([i])[0]
+        out = case.fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            case.fn()
+        t = time.monotonic()
+        for _ in range(args.n):
+            graph.replay()
+        torch.cuda.synchronize()
+        print(f"stress {args.variant}: {case.name} x {args.n} in {time.monotonic() - t:.1f} s, "
+              f"finite {bool(torch.isfinite(out).all())}", flush=True)
+    return 0
+
+
+def ours(args) -> int:
+    from flashinfer.jit.core import get_module
+
     names = args.variants or list(VARIANTS)
     unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
-
-    def specs(flags):
-        out = {}
-        for m in modules:
-            base = m.spec()
-            macros = tuple(f"-DFLASHINFER_ATTENTION_{f}" for f in flags)
-            out[m] = dataclasses.replace(base, extra_cuda_cflags=base.extra_cuda_cflags + macros)
-        return out
-
+    specs = _specs
     built = {name: specs(VARIANTS[name]) for name in names}
     t = time.monotonic()
     # Not aot.build_all: its progress lines key on module names, which the variants share.
@@ -246,8 +268,7 @@ def ours(args) -> int:
     result["variants"] = {}
     for i, name in enumerate(names):
         label = name if name not in names[:i] else f"{name} (repeat {names[:i].count(name)})"
-        mods = {m: get_module(s) for m, s in built[name].items()}
-        rt.set_module_source(lambda m, mods=mods: mods[m])
+        _use(built[name])
         entry = {"flags": list(VARIANTS[name]), "check": check(label)}
         print(f"== {label} ({time.monotonic() - t:.0f} s)", flush=True)
         entry["rows"] = time_cases(cases(), result["ceilings"])
@@ -328,8 +349,11 @@ def main(argv=None) -> int:
     m.add_argument("--peer", required=True)
     m.add_argument("--commit", default="")
     m.add_argument("--variant", default="")
+    st = sub.add_parser("stress")
+    st.add_argument("variant", choices=list(VARIANTS))
+    st.add_argument("n", type=int)
     args = ap.parse_args(argv)
-    return {"ours": ours, "peer": peer, "merge": merge}[args.cmd](args)
+    return {"ours": ours, "peer": peer, "merge": merge, "stress": stress}[args.cmd](args)
 
 
 if __name__ == "__main__":

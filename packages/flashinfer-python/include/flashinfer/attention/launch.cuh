@@ -147,23 +147,26 @@ struct AttentionLaunch {
   }
 
   /// The Hopper kernel's tensor maps where the layout allows them (any q, k and v the binding
-  /// takes otherwise load with cp.async). Q where the plan asks for it and the group size
-  /// divides the 128-row tile; ragged K and V always (FLASHINFER_ATTENTION_SM90_TMA_KV).
+  /// takes otherwise load with cp.async). Ragged K and V always. Q where the group size
+  /// divides the 128-row tile, and K/V come through the TMA or the plan asks for it (paged
+  /// K/V by cp.async: TMA Q where a CTA takes many short items, plan.py). With TMA K/V, TMA Q
+  /// measured faster on every case, long items included (H200, 4096: 264 vs 307 us, 16384:
+  /// 3906 vs 4054; benchmarks/notes/sm90-tma-kv.md).
   static Sm90Maps sm90_maps(const AttentionParams& p, const LaunchChoice& c) {
     Sm90Maps tm = {};
-    const int64_t g = p.group_size;
-    const bool use_q = FLASHINFER_ATTENTION_SM90_TMA_Q == 2 ||
-                       (FLASHINFER_ATTENTION_SM90_TMA_Q == 1 && c.sm90_tma_q);
     if (!kHasSm90) return tm;
-    tm.tma_q = use_q && 128 % g == 0 &&
-               encode_map(&tm.q, p.q, p.num_qo_heads, c.num_tokens, p.q_stride_h,
-                          p.q_stride_n, int(g), int(128 / g));
-    if constexpr (!kPaged && FLASHINFER_ATTENTION_SM90_TMA_KV != 0) {
+    if constexpr (!kPaged) {
       tm.tma_kv = encode_map(&tm.k, p.k, p.num_kv_heads, c.num_kv_tokens, p.k_stride_h,
                              p.k_stride_n, 1, Cta3::kTileKV) &&
                   encode_map(&tm.v, p.v, p.num_kv_heads, c.num_kv_tokens, p.v_stride_h,
                              p.v_stride_n, 1, Cta3::kTileKV);
     }
+    const int64_t g = p.group_size;
+    const bool use_q = FLASHINFER_ATTENTION_SM90_TMA_Q == 2 ||
+                       (FLASHINFER_ATTENTION_SM90_TMA_Q == 1 && (c.sm90_tma_q || tm.tma_kv));
+    tm.tma_q = use_q && 128 % g == 0 &&
+               encode_map(&tm.q, p.q, p.num_qo_heads, c.num_tokens, p.q_stride_h,
+                          p.q_stride_n, int(g), int(128 / g));
     return tm;
   }
 

@@ -71,13 +71,18 @@ struct WorkOrder {
     num_items = *p.num_items;
     num_kv_heads = uint32_t(p.num_kv_heads);
     num_work = num_items * p.num_kv_heads;
-    snake = FLASHINFER_ATTENTION_SM90_SNAKE != 0 && num_items > 0 &&
-            p.request_idx[0] == p.request_idx[num_items - 1];
+    snake = num_items > 0 && p.request_idx[0] == p.request_idx[num_items - 1];
   }
   /// This CTA's n-th unit (n = 0, 1, ...); >= num_work: none (nor any later one).
   __device__ __forceinline__ int w(uint32_t n) const {
     const int x = snake && (n & 1) ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
     return int(n * gridDim.x) + x;
+  }
+  /// How many units this CTA takes: the rounds that hold one for it.
+  __device__ __forceinline__ uint32_t count() const {
+    const uint32_t rounds = uint32_t(num_work) / gridDim.x, rest = uint32_t(num_work) % gridDim.x;
+    const uint32_t x = snake && (rounds & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    return rounds + (x < rest ? 1 : 0);
   }
   __device__ __forceinline__ WorkUnit unit(int w) const {
     if (snake) return {int(uint32_t(w) / num_kv_heads), uint32_t(w) % num_kv_heads};
@@ -230,6 +235,8 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
   auto range_of = [&](int w) {
     return item_range<KT::kPaged, kCausal>(p, order.unit(w).item, KT::kTileQ, kTileKV);
   };
+  // Q and K/V both through the TMA: thread 0 issues everything, the others have nothing to do.
+  if (!KT::kPaged && tm.tma_q && tm.tma_kv && ptid != 0) return;
   ItemRange r_next = order.w(0) < num_work ? range_of(order.w(0)) : ItemRange{};
   for (uint32_t n = 0; order.w(n) < num_work; ++n) {
     const int w = order.w(n);
@@ -571,23 +578,10 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
       for (int e = 0; e < 4; ++e) o[0][n][e] = 0.f;
   };
 
-  // Ping-pong (FlashAttention-3): the warpgroups take turns issuing their MMAs (hardware
-  // barriers 1 and 2: a warpgroup waits at its own, where the other arrives right after
-  // issuing), so one's softmax runs while the other's MMAs use the tensor cores. Warpgroup 1
-  // starts by handing warpgroup 0 the first turn.
-  constexpr bool kPingPong = FLASHINFER_ATTENTION_SM90_PINGPONG != 0;
-  auto my_turn = [&] {
-    if constexpr (kPingPong) sm90::named_barrier(1 + wg, KT::kConsumerThreads);
-  };
-  auto their_turn = [&] {
-    if constexpr (kPingPong) sm90::named_barrier_arrive(2 - wg, KT::kConsumerThreads);
-  };
-  if (wg == 1) their_turn();
-
   // A TMA-filled V tile that runs past the request's keys holds the next request's rows (or
   // whatever a larger buffer holds past the last request): their P is 0, but 0 x NaN is not,
   // so those rows become zeros before the P V that reads them. Both warpgroups write half of
-  // them, then meet (hardware barrier 3). Rare: the last tile of an item that reaches past
+  // them, then meet (hardware barrier 1). Rare: the last tile of an item that reaches past
   // the request's last key.
   auto zero_v_tail = [&](int slot, int base, const ItemRange& r) {
     const int from = r.kv_len - base;
@@ -599,7 +593,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
           make_uint4(0, 0, 0, 0);
     }
     sm90::fence_proxy_async();
-    sm90::named_barrier(3, KT::kConsumerThreads);
+    sm90::named_barrier(1, KT::kConsumerThreads);
   };
 
   // Every wgmma is issued and waited for within one item: ptxas serializes all of them if one
@@ -608,23 +602,19 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
   // measured 13% slower on 16 x 1024 ragged prefill: it waits for the next item's first tile.
   // The logits' scale goes into the softmax's exp2 (sm90_softmax_step) where the logits are
   // plain: no soft cap and no ALiBi (both transform scaled logits), a positive scale.
-  const bool fold = FLASHINFER_ATTENTION_SM90_FOLD_SCALE != 0 && KT::kPos == PosEncoding::kNone &&
-                    p.softcap_post == 0.f && p.sm_scale_log2 > 0.f;
+  const bool fold =
+      KT::kPos == PosEncoding::kNone && p.softcap_post == 0.f && p.sm_scale_log2 > 0.f;
   const float exp_scale = fold ? p.sm_scale_log2 : 1.f;
   auto logits = [&](const ItemRange& r, const RowFacts<1>& rows, int base) {
     logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, base, kTileKV, t, !fold);
   };
   auto softmax = [&](float (&m)[1][2], float (&d)[1][2], float (&scale)[1][2]) {
-    if constexpr (FLASHINFER_ATTENTION_SM90_FOLD_SCALE != 0) {
-      return sm90_softmax_step(s, m, d, scale, exp_scale);
-    } else {
-      return softmax_step(s, m, d, scale);
-    }
+    return sm90_softmax_step(s, m, d, scale, exp_scale);
   };
 
   uint32_t c = 0;  // tiles consumed by this CTA so far (the producer counts the same way)
-  const WorkOrder order(p);
-  for (uint32_t k = 0; order.w(k) < order.num_work; ++k) {  // k: items so far
+  const uint32_t num_mine = WorkOrder(p).count();
+  for (uint32_t k = 0; k < num_mine; ++k) {  // k: items so far
     const int qb = k % 2;
     sm90_acquire(sync.q_full(qb), (k / 2) & 1);
     const ItemRange r = sync.slot(qb)->r;
@@ -640,9 +630,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
       {
         const int slot = c % S;
         sm90_acquire(sync.full_k(slot), (c / S) & 1, !tma_kv);
-        my_turn();
         issue_qk(qb, slot);
-        their_turn();
         sm90::wgmma_wait<0>();
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
@@ -658,10 +646,8 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
         sm90_acquire(sync.full_k(slot), (cj / S) & 1, !tma_kv);
         sm90_acquire(sync.full_v(prev), ((cj - 1) / S) & 1, !tma_kv);
         zero_v_tail(prev, r.kv_lo + (j - 1) * kTileKV, r);
-        my_turn();
         issue_qk(qb, slot);
         issue_pv(prev);
-        their_turn();
         sm90::wgmma_wait<1>();  // S_j
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
@@ -684,9 +670,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
       const uint32_t cl = c + r.num_tiles - 1;
       sm90_acquire(sync.full_v(cl % S), (cl / S) & 1, !tma_kv);
       zero_v_tail(cl % S, r.kv_lo + (r.num_tiles - 1) * kTileKV, r);
-      my_turn();
       issue_pv(cl % S);
-      their_turn();
       sm90::wgmma_wait<0>();
       sm90::fence_operands(o_flat);
       sm90::fence_operands(pf_flat);
@@ -711,7 +695,6 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     sm90::fence_proxy_async();
     sm90_release(sync.q_empty(qb));
   }
-  if (wg == 0) my_turn();  // takes warpgroup 1's last hand-over: no arrival is left pending
 }
 
 #endif  // FLASHINFER_SM90_ENABLED

@@ -63,34 +63,18 @@
 #ifndef FLASHINFER_ATTENTION_SM90_PRODUCER_REGS
 #define FLASHINFER_ATTENTION_SM90_PRODUCER_REGS 88
 #endif
-// Ragged K/V (through the TMA where the layout allows: one thread issues a tile):
+// Ragged K/V (through the TMA where the layout allows: one thread issues a tile). 40 / 232
+// against 88 / 208 and 24 / 240: benchmarks/notes/sm90-tma-kv.md.
 #ifndef FLASHINFER_ATTENTION_SM90_RAGGED_PRODUCER_REGS
 #define FLASHINFER_ATTENTION_SM90_RAGGED_PRODUCER_REGS 40
-#endif
-// Ragged K/V through TMA tensor maps (1) or cp.async (0).
-#ifndef FLASHINFER_ATTENTION_SM90_TMA_KV
-#define FLASHINFER_ATTENTION_SM90_TMA_KV 1
-#endif
-// The logits' scale folded into the softmax's exp2 (one FFMA per element instead of a
-// multiply and a subtraction), 1, or applied by the logits pass, 0.
-#ifndef FLASHINFER_ATTENTION_SM90_FOLD_SCALE
-#define FLASHINFER_ATTENTION_SM90_FOLD_SCALE 1
-#endif
-// The persistent grid's work order where the batch is one request: item-major in snake order
-// (1) or head-major as for other batches (0) (prefill_sm90.cuh, WorkOrder).
-#ifndef FLASHINFER_ATTENTION_SM90_SNAKE
-#define FLASHINFER_ATTENTION_SM90_SNAKE 1
-#endif
-// Ping-pong between the two consumer warpgroups (their MMAs issued in turns), 1, or not, 0.
-#ifndef FLASHINFER_ATTENTION_SM90_PINGPONG
-#define FLASHINFER_ATTENTION_SM90_PINGPONG 0
 #endif
 // K/V stages of the Hopper kernel: by default as many as shared memory holds (prefill_sm90.cuh,
 // Sm90Traits::kStages); FLASHINFER_ATTENTION_SM90_STAGES overrides it for a tuning build.
 
-// Q through the TMA: 1 = where the plan asks for it (AttentionPlan.sm90_tma_q, whose threshold
-// benchmarks/tuning/tma_q_sweep.py measures), 0 = never, 2 = always; where q's layout allows. 0 and 2
-// exist for that sweep: they are the two sides the plan's threshold chooses between.
+// Q through the TMA: 1 = where K/V come through the TMA (ragged) or the plan asks for it
+// (AttentionPlan.sm90_tma_q, whose threshold benchmarks/tuning/tma_q_sweep.py measures), 0 =
+// never, 2 = always; where q's layout allows. 0 and 2 exist for that sweep: they are the two
+// sides the plan's threshold chooses between.
 #ifndef FLASHINFER_ATTENTION_SM90_TMA_Q
 #define FLASHINFER_ATTENTION_SM90_TMA_Q 1
 #endif
