@@ -1,23 +1,26 @@
 // The Hopper (sm_90a) attention kernel for prefill: warpgroup MMA (wgmma) with a producer warp.
 //
 // CTA. Two consumer warpgroups (threads 0-255) each own 64 of the tile's 128 packed query rows;
-// one producer warpgroup (threads 256-383, each warp 32 of the 128 keys) copies K and V tiles
-// into a ring of kStages shared-memory buffers with cp.async (any page table, any strides); each
-// copy arrives on the tile's "full" mbarrier when it lands (cp.async.mbarrier.arrive), so the
-// producer never waits for data, only for a free buffer ("empty", handed back by the
-// consumers). The producer also loads each item's Q (through the TMA where q's layout allows:
-// Sm90Q), and writes its bounds (ItemRange), into one of two Q buffers ahead of time.
+// one producer warpgroup (threads 256-383) fills a ring of kStages K and V shared-memory buffers
+// and each item's Q buffer. Ragged K/V (where the layout allows: Sm90Maps) and Q come through
+// TMA tensor maps: one producer thread issues a whole tile and arms its "full" mbarrier with
+// the tile's bytes, and the other producer threads leave. Paged K/V (any page table, any
+// strides) come by cp.async, each warp 32 of the 128 keys, each copy arriving on the tile's
+// barrier when it lands (cp.async.mbarrier.arrive). Either way the producer waits only for a
+// free buffer ("empty", handed back by the consumers), never for data. It also writes each
+// item's bounds (ItemRange) into the slot of one of two Q buffers ahead of time.
 // No CTA-wide barrier in the main loop: the three warpgroups run decoupled.
 // Registers move from the producer (88 per thread) to the consumers (208) with setmaxnreg.
 //
 // Consumer loop, per KV tile j (FlashAttention-3's intra-warpgroup overlap): issue S_j = Q K_j^T
 // (wgmma, Q and K from shared memory) and O += P_{j-1} V_{j-1} (P from registers, V from shared
 // memory), wait for S_j only, then mask and softmax S_j on the CUDA cores while the tensor cores
-// finish P V; wait, rescale O, pack P_j. The softmax is the FA2 kernel's (common.cuh).
+// finish P V; wait, rescale O, pack P_j. The softmax folds the logits' scale into its exp2
+// (sm90_softmax_step); masks, soft cap and ALiBi are the FA2 kernel's (common.cuh).
 //
-// Work. The grid is persistent: CTA x takes work w = x, x + gridDim.x, ... of
-// num_items * num_kv_heads, w = kv_head * num_items + item (work_unit), so a CTA's producer
-// starts on its next item while its consumers finish the current one.
+// Work. The grid is persistent: CTA x takes its units of the num_items * num_kv_heads (item,
+// KV head) pairs in rounds of gridDim.x (WorkOrder), so a CTA's producer starts on its next
+// item while its consumers finish the current one.
 //
 // Shared memory (128-byte swizzle, wgmma's own layout): 2 x Q [128 x D], kStages x K [128 x D],
 // kStages x V [128 x D], the mbarriers and two ItemRange slots: 192 KB at D = 128 with 2 stages,
@@ -35,13 +38,13 @@
 #include "tuning.cuh"
 
 
-// Work order of the persistent grid: head-major, w = kv_head * num_items + item, so the CTAs
-// running at one time share a KV head and read each request's K/V together (8-16 CTAs per
-// stream on 16 x 1024 ragged / 8 x 2048 paged prefill), and the L2 serves it
-// (benchmarks/probes/sm90_l2_model.py). The epilogue stages each warp's 16 output rows in its rows of
-// the item's Q buffer and stores whole rows with 16-byte coalesced stores. The measurements
-// that chose both, and ping-pong between the consumer warpgroups (measured slower), are in
-// benchmarks/notes/attention-ab-switches.md.
+// Work order of the persistent grid for a batch of several requests: head-major, w = kv_head *
+// num_items + item, so the CTAs running at one time share a KV head and read each request's K/V
+// together (8-16 CTAs per stream on 16 x 1024 ragged / 8 x 2048 paged prefill), and the L2
+// serves it (benchmarks/probes/sm90_l2_model.py); one request: WorkOrder. The epilogue stages
+// each warp's 16 output rows in its rows of the item's Q buffer and stores whole rows with
+// 16-byte coalesced stores. The measurements that chose these, and ping-pong between the
+// consumer warpgroups (measured slower twice), are in benchmarks/notes/attention-ab-switches.md.
 
 namespace flashinfer {
 namespace attn {
@@ -60,7 +63,8 @@ struct WorkUnit {
  *   items longest first, in snake order: odd rounds hand the units to the CTAs in reverse, so
  *   the CTA that took the longest unit of one round takes the shortest of the next. The longest
  *   CTA's work over the mean, single causal prefill 4096 (32/8 heads): 1.78 head-major, 1.00
- *   snake; 16384: 1.03 and 1.00 (benchmarks/notes/sm90-tma-kv.md).
+ *   snake; 16384: 1.03 and 1.00. Measured (H200, one build each way): 4096 307 vs 456 us,
+ *   head_dim 64 at 8192 755 vs 928 (benchmarks/notes/sm90-tma-kv.md).
  */
 struct WorkOrder {
   int num_items, num_work;
@@ -136,14 +140,12 @@ struct Sm90Traits {
   static constexpr int kProducerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   // Per consumer thread: O (D / 2), S (64) and P (32) registers and the row state; the
-  // producer's copies need few, fewest where K/V come through the TMA (ragged), and the
-  // consumers take the rest.
+  // producer's copies need few, and the consumers take the rest.
   // setmaxnreg moves registers within what the CTA was given at launch: the 64K register file
   // over kThreads, in steps of 8 (168 at 384 threads). A split asking for more blocks the
   // consumers forever.
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  static constexpr int kProducerRegs = PAGED_ ? FLASHINFER_ATTENTION_SM90_PRODUCER_REGS
-                                              : FLASHINFER_ATTENTION_SM90_RAGGED_PRODUCER_REGS;
+  static constexpr int kProducerRegs = FLASHINFER_ATTENTION_SM90_PRODUCER_REGS;
   static constexpr int kConsumerRegs =
       (kThreads * kLaunchRegs - kProducerThreads * kProducerRegs) / kConsumerThreads / 8 * 8;
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 &&
@@ -168,11 +170,13 @@ struct Sm90Traits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per CTA");
 };
 
-/// Where the warpgroups meet in shared memory. The mbarriers of the K/V ring: full (each of the
-/// 128 producer threads arrives when its copies land) and empty (one lane of each of the 8
-/// consumer warps arrives), for K and V separately so S_j can start before V_j has landed. The
-/// Q buffers: q_full (the producer's 128 copy arrivals, plus one plain arrival that publishes
-/// the item's ItemRange and KV head) and q_empty (the consumer warps, after the epilogue).
+/// Where the warpgroups meet in shared memory. The mbarriers of the K/V ring: full (cp.async:
+/// each of the 128 producer threads arrives when its copies land; TMA: one arrival that
+/// expects the tile's bytes) and empty (one lane of each of the 8 consumer warps arrives), for
+/// K and V separately so S_j can start before V_j has landed. The Q buffers: q_full (cp.async:
+/// the producer's 128 copy arrivals plus one plain arrival that publishes the item's ItemRange
+/// and KV head; TMA: one arrival that expects the bytes and publishes) and q_empty (the
+/// consumer warps, after the epilogue).
 template <class KT>
 struct Sm90Sync {
   uint8_t* smem;
@@ -199,9 +203,11 @@ struct Sm90Sync {
 /*!
  * @brief The producer warpgroup. Per work item: Q and the item's bounds into a Q buffer (once
  *   the consumers are done with the item two back), then for every KV tile: wait for its ring
- *   buffer to be free, copy K and V in (rows past the sequence as zeros); every copy arrives on
- *   its barrier when it lands. Warp w copies keys 32 w .. 32 w + 31 of each tile; the page ids
- *   of the next tile are fetched while the current one is issued.
+ *   buffer to be free, then load K and V. Through the TMA (ragged): thread 0 alone, one copy
+ *   per 64-column block. By cp.async (paged, or a layout the TMA cannot take): rows past the
+ *   sequence as zeros, every copy arriving on its barrier when it lands; warp w copies keys
+ *   32 w .. 32 w + 31 of each tile, the page ids of the next tile fetched while the current one
+ *   is issued.
  */
 template <class KT>
 __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm90Maps& tm,
@@ -304,7 +310,7 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
         // One thread issues every tile: wait for the ring buffer, arm its barrier with the
         // tile's bytes, one copy per 64-column block. Keys past the item come in as the next
         // request's keys (zeros past the tensor): masked to -inf, and the consumers zero V
-        // rows past the request (sm90_zero_v_tail) so no stale value meets P = 0.
+        // rows past the request (zero_v_tail) so no stale value meets P = 0.
         const int tok0 = int(r.kv_token_begin) + r.kv_lo;
         for (int i = 0; i < r.num_tiles; ++i, ++c) {
           if (ptid == 0) {
