@@ -316,7 +316,7 @@ def merge(args) -> int:
         case["extra"] = {"variant": chosen}
         cases_.append(case)
     schema.write(args.out, schema.record(
-        "sweep", "sm90-vs-peer", ours_["device"], commit=args.commit or None,
+        "sweep", args.topic, ours_["device"], commit=args.commit or None,
         ceilings=ours_["ceilings"], cases=cases_,
         note=f"ours (variant '{chosen}') and FlashInfer {peer_.get('flashinfer_version')} "
              "fa3 in two processes of one device call; CUDA-graph replays, cold L2, median; "
@@ -349,6 +349,7 @@ def main(argv=None) -> int:
     m.add_argument("--peer", required=True)
     m.add_argument("--commit", default="")
     m.add_argument("--variant", default="")
+    m.add_argument("--topic", default="sm90-vs-peer", help="the record's topic (file name end)")
     st = sub.add_parser("stress")
     st.add_argument("variant", choices=list(VARIANTS))
     st.add_argument("n", type=int)
