@@ -317,20 +317,17 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
             const int s = c % S;
             const uint32_t free_phase = (c / S + 1) & 1;
             const int tok = tok0 + i * kTileKV;
-            if (c >= S) sm90::mbar_wait(sync.empty_k(s), free_phase);
-            sm90::mbar_arrive_expect_tx(sync.full_k(s), uint32_t(KT::kKVBytes));
+            auto load = [&](T* dst, const CUtensorMap* map, uint64_t* full, uint64_t* empty) {
+              if (c >= S) sm90::mbar_wait(empty, free_phase);
+              sm90::mbar_arrive_expect_tx(full, uint32_t(KT::kKVBytes));
 #pragma unroll
-            for (int b = 0; b < kBlocks; ++b) {
-              sm90::tma_load_3d(k_tile(s) + b * KT::KVTile::kBlockElems, &tm.k, sync.full_k(s),
-                                64 * b, int(kv_head), tok);
-            }
-            if (c >= S) sm90::mbar_wait(sync.empty_v(s), free_phase);
-            sm90::mbar_arrive_expect_tx(sync.full_v(s), uint32_t(KT::kKVBytes));
-#pragma unroll
-            for (int b = 0; b < kBlocks; ++b) {
-              sm90::tma_load_3d(v_tile(s) + b * KT::KVTile::kBlockElems, &tm.v, sync.full_v(s),
-                                64 * b, int(kv_head), tok);
-            }
+              for (int b = 0; b < kBlocks; ++b) {
+                sm90::tma_load_3d(dst + b * KT::KVTile::kBlockElems, map, full, 64 * b,
+                                  int(kv_head), tok);
+              }
+            };
+            load(k_tile(s), &tm.k, sync.full_k(s), sync.empty_k(s));
+            load(v_tile(s), &tm.v, sync.full_v(s), sync.empty_v(s));
           }
           look_up_next();
         }
