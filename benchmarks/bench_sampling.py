@@ -78,6 +78,8 @@ def specs():
         ("sampling_from_logits 128x128256 fp32", logits_case("sampling_from_logits"), read, ""),
         ("top_p_sampling_from_probs 1x128256 fp32 p=0.9 (latency)",
          probs_case("top_p_sampling_from_probs", 0.9, b=1), V * 4, ""),
+        ("sampling_from_probs 1x128256 fp32 (latency)", probs_case("sampling_from_probs", b=1),
+         V * 4, ""),
         ("softmax 128x128256 fp32", logits_case("softmax"), 2 * read, ">= 85% of copy"),
         ("top_p_renorm_probs 128x128256 fp32 p=0.9", probs_case("top_p_renorm_probs", 0.9),
          2 * read, ">= 85% of copy"),
@@ -136,12 +138,20 @@ def time_us(fn, iters: int = 60) -> tuple[float, str]:
 PEER_SKIP = ("top_k_first",)
 
 
-def standalone(out: str, warm_only: bool, peer: bool = False) -> None:
+def standalone(out: str, warm_only: bool, peer: bool = False, only: str = "",
+               no_cluster: bool = False) -> None:
     import flashinfer
 
+    if no_cluster:  # ours only: the one-CTA-per-row path (what SM80/89 run)
+        from flashinfer import knobs
+
+        knobs.sampling.no_cluster = True
     rows = {"flashinfer": getattr(flashinfer, "__version__", "?"),
-            "device": torch.cuda.get_device_name(), "cases": {}}
+            "device": torch.cuda.get_device_name(), "no_cluster": no_cluster,
+            "cases": {}}
     for name, make, _, _ in specs():
+        if only and not any(o in name for o in only.split(",")):
+            continue
         if peer and any(s in name for s in PEER_SKIP):
             rows["cases"][name] = {"error": "not measured (the peer's top-k module JIT)"}
             continue
@@ -165,7 +175,7 @@ def standalone(out: str, warm_only: bool, peer: bool = False) -> None:
 
 def merge(ours: str, peer: str, run: str, out: str) -> None:
     o, p, r = (json.load(open(x)) for x in (ours, peer, run))
-    for row in r["results"]["sampling"]:
+    for row in r["cases"]:
         mine, theirs = o["cases"].get(row["name"], {}), p["cases"].get(row["name"], {})
         row["standalone_us"] = mine.get("median_us")
         row["peer_us"] = theirs.get("median_us", theirs.get("error"))
@@ -175,7 +185,7 @@ def merge(ours: str, peer: str, run: str, out: str) -> None:
                  "timer": "bench_sampling.time_us for both (standalone_us / peer_us)"}
     with open(out, "w") as f:
         json.dump(r, f, indent=1)
-    for row in r["results"]["sampling"]:
+    for row in r["cases"]:
         print(f"{row['name']:<72} ours {row['standalone_us']} peer {row['peer_us']} "
               f"ratio {row.get('ours_over_peer')} copy% {row.get('pct_of_copy')}")
 
@@ -185,11 +195,14 @@ if __name__ == "__main__":
     ap.add_argument("--standalone")
     ap.add_argument("--warm", action="store_true")
     ap.add_argument("--peer", action="store_true", help="skip the cases listed in PEER_SKIP")
+    ap.add_argument("--only", default="", help="comma-separated substrings of case names")
+    ap.add_argument("--no-cluster", action="store_true",
+                    help="ours: force the one-CTA-per-row path (FLASHINFER_SAMPLING_NO_CLUSTER)")
     ap.add_argument("--merge", nargs=3)
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.merge:
         merge(*a.merge, a.out)
     else:
-        standalone(a.standalone, a.warm, a.peer)
+        standalone(a.standalone, a.warm, a.peer, a.only, a.no_cluster)
     sys.exit(0)

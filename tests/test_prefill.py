@@ -369,6 +369,34 @@ def test_hopper_kernel_paged_gathers(head_dim, page_size, tuple_form):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_hopper_kernel_ragged_kv_tiles_past_the_requests(head_dim, causal, layout):
+    """Ragged K/V come through TMA tensor maps over the whole buffer: a last tile reads past its
+    request into the next request's keys, or past the last request into rows the caller never
+    filled (NaN and inf here, in a buffer longer than the batch), which must not reach the
+    output (0 x NaN); lengths not multiples of the 128-key tile, several items per CTA."""
+    gen = torch.Generator().manual_seed(head_dim + 2 * causal + (layout == "HND"))
+    hq, hkv, dtype = 8, 2, torch.bfloat16
+    qo_lens, kv_lens = [200, 1, 130, 77], [300, 129, 130, 1000]
+    q, k, v, qi, ki = _ragged_batch(qo_lens, kv_lens, hq, hkv, head_dim, dtype, gen)
+    pad = torch.full((300, hkv, head_dim), float("nan"), dtype=dtype, device="cuda")
+    pad[::3] = float("inf")
+    kb, vb = torch.cat([k, pad]), torch.cat([v, -pad])
+    if layout == "HND":  # (Hkv, tokens, D)
+        kb, vb = kb.transpose(0, 1).contiguous(), vb.transpose(0, 1).contiguous()
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), layout, backend="fa3")
+    w.plan(qi.cuda(), ki.cuda(), hq, hkv, head_dim, causal=causal, q_data_type=dtype)
+    assert w._plan.cta == 3
+    o, lse = w.run(q, kb, vb, return_lse=True)
+    assert torch.isfinite(o).all()
+    _check_ragged(o, lse, q, k, v, qi, ki, dtype, causal=causal)
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_hopper_kernel_matches_fa2_bitwise_free_of_nan_on_many_shapes():
     """fa3 and fa2 agree (to rounding) on every request of a mixed batch, window and soft cap
     included, and neither writes NaN into rows past the requests (output poisoned first)."""

@@ -554,3 +554,59 @@ def test_default_device_cuda():
         assert out.shape == (2, 4)
     finally:
         torch.set_default_device(None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The one-CTA-per-row path (what SM80/89 run), forced on this GPU: the same results
+
+
+def _all_ops(v, dtype, b=24):
+    """Every op on one input; results as a list of tensors."""
+    g = torch.Generator(device="cuda").manual_seed(v)
+    logits = (torch.randn(b, v, device="cuda", generator=g) * 3).to(dtype)
+    logits[1, : v // 3] = -float("inf")
+    probs = torch.softmax(logits.float(), -1).to(dtype)
+    probs[2, 5] = float("nan")
+    probs[3] = 0
+    k = torch.randint(1, 300, (b,), device="cuda", generator=g, dtype=torch.int32)
+    p = torch.rand(b, device="cuda", generator=g) * 0.9 + 0.1
+    idx = torch.randint(0, b, (3 * b,), device="cuda", generator=g)
+    kw = dict(seed=7, offset=12)
+    out = [
+        sampling.sampling_from_probs(probs, return_valid=True, **kw)[0],
+        sampling.sampling_from_probs(probs, indices=idx, **kw),
+        sampling.sampling_from_logits(logits, **kw),
+        sampling.top_p_sampling_from_probs(probs, p, **kw),
+        sampling.top_p_sampling_from_probs(probs, 0.999, **kw),
+        sampling.top_k_sampling_from_probs(probs, k, **kw),
+        sampling.min_p_sampling_from_probs(probs, 0.05, **kw),
+        sampling.top_k_top_p_sampling_from_probs(probs, k, p, **kw),
+        sampling.top_k_top_p_sampling_from_probs(probs, k, p, filter_apply_order="joint", **kw),
+        sampling.top_p_renorm_probs(probs, p),
+        sampling.top_k_renorm_probs(probs, k),
+        sampling.top_k_mask_logits(logits, k),
+    ]
+    if dtype == torch.float32:
+        n = 3
+        target = torch.softmax(torch.randn(b, n + 1, v, device="cuda", generator=g), -1)
+        draft = torch.softmax(torch.randn(b, n, v, device="cuda", generator=g), -1)
+        ids = torch.randint(0, v, (b, n), device="cuda", generator=g)
+        out += list(sampling.chain_speculative_sampling(draft, ids, target, **kw))
+    return out, sampling.softmax(logits, 0.8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("v, dtype", [(1000, torch.float32), (50001, torch.bfloat16),
+                                      (128256, torch.float32), (256000, torch.float16)])
+def test_one_cta_path_matches_cluster_path(v, dtype):
+    from flashinfer import knobs
+
+    ours, soft = _all_ops(v, dtype)
+    with knobs.sampling.scope():
+        knobs.sampling.no_cluster = True
+        assert sampling._scratch(torch.device("cuda"), 4, v) is not None
+        theirs, soft_1 = _all_ops(v, dtype)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert torch.equal(a, b), f"op {i} differs"
+    # softmax sums in float in another order: equal to rounding
+    torch.testing.assert_close(soft, soft_1, rtol=1e-5, atol=1e-9)

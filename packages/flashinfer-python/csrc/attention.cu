@@ -110,8 +110,10 @@ void run(TensorView q, TensorView k, TensorView v, TensorView o, Optional<Tensor
   cudaStream_t stream = get_stream(q.device());
 
   // 3. Launch (attention, and the split-KV merge where the kernel does not merge).
-  const LaunchChoice choice{int(cta), int(grid_x), cluster_merge, rec[kSm90TmaQ] != 0,
-                            q.size(0), rec[kNumRows]};
+  // Ragged k (N, Hkv, D) NHD / (Hkv, N, D) HND: N rows (v has k's rows, checked above).
+  const int64_t kv_tokens = kPaged ? 0 : k.size(rec[kKvLayout] == 1 ? 1 : 0);
+  const LaunchChoice choice{int(cta),  int(grid_x), cluster_merge, rec[kSm90TmaQ] != 0,
+                            q.size(0), kv_tokens,   rec[kNumRows]};
   check_launch(Launch::run(p, choice, rec[kEnablePdl] != 0, stream), "attention");
 }
 

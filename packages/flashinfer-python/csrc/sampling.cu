@@ -65,6 +65,28 @@ RngArgs rng_args(const TensorView& ref, const Optional<TensorView>& seed_arr,
   return r;
 }
 
+/// The one-CTA-per-row path's scratch (float32 (G, S), S >= vocab, S % 4 == 0, 16-byte
+/// aligned), or the cluster path when absent.
+Scratch scratch_of(const TensorView& ref, const Optional<TensorView>& scratch, int64_t vocab) {
+  Scratch sc;
+  if (!scratch.has_value()) return sc;
+  const TensorView& t = scratch.value();
+  check_same_device(ref, "input", t, "scratch");
+  check_ndim(t, "scratch", 2);
+  check_last_dim_contiguous(t, "scratch");
+  TVM_FFI_CHECK(is_dtype(t.dtype(), kDLFloat, 32), TypeError)
+      << "scratch must be float32, got " << dtype_name(t.dtype());
+  TVM_FFI_CHECK(t.size(0) >= 1 && t.size(1) >= vocab && t.stride(0) % 4 == 0 &&
+                    is_aligned(data_ptr(t), 16),
+                ValueError)
+      << "scratch must be (>= 1, >= " << vocab << ") with rows of a multiple of 4 floats, "
+      << "16-byte aligned, got shape (" << t.size(0) << ", " << t.size(1) << ")";
+  sc.ptr = data_ptr<float>(t);
+  sc.rows = t.size(0);
+  sc.stride = t.stride(0);
+  return sc;
+}
+
 }  // namespace
 
 /// out[i] = a token drawn from row indices[i] (or i) of input after `filter`; valid[i] = row has
@@ -74,7 +96,7 @@ void sample(TensorView out, Optional<TensorView> valid, TensorView input,
             Optional<TensorView> top_p_arr, double top_p, Optional<TensorView> top_k_arr,
             int64_t top_k, Optional<TensorView> min_p_arr, double min_p,
             Optional<TensorView> seed_arr, Optional<TensorView> offset_arr, int64_t seed,
-            int64_t offset, bool enable_pdl) {
+            int64_t offset, Optional<TensorView> scratch, bool enable_pdl) {
   // 1. Validate inputs.
   check_rows(input, "probs");
   TVM_FFI_CHECK(filter >= kNoFilter && filter <= kTopKFirstTopP, ValueError)
@@ -121,13 +143,14 @@ void sample(TensorView out, Optional<TensorView> valid, TensorView input,
   p.top_k = row_param<int>(input, top_k_arr, static_cast<int>(top_k), num_out, "top_k", kDLInt);
   p.min_p = row_param<float>(input, min_p_arr, static_cast<float>(min_p), num_out, "min_p", kDLFloat);
   p.rng = rng_args(input, seed_arr, offset_arr, seed, offset, num_out);
+  const Scratch sc = scratch_of(input, scratch, input.size(1));
   // 2. Device guard and stream.
   tvm::ffi::CUDADeviceGuard guard(input.device().device_id);
   cudaStream_t stream = get_stream(input.device());
   // 3. Dispatch on dtype and launch.
   dispatch_float_types(input.dtype(), "probs", [&](auto t) {
     using T = decltype(t);
-    check_launch(Sample<T>(data_ptr<T>(input), input.stride(0), num_out, input.size(1), p,
+    check_launch(Sample<T>(data_ptr<T>(input), input.stride(0), num_out, input.size(1), p, sc,
                            enable_pdl, stream),
                  "sampling");
   });
@@ -137,7 +160,8 @@ void sample(TensorView out, Optional<TensorView> valid, TensorView input,
 /// top-k renorm (input dtype), top-k mask (input dtype).
 void transform(TensorView out, TensorView input, int64_t kind, Optional<TensorView> top_p_arr,
                double top_p, Optional<TensorView> top_k_arr, int64_t top_k,
-               Optional<TensorView> temperature_arr, double temperature, bool enable_pdl) {
+               Optional<TensorView> temperature_arr, double temperature,
+               Optional<TensorView> scratch, bool enable_pdl) {
   // 1. Validate inputs.
   check_rows(input, "input");
   TVM_FFI_CHECK(kind >= kSoftmax && kind <= kTopKMask, ValueError)
@@ -163,6 +187,7 @@ void transform(TensorView out, TensorView input, int64_t kind, Optional<TensorVi
                                    "temperature", kDLFloat);
   p.out = data_ptr(out);
   p.out_stride = out.stride(0);
+  const Scratch sc = scratch_of(input, scratch, input.size(1));
   // 2. Device guard and stream.
   tvm::ffi::CUDADeviceGuard guard(input.device().device_id);
   cudaStream_t stream = get_stream(input.device());
@@ -170,7 +195,7 @@ void transform(TensorView out, TensorView input, int64_t kind, Optional<TensorVi
   dispatch_float_types(input.dtype(), "input", [&](auto t) {
     using T = decltype(t);
     check_launch(TransformRows<T>(data_ptr<T>(input), input.stride(0), rows, input.size(1), p,
-                                  enable_pdl, stream),
+                                  sc, enable_pdl, stream),
                  "sampling transform");
   });
 }
@@ -179,7 +204,7 @@ void transform(TensorView out, TensorView input, int64_t kind, Optional<TensorVi
 void chain_speculative(TensorView out, TensorView accepted, TensorView emitted, TensorView draft,
                        TensorView ids, TensorView target, Optional<TensorView> seed_arr,
                        Optional<TensorView> offset_arr, int64_t seed, int64_t offset,
-                       bool enable_pdl) {
+                       Optional<TensorView> scratch, bool enable_pdl) {
   // 1. Validate inputs.
   check_cuda(draft, "draft_probs");
   check_ndim(draft, "draft_probs", 3);
@@ -233,11 +258,12 @@ void chain_speculative(TensorView out, TensorView accepted, TensorView emitted, 
   p.out = data_ptr<int32_t>(out);
   p.accepted = data_ptr<int32_t>(accepted);
   p.emitted = data_ptr<int32_t>(emitted);
+  const Scratch sc = scratch_of(draft, scratch, vocab);
   // 2. Device guard and stream.
   tvm::ffi::CUDADeviceGuard guard(draft.device().device_id);
   cudaStream_t stream = get_stream(draft.device());
   // 3. Launch (float32 only, as upstream).
-  check_launch(ChainSpeculative(p, b, enable_pdl, stream), "chain_speculative_sampling");
+  check_launch(ChainSpeculative(p, b, sc, enable_pdl, stream), "chain_speculative_sampling");
 }
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(sample, sample);

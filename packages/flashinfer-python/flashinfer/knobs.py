@@ -383,6 +383,14 @@ class NormKnobs(KnobGroup):
     )
 
 
+class SamplingKnobs(KnobGroup):
+    no_cluster = env_bool(
+        "FLASHINFER_SAMPLING_NO_CLUSTER",
+        doc="Run flashinfer.sampling's one-CTA-per-row path (the SM80 path) on SM90+ too: same "
+        "results as the cluster path, slower (for testing).",
+    )
+
+
 # -- debugging tools (flashinfer.api_dump: level-10 dumps; flashinfer.fi_trace: trace JSON) --
 class DumpKnobs(KnobGroup):
     """``FLASHINFER_LOGLEVEL=10``: each decorated call's inputs and outputs, written to disk.
@@ -415,6 +423,7 @@ cache = CacheKnobs()
 logging = LoggingKnobs()
 artifacts = ArtifactKnobs()
 norm = NormKnobs()
+sampling = SamplingKnobs()
 dump = DumpKnobs()
 trace = TraceKnobs()
 
@@ -424,6 +433,7 @@ GROUPS: dict[str, KnobGroup] = {
     "logging": logging,
     "artifacts": artifacts,
     "norm": norm,
+    "sampling": sampling,
     "dump": dump,
     "trace": trace,
 }

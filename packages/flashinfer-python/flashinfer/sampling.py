@@ -22,6 +22,7 @@ from typing import Optional, Union
 
 import torch
 
+from . import knobs
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_cuda, check_dtype, check_tensor, resolve_pdl
 from .api_logging import flashinfer_api
 from .jit.sampling import gen_sampling_module
@@ -56,6 +57,27 @@ Param = Union[float, int, torch.Tensor]
 @functools.cache
 def get_sampling_module():
     return gen_sampling_module().build_and_load()
+
+
+@functools.cache
+def _device_info(device_index: int) -> tuple[bool, int]:
+    """(thread-block clusters available (SM90+), SM count)."""
+    props = torch.cuda.get_device_properties(device_index)
+    return props.major >= 9, props.multi_processor_count
+
+
+def _scratch(device: torch.device, rows: int, vocab: int) -> Optional[torch.Tensor]:
+    """None: one thread-block cluster per row (SM90+). Else (SM80/89, or
+    FLASHINFER_SAMPLING_NO_CLUSTER) the float32 scratch of the one-CTA-per-row path: a row per
+    CTA, rows padded to 4 floats; the kernel runs once per scratch-full of rows (at least 2 per
+    SM, or 2^24 floats' worth)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    clusters, sms = _device_info(index)
+    if clusters and not knobs.sampling.no_cluster:
+        return None
+    width = (vocab + 3) // 4 * 4
+    n = max(1, min(rows, max(2 * sms, (1 << 24) // width)))
+    return torch.empty(n, width, dtype=torch.float32, device=device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +229,8 @@ def _sample(probs, indices, filter_, logits, increment_per_row, generator, check
     valid = torch.empty(batch, dtype=torch.bool, device=device) if return_valid else None
     get_sampling_module().sample(
         out, valid, probs, indices, filter_, logits, top_p_t, float(top_p_v), top_k_t, top_k_v,
-        min_p_t, float(min_p_v), s_t, o_t, s, o, resolve_pdl(None, device),
+        min_p_t, float(min_p_v), s_t, o_t, s, o, _scratch(device, batch, probs.shape[1]),
+        resolve_pdl(None, device),
     )
     return (out, valid) if return_valid else out
 
@@ -254,7 +277,8 @@ def softmax(logits: torch.Tensor, temperature: Optional[Param] = None,
     check_cuda(logits, "logits")
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     get_sampling_module().transform(out, logits, _SOFTMAX, None, 0.0, None, 0, temp_t,
-                                    float(temp_v), resolve_pdl(enable_pdl, logits.device))
+                                    float(temp_v), _scratch(logits.device, *logits.shape),
+                                    resolve_pdl(enable_pdl, logits.device))
     return out
 
 
@@ -355,7 +379,7 @@ def _transform(x, kind, name, *, top_p=0.0, top_k=0, out_dtype=None):
     out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     get_sampling_module().transform(out, x, kind, top_p_t, float(top_p_v), top_k_t,
                                     min(int(top_k_v), _INT32_MAX), None, 1.0,
-                                    resolve_pdl(None, x.device))
+                                    _scratch(x.device, *x.shape), resolve_pdl(None, x.device))
     return out
 
 
@@ -462,5 +486,6 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
     ids = draft_token_ids.to(torch.int32)
     out = torch.empty(b, n + 1, dtype=torch.int32, device=device)
     get_sampling_module().chain_speculative(out, accepted, emitted, draft_probs, ids, target_probs,
-                                            s_t, o_t, s, o, resolve_pdl(None, device))
+                                            s_t, o_t, s, o, _scratch(device, b, vocab),
+                                            resolve_pdl(None, device))
     return out, accepted, emitted

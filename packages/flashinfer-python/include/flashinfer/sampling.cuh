@@ -9,9 +9,13 @@
 // another computes), and every later pass runs over shared memory. The CTAs exchange only small
 // partial results through distributed shared memory (DSMEM) after a cluster barrier.
 //
-// Thresholds are found by a radix select over order-preserving 32-bit keys of the values: four
-// rounds of 8 bits, each a pass that builds a 256-bin histogram (count and mass) of the elements
-// whose key matches the prefix chosen so far, a cluster barrier, and a merge of the C histograms
+// Thresholds are found by a radix select over order-preserving 32-bit keys of the values. The
+// first round bins the 11-bit key prefix (exponent and 3 mantissa bits) in a window of the 255
+// prefixes at and below the row max's, everything lower in one bin counted in registers: a row's
+// values spread over these bins, so the shared-memory atomics rarely conflict (a plain exponent
+// digit puts a warp's 32 values into a handful of bins). Later rounds take 8-bit digits of the
+// remaining bits. Each round is a pass that builds a 256-bin histogram (count and mass) of the
+// elements matching the prefix chosen so far, a cluster barrier, and a merge of the C histograms
 // from DSMEM followed by a block scan that picks the bin where the cumulative count/mass (from the
 // largest values down) reaches the target. A round stops the search early when the chosen bin
 // holds one element. The result is exact: the largest key t with F(t) >= target, where F(t) is
@@ -20,9 +24,13 @@
 // Masses are 64-bit fixed point: w(x) = floor(x * 2^(40 - e)) with 2^e <= max(row) < 2^(e+1).
 // Integer sums do not depend on the order of the additions, so histogram atomics, block and
 // cluster reductions are deterministic, and a draw is exact: target = floor(u * K) for the kept
-// mass K and a 32-bit uniform u, then the first element (in the kernel's fixed order: CTA, thread,
-// element) whose running kept mass exceeds target. Elements below 2^-41 of the row's max get
-// weight 0 (probability < 2^-41 relative to the largest).
+// mass K and a 32-bit uniform u, then the first column (in column order) whose running kept mass
+// exceeds target. Elements below 2^-41 of the row's max get weight 0 (probability < 2^-41
+// relative to the largest). Column order makes the draw independent of how a row is split, so
+// the one-CTA-per-row path below gives the cluster path's samples bit for bit.
+//
+// SM80/89 (no clusters) and FLASHINFER_SAMPLING_NO_CLUSTER: one CTA per row, the row in a global
+// scratch row (L2-resident passes instead of shared memory), the same code with a group of one.
 //
 // RNG: Philox-4x32-10 (Salmon et al., SC'11; the generator torch and curand use), counter =
 // (offset / 4, subsequence = output row), key = seed; (seed, offset) per call or per row. Written
@@ -45,11 +53,48 @@ namespace cg = cooperative_groups;
 // Kernels
 // ------------------------------------------------------------------------------------------------
 
-/// Dynamic shared memory: the chunk of `chunk` floats, then the Shared block.
-__device__ __forceinline__ void carve(unsigned char* smem, int64_t chunk, float** vals,
-                                      Shared** s) {
-  *vals = reinterpret_cast<float*>(smem);
-  *s = reinterpret_cast<Shared*>(smem + chunk * sizeof(float));
+/// Where a kernel's rows live. Clusters (scratch == nullptr): CTA i works on row i / C, its
+/// chunk in shared memory. One CTA per row (SM80 and newer; scratch set): CTA i works on row
+/// row0 + i, the whole row in its global scratch row i (stride scratch_stride floats); the host
+/// launches once per scratch-full of rows. (A loop over rows in the kernel made it spill.)
+struct RowGrid {
+  int64_t rows;
+  int64_t row0;
+  float* scratch;
+  int64_t scratch_stride;
+};
+
+/// This CTA's RowCtx for a row: its chunk in shared memory (after the chunk: the Shared block),
+/// or its scratch row (shared memory holds only the Shared block).
+__device__ __forceinline__ RowCtx row_ctx(unsigned char* smem, const RowGrid& g, int64_t vocab,
+                                          int64_t chunk, bool signed_keys) {
+  if (g.scratch) {
+    return make_ctx(g.scratch + blockIdx.x * g.scratch_stride, reinterpret_cast<Shared*>(smem),
+                    vocab, vocab, signed_keys, false);
+  }
+  return make_ctx(reinterpret_cast<float*>(smem),
+                  reinterpret_cast<Shared*>(smem + chunk * sizeof(float)), vocab, chunk,
+                  signed_keys, true);
+}
+
+/// This CTA's row.
+__device__ __forceinline__ int64_t row_of(const RowGrid& g, const RowCtx& ctx) {
+  return g.row0 + blockIdx.x / ctx.csize;
+}
+
+/// Write f(i) for the chunk's elements i to out[0, n): 16-byte stores where aligned.
+template <typename O, typename F>
+__device__ __forceinline__ void write_chunk(const RowCtx& ctx, O* out, F f) {
+  int done = 0;
+  if constexpr (std::is_same_v<O, float>) {
+    if ((reinterpret_cast<uintptr_t>(out) & 15) == 0) {
+      const int n4 = ctx.n / 4;
+      for (int i = ctx.tid; i < n4; i += ctx.nthreads)
+        reinterpret_cast<float4*>(out)[i] = make_float4(f(4 * i), f(4 * i + 1), f(4 * i + 2), f(4 * i + 3));
+      done = n4 * 4;
+    }
+  }
+  for (int i = done + ctx.tid; i < ctx.n; i += ctx.nthreads) out[i] = from_float<O>(f(i));
 }
 
 struct SampleParams {
@@ -65,43 +110,37 @@ struct SampleParams {
   bool* valid;
 };
 
-/// One cluster per output row: load, filter, draw one token.
+/// Load, filter and draw one token for output row `out_row`. Group-wide.
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict__ in, int64_t stride,
-                                                    int64_t vocab, int64_t chunk, bool vec,
-                                                    SampleParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* vals;
-  Shared* s;
-  carve(smem, chunk, &vals, &s);
-  cg::cluster_group cluster = cg::this_cluster();
-  const int64_t out_row = blockIdx.x / cluster.num_blocks();
-  pdl_wait();
-  RowCtx ctx = make_ctx(vals, s, vocab, chunk, false);
+__device__ __forceinline__ void sample_row(RowCtx& ctx, const T* __restrict__ in, int64_t stride,
+                                           int64_t vocab, bool vec, const SampleParams& p,
+                                           int64_t out_row) {
   const int64_t in_row = p.rows(out_row);
   const bool row_ok = in_row >= 0 && in_row < p.rows.num_in_rows;
   const bool is_probs = !p.logits;
-  if (row_ok) {
-    load_chunk<T>(ctx, in + in_row * stride, vec, [](float x) { return x; });
-  }
+  float mx = -INFINITY;
   bool nan = false;
-  float mx = row_ok ? chunk_max(ctx, &nan) : 0.f;
-  const bool any_nan = cluster_reduce_f(ctx, nan ? 1.f : 0.f, 0, true) > 0.f;
-  mx = cluster_reduce_f(ctx, mx, 1, true);
+  if (row_ok) {
+    load_chunk<T>(ctx, in + in_row * stride, vec);
+    // Probabilities: clamp negatives to 0 (NaN is seen first).
+    mx = first_pass(ctx, is_probs, [](float x) { return fmaxf(x, 0.f); }, &nan);
+  }
+  float nan_f;
+  cluster_reduce2_f(ctx, mx, nan ? 1.f : 0.f, 0, true, &mx, &nan_f);
+  const bool any_nan = nan_f > 0.f;
   int64_t col = -1;
   if (row_ok && !any_nan) {
-    // Probabilities: clamp negatives to 0. Logits: weights exp(x - max), max weight 1.
     if (is_probs) {
-      for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) ctx.vals[i] = fmaxf(ctx.vals[i], 0.f);
       mx = fmaxf(mx, 0.f);
-    } else {
+    } else {  // logits: weights exp(x - max), max weight 1
       const bool dead = isinf(mx) && mx < 0;
       for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads)
         ctx.vals[i] = dead ? 0.f : __expf(ctx.vals[i] - mx);
       mx = dead ? 0.f : 1.f;
+      __syncthreads();
     }
-    __syncthreads();
     ctx.scale = fixed_scale(mx);
+    const uint32_t max_key = key_nonneg(mx);
     uint32_t t = 0;
     const int f = p.filter;
     if (f == kMinP) {
@@ -110,13 +149,13 @@ __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict_
     if (f == kTopK || f == kTopKTopPJoint || f == kTopKFirstTopP) {
       const int k = p.top_k(out_row);
       if (k > 0 && k < vocab) {
-        const Threshold th = radix_search(ctx, false, f == kTopKFirstTopP,
+        const Threshold th = radix_search(ctx, false, f == kTopKFirstTopP, max_key,
                                           [k](CM) { return static_cast<unsigned long long>(k); });
         if (!th.all) t = th.key;
         if (f == kTopKFirstTopP && !th.all) {
           // top-p over the renormalized top-k set: target mass p * kept(top-k).
           const double P = static_cast<double>(p.top_p(out_row)) * static_cast<double>(th.kept.m);
-          const Threshold tp = radix_search(ctx, true, true, [P](CM) {
+          const Threshold tp = radix_search(ctx, true, true, max_key, [P](CM) {
             return static_cast<unsigned long long>(floor(P)) + 1ull;
           });
           if (!tp.all && tp.key > t) t = tp.key;
@@ -126,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict_
     if (f == kTopP || f == kTopKTopPJoint ||
         (f == kTopKFirstTopP && t == 0)) {  // top-k kept everything: plain top-p
       const float tp_p = p.top_p(out_row);
-      const Threshold tp = radix_search(ctx, true, true, [tp_p](CM total) {
+      const Threshold tp = radix_search(ctx, true, true, max_key, [tp_p](CM total) {
         return static_cast<unsigned long long>(
                    floor(static_cast<double>(tp_p) * static_cast<double>(total.m))) + 1ull;
       });
@@ -141,7 +180,18 @@ __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict_
     col = 0;
   }
   if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, row_ok && !any_nan);
-  cluster.sync();  // peers may still read this CTA's shared memory
+}
+
+/// One cluster (or one CTA) per output row: load, filter, draw one token.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict__ in, int64_t stride,
+                                                    int64_t vocab, int64_t chunk, bool vec,
+                                                    RowGrid g, SampleParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  pdl_wait();
+  RowCtx ctx = row_ctx(smem, g, vocab, chunk, false);
+  sample_row<T>(ctx, in, stride, vocab, vec, p, row_of(g, ctx));
+  row_sync(ctx);  // peers may still read this CTA's shared memory
 }
 
 struct TransformParams {
@@ -153,72 +203,69 @@ struct TransformParams {
   int64_t out_stride;
 };
 
-/// One cluster per row: load, (softmax | find the filter's threshold), write the row.
+/// Load, (softmax | find the filter's threshold), write row `row`. Group-wide.
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 3) TransformKernel(const T* __restrict__ in, int64_t stride,
-                                                       int64_t vocab, int64_t chunk, bool vec,
-                                                       TransformParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* vals;
-  Shared* s;
-  carve(smem, chunk, &vals, &s);
-  cg::cluster_group cluster = cg::this_cluster();
-  const int64_t row = blockIdx.x / cluster.num_blocks();
-  pdl_wait();
+__device__ __forceinline__ void transform_row(RowCtx& ctx, const T* __restrict__ in,
+                                              int64_t stride, int64_t vocab, bool vec,
+                                              const TransformParams& p, int64_t row) {
   const int kind = p.kind;
-  RowCtx ctx = make_ctx(vals, s, vocab, chunk, kind == kTopKMask);
-  const T* src = in + row * stride;
-  float* out_f = static_cast<float*>(p.out) + row * p.out_stride;
-  T* out_t = static_cast<T*>(p.out) + row * p.out_stride;
+  Shared* s = ctx.s;
+  load_chunk<T>(ctx, in + row * stride, vec);
+  float* out_f = static_cast<float*>(p.out) + row * p.out_stride + ctx.begin;
+  T* out_t = static_cast<T*>(p.out) + row * p.out_stride + ctx.begin;
+  bool nan;
   if (kind == kSoftmax) {
     const float inv_t = 1.f / p.temperature(row);
-    load_chunk<T>(ctx, src, vec, [inv_t](float x) { return x * inv_t; });
-    bool nan;
-    const float mx = cluster_reduce_f(ctx, chunk_max(ctx, &nan), 0, true);
+    const float mx = cluster_reduce_f(
+        ctx, first_pass(ctx, inv_t != 1.f, [inv_t](float x) { return x * inv_t; }, &nan), 0,
+        true);
     float sum = 0.f;
     for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) sum += __expf(ctx.vals[i] - mx);
-    sum = cluster_reduce_f(ctx, block_sum_f(sum, s), 1, false);
+    sum = cluster_reduce_f(ctx, block_sum_f(sum, s), 2, false);
     const float inv = 1.f / sum;
     pdl_launch_dependents();
-    for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads)
-      out_f[ctx.begin + i] = __expf(ctx.vals[i] - mx) * inv;
-    cluster.sync();
+    write_chunk(ctx, out_f, [&](int i) { return __expf(ctx.vals[i] - mx) * inv; });
     return;
   }
   if (kind == kTopKMask) {
-    load_chunk<T>(ctx, src, vec, [](float x) { return x; });
+    const float mx = first_pass(ctx, false, [](float x) { return x; }, &nan);
+    float mx_all, nan_f;
+    cluster_reduce2_f(ctx, mx, nan ? 1.f : 0.f, 0, true, &mx_all, &nan_f);
+    // A NaN's key may exceed the max's: then the window holds no finite value (exact, slower).
+    const uint32_t max_key = nan_f > 0.f ? 0xffffffffu : key_signed(mx_all);
     const int k = p.top_k(row);
     uint32_t t = 0;
     if (k > 0 && k < vocab) {
-      const Threshold th = radix_search(ctx, false, false,
+      const Threshold th = radix_search(ctx, false, false, max_key,
                                         [k](CM) { return static_cast<unsigned long long>(k); });
       if (!th.all) t = th.key;
     }
-    const T ninf = from_float<T>(-INFINITY);
-    for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+    const float ninf = -INFINITY;
+    write_chunk(ctx, out_t, [&](int i) {
       const float x = ctx.vals[i];
-      out_t[ctx.begin + i] = ctx.key(x) >= t ? from_float<T>(x) : ninf;
-    }
-    cluster.sync();
+      return ctx.key(x) >= t ? x : ninf;
+    });
     return;
   }
   // Renormalizations: probabilities, negatives clamped to 0.
-  load_chunk<T>(ctx, src, vec, [](float x) { return fmaxf(x, 0.f); });
-  bool nan;
-  const float mx = cluster_reduce_f(ctx, chunk_max(ctx, &nan), 0, true);
+  const float mx =
+      cluster_reduce_f(ctx, first_pass(ctx, true, [](float x) { return fmaxf(x, 0.f); }, &nan), 0,
+                       true);
   ctx.scale = fixed_scale(mx);
+  const uint32_t max_key = key_nonneg(mx);
   uint32_t t = 0;
   Threshold th{0, CM{0, 0}, true};
   if (kind == kTopPRenorm) {
     const float tp = p.top_p(row);
-    th = radix_search(ctx, true, true, [tp](CM total) {
+    th = radix_search(ctx, true, true, max_key, [tp](CM total) {
       return static_cast<unsigned long long>(
                  floor(static_cast<double>(tp) * static_cast<double>(total.m))) + 1ull;
     });
   } else {
     const int k = p.top_k(row);
     if (k > 0 && k < vocab)
-      th = radix_search(ctx, false, true, [k](CM) { return static_cast<unsigned long long>(k); });
+      th = radix_search(ctx, false, true, max_key,
+                        [k](CM) { return static_cast<unsigned long long>(k); });
   }
   unsigned long long kept_m = th.kept.m;
   if (th.all) {
@@ -234,16 +281,28 @@ __global__ void __launch_bounds__(kThreads, 3) TransformKernel(const T* __restri
   const float inv = kept_m ? static_cast<float>(static_cast<double>(ctx.scale) /
                                                 static_cast<double>(kept_m))
                            : 0.f;
-  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+  auto y = [&](int i) {
     const float x = ctx.vals[i];
-    const float y = ctx.key(x) >= t ? x * inv : 0.f;
-    if (kind == kTopPRenorm) {
-      out_f[ctx.begin + i] = y;
-    } else {
-      out_t[ctx.begin + i] = from_float<T>(y);
-    }
+    return ctx.key(x) >= t ? x * inv : 0.f;
+  };
+  if (kind == kTopPRenorm) {
+    write_chunk(ctx, out_f, y);
+  } else {
+    write_chunk(ctx, out_t, y);
   }
-  cluster.sync();
+}
+
+/// One cluster (or one CTA) per row: load, (softmax | find the filter's threshold), write.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 3) TransformKernel(const T* __restrict__ in, int64_t stride,
+                                                       int64_t vocab, int64_t chunk, bool vec,
+                                                       RowGrid g, TransformParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  pdl_wait();
+  const bool signed_keys = p.kind == kTopKMask;
+  RowCtx ctx = row_ctx(smem, g, vocab, chunk, signed_keys);
+  transform_row<T>(ctx, in, stride, vocab, vec, p, row_of(g, ctx));
+  row_sync(ctx);
 }
 
 struct ChainParams {
@@ -259,16 +318,8 @@ struct ChainParams {
   int32_t* emitted;
 };
 
-/// One cluster per batch row: accept the draft prefix, then draw the resampled or bonus token.
-__global__ void __launch_bounds__(kThreads, 3) ChainKernel(int64_t chunk, ChainParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* vals;
-  Shared* s;
-  carve(smem, chunk, &vals, &s);
-  cg::cluster_group cluster = cg::this_cluster();
-  const int64_t row = blockIdx.x / cluster.num_blocks();
-  pdl_wait();
-  RowCtx ctx = make_ctx(vals, s, p.vocab, chunk, false);
+/// Accept the draft prefix of batch row `row`, then draw the resampled or bonus token.
+__device__ __forceinline__ void chain_row(RowCtx& ctx, const ChainParams& p, int64_t row) {
   Philox rng = p.rng.make(row);
   // Every thread runs the (short) acceptance chain: the same draws, the same answer.
   int reject = p.n, independent = 0;
@@ -295,7 +346,8 @@ __global__ void __launch_bounds__(kThreads, 3) ChainKernel(int64_t chunk, ChainP
   }
   __syncthreads();
   bool nan;
-  const float mx = cluster_reduce_f(ctx, chunk_max(ctx, &nan), 0, true);
+  const float mx =
+      cluster_reduce_f(ctx, first_pass(ctx, false, [](float x) { return x; }, &nan), 0, true);
   ctx.scale = fixed_scale(mx);
   unsigned long long kept;
   int64_t col = draw(ctx, 0, r, 0, &kept);
@@ -308,7 +360,15 @@ __global__ void __launch_bounds__(kThreads, 3) ChainKernel(int64_t chunk, ChainP
     p.accepted[row] += independent;
     p.emitted[row] += reject;
   }
-  cluster.sync();
+}
+
+/// One cluster (or one CTA) per batch row.
+__global__ void __launch_bounds__(kThreads, 3) ChainKernel(int64_t chunk, RowGrid g, ChainParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  pdl_wait();
+  RowCtx ctx = row_ctx(smem, g, p.vocab, chunk, false);
+  chain_row(ctx, p, row_of(g, ctx));
+  row_sync(ctx);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -329,6 +389,13 @@ inline RowPlan plan_rows(int64_t vocab) {
   return RowPlan{c, chunk, threads, static_cast<size_t>(chunk) * sizeof(float) + sizeof(Shared)};
 }
 
+/// The one-CTA-per-row path's global scratch: `rows` rows of `stride` floats (stride >= vocab,
+/// a multiple of 4; 16-byte aligned). ptr == nullptr: the cluster path.
+struct Scratch {
+  float* ptr = nullptr;
+  int64_t rows = 0, stride = 0;
+};
+
 /// Largest vocabulary the kernels take (16 CTAs of kMaxChunk elements).
 inline constexpr int64_t kMaxVocab = 16 * kMaxChunk;
 
@@ -336,6 +403,10 @@ template <typename Kernel>
 cudaError_t prepare(Kernel kernel, const RowPlan& plan) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(plan.smem));
+  if (e != cudaSuccess) return e;
+  // All of the unified L1/shared memory as shared memory: 3 CTAs of 64 KB chunks per SM.
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared);
   if (e != cudaSuccess) return e;
   if (plan.cluster > 8) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -349,41 +420,71 @@ inline bool rows_vectorizable(const void* ptr, int64_t stride, int64_t chunk) {
   return is_aligned(ptr, 16) && (stride * sizeof(T)) % 16 == 0 && (chunk * sizeof(T)) % 16 == 0;
 }
 
-/// Launch a row kernel (SampleKernel, TransformKernel) over `rows` rows of `vocab` T's.
+/// Launch a row kernel (SampleKernel, TransformKernel) over `rows` rows of `vocab` T's: one
+/// cluster per row, or (scratch set: SM80 and newer) one CTA per row, each holding its row in a
+/// scratch row, in launches of at most scratch.rows rows.
 template <typename T, typename Params>
-cudaError_t launch_rows(void (*kernel)(const T*, int64_t, int64_t, int64_t, bool, Params),
+cudaError_t launch_rows(void (*kernel)(const T*, int64_t, int64_t, int64_t, bool, RowGrid, Params),
                         const T* in, int64_t stride, int64_t rows, int64_t vocab,
-                        const Params& params, bool enable_pdl, cudaStream_t stream) {
+                        const Params& params, const Scratch& scratch, bool enable_pdl,
+                        cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
+  if (scratch.ptr) {
+    const bool vec = rows_vectorizable<T>(in, stride, vocab);
+    for (int64_t r0 = 0; r0 < rows; r0 += scratch.rows) {
+      const RowGrid g{rows, r0, scratch.ptr, scratch.stride};
+      const int64_t n = rows - r0 < scratch.rows ? rows - r0 : scratch.rows;
+      const cudaError_t e = launch_kernel(kernel, dim3(n), dim3(kThreads), sizeof(Shared), stream,
+                                          enable_pdl, in, stride, vocab, vocab, vec, g, params);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }
   const RowPlan plan = plan_rows(vocab);
   cudaError_t e = prepare(kernel, plan);
   if (e != cudaSuccess) return e;
   const bool vec = rows_vectorizable<T>(in, stride, plan.chunk);
+  const RowGrid g{rows, 0, nullptr, 0};
   return launch_kernel_clustered(kernel, dim3(rows * plan.cluster), dim3(plan.threads), plan.smem,
                                  stream, enable_pdl, plan.cluster, in, stride, vocab, plan.chunk,
-                                 vec, params);
+                                 vec, g, params);
 }
 
 template <typename T>
 cudaError_t Sample(const T* in, int64_t stride, int64_t num_out, int64_t vocab,
-                   const SampleParams& params, bool enable_pdl, cudaStream_t stream) {
-  return launch_rows(SampleKernel<T>, in, stride, num_out, vocab, params, enable_pdl, stream);
+                   const SampleParams& params, const Scratch& scratch, bool enable_pdl,
+                   cudaStream_t stream) {
+  return launch_rows(SampleKernel<T>, in, stride, num_out, vocab, params, scratch, enable_pdl,
+                     stream);
 }
 
 template <typename T>
 cudaError_t TransformRows(const T* in, int64_t stride, int64_t rows, int64_t vocab,
-                          const TransformParams& params, bool enable_pdl, cudaStream_t stream) {
-  return launch_rows(TransformKernel<T>, in, stride, rows, vocab, params, enable_pdl, stream);
+                          const TransformParams& params, const Scratch& scratch, bool enable_pdl,
+                          cudaStream_t stream) {
+  return launch_rows(TransformKernel<T>, in, stride, rows, vocab, params, scratch, enable_pdl,
+                     stream);
 }
 
-inline cudaError_t ChainSpeculative(const ChainParams& params, int64_t batch, bool enable_pdl,
-                                    cudaStream_t stream) {
+inline cudaError_t ChainSpeculative(const ChainParams& params, int64_t batch,
+                                    const Scratch& scratch, bool enable_pdl, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
+  if (scratch.ptr) {
+    for (int64_t r0 = 0; r0 < batch; r0 += scratch.rows) {
+      const RowGrid g{batch, r0, scratch.ptr, scratch.stride};
+      const int64_t n = batch - r0 < scratch.rows ? batch - r0 : scratch.rows;
+      const cudaError_t e = launch_kernel(ChainKernel, dim3(n), dim3(kThreads), sizeof(Shared),
+                                          stream, enable_pdl, params.vocab, g, params);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }
   const RowPlan plan = plan_rows(params.vocab);
   cudaError_t e = prepare(ChainKernel, plan);
   if (e != cudaSuccess) return e;
   return launch_kernel_clustered(ChainKernel, dim3(batch * plan.cluster), dim3(plan.threads),
-                                 plan.smem, stream, enable_pdl, plan.cluster, plan.chunk, params);
+                                 plan.smem, stream, enable_pdl, plan.cluster, plan.chunk,
+                                 RowGrid{batch, 0, nullptr, 0}, params);
 }
 
 }  // namespace sampling

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "launch.cuh"
 #include "vec.cuh"
@@ -169,13 +170,14 @@ struct CM {
 /// What a CTA keeps in shared memory beside its chunk of the row.
 struct Shared {
   unsigned int cnt[2][kBins];  ///< histogram counts, double-buffered across rounds
-  /// Histogram masses (fixed point w < 2^41) as three u32 sums: bits 32-40, 16-31 and 0-15 of
-  /// each w. A CTA holds <= 51200 < 2^16 elements, so no sum overflows, and the u64 mass is
-  /// rebuilt exactly at the merge. (64-bit shared-memory atomics are a CAS loop: measured 5x
-  /// slower on top-p, 559 vs ~100 us for the whole op.)
+  /// Histogram masses (fixed point) as three u32 sums: bits 32 and up, 16-31 and 0-15 of each
+  /// added w. A CTA's masses sum below 2^57 and its counts below 2^16 per element added, so no
+  /// word overflows, and the u64 mass is rebuilt exactly at the merge. (64-bit shared-memory
+  /// atomics are a CAS loop: measured 5x slower on top-p, 559 vs ~100 us for the whole op.)
   unsigned int mass[2][3][kBins];
   unsigned long long xu[8];           ///< cluster exchange slots (one per exchange)
   float xf[8];
+  unsigned long long wsum[32];        ///< the draw's per-warp kept masses
   CM warp_tot[32];
   float red[32];
   uint32_t pick[4];
@@ -184,7 +186,7 @@ struct Shared {
 
 /// The state of one CTA's work on one row.
 struct RowCtx {
-  float* vals;    ///< this CTA's chunk, in shared memory
+  float* vals;    ///< this CTA's chunk: shared memory (clusters) or a global scratch row
   int n;          ///< elements in the chunk
   int64_t begin;  ///< the chunk's first column
   Shared* s;
@@ -192,6 +194,7 @@ struct RowCtx {
   int parity;     ///< histogram buffer of the next round
   float scale;    ///< fixed-point scale, 2^(40 - e)
   bool signed_keys;
+  bool clustered;  ///< the row is spread over a thread-block cluster (SM90+); else one CTA
 
   __device__ __forceinline__ uint32_t key(float x) const {
     return signed_keys ? key_signed(x) : key_nonneg(x);
@@ -200,6 +203,30 @@ struct RowCtx {
     return __float2ull_rz(x * scale);
   }
 };
+
+// ------------------------------------------------------------------------------------------------
+// The row's group: a cluster (SM90+, DSMEM) or a single CTA (any arch). Same results either way.
+// ------------------------------------------------------------------------------------------------
+
+/// Barrier of every thread working on the row.
+__device__ __forceinline__ void row_sync(const RowCtx& ctx) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (ctx.clustered) {
+    cg::this_cluster().sync();
+    return;
+  }
+#endif
+  __syncthreads();
+}
+
+/// `p` (in this CTA's shared memory) as seen in the CTA of rank r of the row's group.
+template <typename P>
+__device__ __forceinline__ P* peer(const RowCtx& ctx, P* p, int r) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (ctx.clustered) return cg::this_cluster().map_shared_rank(p, r);
+#endif
+  return p;
+}
 
 template <typename V>
 __device__ __forceinline__ V warp_max(V x) {
@@ -211,6 +238,23 @@ __device__ __forceinline__ V warp_max(V x) {
 __device__ __forceinline__ float warp_sum_f(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__device__ __forceinline__ unsigned long long warp_sum_u(unsigned long long x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+/// Inclusive warp scan of a u64.
+__device__ __forceinline__ unsigned long long warp_scan_u(unsigned long long x) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
   return x;
 }
 
@@ -242,7 +286,7 @@ __device__ __forceinline__ CM block_scan(CM v, Shared* s, CM* total) {
   return v;
 }
 
-/// Block-wide max and "any" flag; every thread receives both.
+/// Block-wide max; every thread receives it.
 __device__ __forceinline__ float block_max(float x, Shared* s) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   x = warp_max(x);
@@ -265,46 +309,78 @@ __device__ __forceinline__ float block_sum_f(float x, Shared* s) {
   return x;
 }
 
-/// Publish one float per CTA in slot `slot`, barrier, and combine the cluster's values in rank
-/// order (max when `is_max`, else sum). Every thread receives the result.
-__device__ __forceinline__ float cluster_reduce_f(const RowCtx& ctx, float mine, int slot,
-                                                  bool is_max) {
-  cg::cluster_group cluster = cg::this_cluster();
-  if (ctx.tid == 0) ctx.s->xf[slot] = mine;
-  cluster.sync();
-  float acc = is_max ? -INFINITY : 0.f;
-  for (int r = 0; r < ctx.csize; ++r) {
-    const float v = *cluster.map_shared_rank(&ctx.s->xf[slot], r);
-    acc = is_max ? fmaxf(acc, v) : acc + v;
+/// Publish two floats per CTA in slots `slot`, `slot + 1`, one barrier, and combine the group's
+/// values (max when `is_max`, else a fixed-order tree sum): every lane r < csize reads rank r's
+/// slots at once (one DSMEM round trip, not csize). Every thread receives both results.
+__device__ __forceinline__ void cluster_reduce2_f(const RowCtx& ctx, float a, float b, int slot,
+                                                  bool is_max, float* ra, float* rb) {
+  if (ctx.tid == 0) ctx.s->xf[slot] = a, ctx.s->xf[slot + 1] = b;
+  row_sync(ctx);
+  const int lane = ctx.tid & 31;
+  const float id = is_max ? -INFINITY : 0.f;
+  float x = id, y = id;
+  if (lane < ctx.csize) {
+    const float* remote = peer(ctx, &ctx.s->xf[slot], lane);
+    x = remote[0];
+    y = remote[1];
   }
-  return acc;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float xo = __shfl_xor_sync(0xffffffffu, x, o);
+    const float yo = __shfl_xor_sync(0xffffffffu, y, o);
+    x = is_max ? fmaxf(x, xo) : x + xo;
+    y = is_max ? fmaxf(y, yo) : y + yo;
+  }
+  *ra = x;
+  *rb = y;
 }
 
-/// As cluster_reduce_f for a u64: returns the cluster sum and, in *before, the ranks below ours.
+__device__ __forceinline__ float cluster_reduce_f(const RowCtx& ctx, float mine, int slot,
+                                                  bool is_max) {
+  float r, unused;
+  cluster_reduce2_f(ctx, mine, 0.f, slot, is_max, &r, &unused);
+  return r;
+}
+
+/// The group's sum of a u64 (one per CTA); *before receives the sum over lower ranks.
 __device__ __forceinline__ unsigned long long cluster_sum_u(const RowCtx& ctx,
                                                             unsigned long long mine, int slot,
                                                             unsigned long long* before) {
-  cg::cluster_group cluster = cg::this_cluster();
   if (ctx.tid == 0) ctx.s->xu[slot] = mine;
-  cluster.sync();
-  unsigned long long acc = 0, pre = 0;
-  for (int r = 0; r < ctx.csize; ++r) {
-    if (r == ctx.rank) pre = acc;
-    acc += *cluster.map_shared_rank(&ctx.s->xu[slot], r);
-  }
-  *before = pre;
-  return acc;
+  row_sync(ctx);
+  const int lane = ctx.tid & 31;
+  unsigned long long v = lane < ctx.csize ? *peer(ctx, &ctx.s->xu[slot], lane) : 0ull;
+  const unsigned long long incl = warp_scan_u(v);
+  *before = __shfl_sync(0xffffffffu, incl - v, ctx.rank);
+  return __shfl_sync(0xffffffffu, incl, 31);
 }
 
-/// Load this CTA's chunk of a row into shared memory as float, through `get(v)` (a per-value
-/// map: clamping, scaling). 16-byte loads when `vec` (row start and chunk 16-byte aligned).
-template <typename T, typename Map>
-__device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool vec, Map get) {
+/// Load this CTA's chunk of a row into ctx.vals as float (no transformation: first_pass maps).
+/// 16-byte accesses when `vec` (row start and chunk 16-byte aligned); float32 rows into shared
+/// memory go through cp.async (every copy of the chunk in flight at once, no registers).
+template <typename T>
+__device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool vec) {
   constexpr int N = 16 / sizeof(T);
-  constexpr int U = 4;  // vectors in flight per thread
   const T* src = row + ctx.begin;
   int done = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, float>) {
+    if (vec && ctx.clustered) {
+      const int nv = ctx.n / 4;
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(ctx.vals));
+      for (int g = ctx.tid; g < nv; g += ctx.nthreads) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + g * 16),
+                     "l"(src + int64_t{g} * 4)
+                     : "memory");
+      }
+      asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+      done = nv * 4;
+      vec = false;
+    }
+  }
+#endif
   if (vec) {
+    constexpr int U = 4;  // vectors in flight per thread
     const int nv = ctx.n / N;
     const int step = ctx.nthreads * U;
     for (int g0 = 0; g0 < nv; g0 += step) {
@@ -320,7 +396,7 @@ __device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool
         if (g < nv) {
           float f[N];
 #pragma unroll
-          for (int j = 0; j < N; ++j) f[j] = get(to_float(v[u][j]));
+          for (int j = 0; j < N; ++j) f[j] = to_float(v[u][j]);
 #pragma unroll
           for (int j = 0; j < N; j += 4)
             *reinterpret_cast<float4*>(ctx.vals + g * N + j) = make_float4(f[j], f[j + 1], f[j + 2], f[j + 3]);
@@ -340,33 +416,60 @@ __device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool
 #pragma unroll
     for (int u = 0; u < S; ++u) {
       const int i = i0 + u * ctx.nthreads + ctx.tid;
-      if (i < ctx.n) ctx.vals[i] = get(to_float(v[u]));
+      if (i < ctx.n) ctx.vals[i] = to_float(v[u]);
     }
   }
   __syncthreads();
 }
 
-/// Max of the chunk, and whether it holds a NaN (returned through *nan); block-wide.
-__device__ __forceinline__ float chunk_max(const RowCtx& ctx, bool* nan) {
+/// One pass over the loaded chunk: x = map(x) in place (when `apply`), the chunk's max of the
+/// mapped values, and whether it held a NaN before mapping (*nan); block-wide.
+template <typename Map>
+__device__ __forceinline__ float first_pass(const RowCtx& ctx, bool apply, Map map, bool* nan) {
   float m = -INFINITY;
   bool bad = false;
-  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
-    const float x = ctx.vals[i];
+  const int n4 = ctx.n / 4;
+  float4* v4 = reinterpret_cast<float4*>(ctx.vals);
+  for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
+    float4 x = v4[i];
+    bad |= isnan(x.x) || isnan(x.y) || isnan(x.z) || isnan(x.w);
+    if (apply) {
+      x = make_float4(map(x.x), map(x.y), map(x.z), map(x.w));
+      v4[i] = x;
+    }
+    m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+  }
+  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) {
+    float x = ctx.vals[i];
     bad |= isnan(x);
+    if (apply) ctx.vals[i] = x = map(x);
     m = fmaxf(m, x);
   }
   *nan = __syncthreads_or(bad);
   return block_max(m, ctx.s);
 }
 
-/// Add a fixed-point mass w < 2^41 to bin d of a three-word histogram (see Shared::mass).
-__device__ __forceinline__ void add_mass(unsigned int (*mass)[kBins], int d,
-                                         unsigned long long w) {
+/// Add a fixed-point mass to bin d of histogram `buf` (see Shared::mass). One CTA holding a whole
+/// row (up to 2^20 elements) would overflow the 16-bit words' sums: it adds u64s instead.
+__device__ __forceinline__ void add_mass(const RowCtx& ctx, int buf, int d, unsigned long long w) {
+  unsigned int(*mass)[kBins] = ctx.s->mass[buf];
+  if (!ctx.clustered) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(mass) + d, w);
+    return;
+  }
   const unsigned int hi = static_cast<unsigned int>(w >> 32);
   const unsigned int mid = static_cast<unsigned int>(w >> 16) & 0xffffu;
   if (hi) atomicAdd(&mass[0][d], hi);
   if (mid) atomicAdd(&mass[1][d], mid);
   atomicAdd(&mass[2][d], static_cast<unsigned int>(w) & 0xffffu);
+}
+
+/// The mass of bin b of a histogram written by add_mass (possibly a peer's).
+__device__ __forceinline__ unsigned long long bin_mass(const RowCtx& ctx,
+                                                       const unsigned int (*mass)[kBins], int b) {
+  if (!ctx.clustered) return reinterpret_cast<const unsigned long long*>(mass)[b];
+  return (static_cast<unsigned long long>(mass[0][b]) << 32) +
+         (static_cast<unsigned long long>(mass[1][b]) << 16) + mass[2][b];
 }
 
 /// 2^(40 - e) for 2^e <= mx < 2^(e+1): fixed(x) < 2^41 for every x <= mx.
@@ -382,39 +485,98 @@ struct Threshold {
   bool all;
 };
 
+/// Round 0 of the radix search bins the 11-bit key prefix (for probabilities: the exponent and
+/// the top 3 mantissa bits) in a window of the kWindowBins prefixes at and below the max's, and
+/// everything lower in bin 0.
+inline constexpr int kWindowShift = 21;
+inline constexpr int kWindowBins = kBins - 1;
+
+/// Round 0's histogram: shared-memory atomics for the window's bins (a row's values spread over
+/// them, so a warp's atomics rarely conflict), registers for the bin below it. (Counting round
+/// 0 in 8 register bins of two exponents each, with no atomics, measured slower on an H200:
+/// top-p 195 vs 160 us, top-k 112 vs 94 us at 128 x 128256, since the next round's atomics
+/// then cover a whole pair of exponents.)
+template <bool kCount, bool kMass>
+__device__ __forceinline__ void window_histogram(const RowCtx& ctx, int buf, uint32_t top) {
+  unsigned int tc = 0;
+  unsigned long long tm = 0;
+  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+    const float x = ctx.vals[i];
+    const uint32_t p = ctx.key(x) >> kWindowShift;
+    const uint32_t r = p >= top ? 0u : top - p;
+    if (r >= static_cast<uint32_t>(kWindowBins)) {
+      tc += 1;
+      if (kMass) tm += ctx.fixed(x);
+    } else {
+      const int d = kBins - 1 - static_cast<int>(r);
+      if (kCount) atomicAdd(&ctx.s->cnt[buf][d], 1u);
+      if (kMass) add_mass(ctx, buf, d, ctx.fixed(x));
+    }
+  }
+  tc = __reduce_add_sync(0xffffffffu, tc);
+  tm = warp_sum_u(tm);
+  if ((ctx.tid & 31) == 0) {
+    if (kCount && tc) atomicAdd(&ctx.s->cnt[buf][0], tc);
+    if (kMass && tm) add_mass(ctx, buf, 0, tm);
+  }
+}
+
 /*!
  * @brief The largest key t with F(t) >= target, F(t) = sum over the row's elements with key >= t
  *   of 1 (by_mass false) or fixed(x) (by_mass true). `target_of(total)` gives the target from
- *   the row's total (count, mass), known after the first round. Cluster-wide; every thread of
- *   every CTA of the cluster receives the same result.
+ *   the row's total (count, mass), known after the first round; `max_key` is the key of the
+ *   row's largest value. Group-wide; every thread of every CTA receives the same result.
+ *
+ *   Round 0 (window_histogram) finds which of the 11-bit key prefixes at and below the max's
+ *   holds the threshold; later rounds take 8-bit digits of the remaining 21 bits over the
+ *   elements of that prefix. When the threshold is lower than the window, the search restarts
+ *   with 8-bit digits over the elements below it.
  */
 template <typename TargetOf>
-__device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, TargetOf target_of) {
-  cg::cluster_group cluster = cg::this_cluster();
+__device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, uint32_t max_key,
+                                  TargetOf target_of) {
   Shared* s = ctx.s;
-  uint32_t prefix = 0, mask = 0;
+  const uint32_t top = max_key >> kWindowShift;
+  const uint32_t lo = top >= kWindowBins ? top - (kWindowBins - 1) : 0;  // window: [lo, top]
+  uint32_t prefix = 0, mask = 0, kmax = 0xffffffffu;
   CM above{0, 0};
   unsigned long long target = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
+  // Rounds: 0 = the window; then digits at `shift` (13, 5, 0). The tail: 24, 16, 8, 0.
+  int shift = -1;
+  bool tail = false;
+  for (int round = 0; round < 8; ++round) {
     const int buf = ctx.parity;
     ctx.parity ^= 1;
-    // 1. This CTA's histogram of the digit at `shift` among keys matching the prefix.
-    for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
-      const float x = ctx.vals[i];
-      const uint32_t k = ctx.key(x);
-      if ((k & mask) == prefix) {
-        const int d = (k >> shift) & (kBins - 1);
-        atomicAdd(&s->cnt[buf][d], 1u);
-        if (need_mass) add_mass(s->mass[buf], d, ctx.fixed(x));
+    // 1. This CTA's histogram.
+    if (round == 0) {
+      if (by_mass) {  // a mass search needs no counts here
+        window_histogram<false, true>(ctx, buf, top);
+      } else if (need_mass) {
+        window_histogram<true, true>(ctx, buf, top);
+      } else {
+        window_histogram<true, false>(ctx, buf, top);
+      }
+    } else {
+      // A mass search's first digit round picks a bin of the bulk (never of one element): its
+      // counts are not kept either.
+      const bool count = !(by_mass && round == 1);
+      for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
+        const float x = ctx.vals[i];
+        const uint32_t k = ctx.key(x);
+        if ((k & mask) == prefix && k <= kmax) {
+          const int d = (k >> shift) & (kBins - 1);
+          if (count) atomicAdd(&s->cnt[buf][d], 1u);
+          if (need_mass) add_mass(ctx, buf, d, ctx.fixed(x));
+        }
       }
     }
-    cluster.sync();
+    row_sync(ctx);
     // The other buffer was last read by peers before this barrier: clear it for the next round.
     for (int b = ctx.tid; b < kBins; b += ctx.nthreads) {
       s->cnt[buf ^ 1][b] = 0;
       s->mass[buf ^ 1][0][b] = s->mass[buf ^ 1][1][b] = s->mass[buf ^ 1][2][b] = 0;
     }
-    // 2. Merge the cluster's histograms: thread j holds bin 255 - j (largest values first).
+    // 2. Merge the group's histograms: thread j holds bin 255 - j (largest values first).
     CM v{0, 0};
     if (ctx.tid < kBins) {
       // Remote loads in groups of 4 issued before their adds (DSMEM latency is ~hundreds of
@@ -426,12 +588,10 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, Tar
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const bool in = r0 + r < ctx.csize;
-          c[r] = in ? *cluster.map_shared_rank(&s->cnt[buf][b], r0 + r) : 0u;
+          c[r] = in ? *peer(ctx, &s->cnt[buf][b], r0 + r) : 0u;
           m[r] = 0;
           if (in && need_mass) {
-            const unsigned int(*rm)[kBins] = cluster.map_shared_rank(s->mass[buf], r0 + r);
-            m[r] = (static_cast<unsigned long long>(rm[0][b]) << 32) +
-                   (static_cast<unsigned long long>(rm[1][b]) << 16) + rm[2][b];
+            m[r] = bin_mass(ctx, peer(ctx, s->mass[buf], r0 + r), b);
           }
         }
 #pragma unroll
@@ -440,7 +600,7 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, Tar
     }
     CM total;
     CM incl = block_scan(v, s, &total);
-    if (shift == 24) target = target_of(total);
+    if (round == 0) target = target_of(total);
     incl.c += above.c, incl.m += above.m;
     const bool reached = (by_mass ? incl.m : incl.c) >= target;
     const int before = __syncthreads_count(ctx.tid < kBins && !reached);
@@ -453,63 +613,138 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, Tar
       s->pick_u[2] = incl.m;
     }
     __syncthreads();
-    prefix |= s->pick[0] << shift;
-    mask |= (kBins - 1u) << shift;
+    const uint32_t d = s->pick[0];
     above = CM{s->pick_u[0], s->pick_u[1]};
-    const unsigned long long bin_c = s->pick[1];
-    const CM kept{above.c + bin_c, s->pick_u[2]};
+    unsigned long long bin_c = s->pick[1];
+    const CM kept{above.c + bin_c, s->pick_u[2]};  // (count unknown after a mass window)
     __syncthreads();  // pick is rewritten next round
+    if (by_mass && round <= 1) bin_c = 2;  // not counted: never stop here
+    if (round == 0) {
+      if (d == 0 && lo > 0) {
+        // Below the window: 8-bit digits from the top over the keys under it.
+        tail = true;
+        kmax = (lo << kWindowShift) - 1u;
+        shift = 24;
+        continue;
+      }
+      prefix = (top - (kBins - 1 - d)) << kWindowShift;
+      mask = ~0u << kWindowShift;
+      if (bin_c == 1) return Threshold{prefix, kept, false};
+      shift = kWindowShift - 8;  // then 8 less down to 0 (whose top bits the prefix fixes)
+      continue;
+    }
+    prefix |= d << shift;
+    mask |= (kBins - 1u) << shift;
     // One element in the chosen bin: keeping the whole bin is the answer.
     if (bin_c == 1 || shift == 0) return Threshold{prefix, kept, false};
+    shift = shift > 8 ? shift - 8 : 0;
   }
   return Threshold{prefix, CM{0, 0}, false};  // not reached
 }
 
 /*!
- * @brief Draw from the kept elements (key >= t) with weight fixed(x) using the 32-bit uniform r;
- *   returns the column on the CTA that finds it (and -1 elsewhere) in *col; *kept_mass receives
- *   the cluster's kept mass. Cluster-wide.
+ * @brief Draw from the kept elements (key >= t) with weight fixed(x) using the 32-bit uniform r:
+ *   the first column, in column order, whose running kept mass exceeds floor(r K / 2^32), K the
+ *   row's kept mass (so the answer does not depend on how the row is split among CTAs and
+ *   threads). Returns the column on the CTA that finds it (and -1 elsewhere); *kept_mass receives
+ *   K. Group-wide.
+ *
+ *   Layout: warp w of a CTA owns a contiguous run of 128-column steps of the chunk, lane l the
+ *   columns 4l..4l+3 of each step (one 16-byte load), so every level (CTA, warp, step, lane,
+ *   element) is in column order.
  */
 __device__ __forceinline__ int64_t draw(const RowCtx& ctx, uint32_t t, uint32_t r, int slot,
                                         unsigned long long* kept_mass) {
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  const int steps = (ctx.n + 127) / 128;
+  const int per_warp = (steps + nw - 1) / nw;
+  const int s0 = warp * per_warp, s1 = min(steps, s0 + per_warp);
+  auto lane_mass = [&](int step) {
+    const int c = step * 128 + lane * 4;
+    float f[4];
+    if (c + 4 <= ctx.n) {
+      const float4 v = *reinterpret_cast<const float4*>(ctx.vals + c);
+      f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) f[j] = c + j < ctx.n ? ctx.vals[c + j] : 0.f;
+    }
+    unsigned long long m = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (ctx.key(f[j]) >= t) m += ctx.fixed(f[j]);
+    return m;
+  };
   unsigned long long mine = 0;
-  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
-    const float x = ctx.vals[i];
-    if (ctx.key(x) >= t) mine += ctx.fixed(x);
+  for (int st = s0; st < s1; ++st) mine += lane_mass(st);
+  mine = warp_sum_u(mine);
+  if (lane == 0) ctx.s->wsum[warp] = mine;
+  __syncthreads();
+  unsigned long long total = 0, warp_before = 0;
+  for (int w = 0; w < nw; ++w) {
+    if (w == warp) warp_before = total;
+    total += ctx.s->wsum[w];
   }
-  CM total;
-  const CM incl = block_scan(CM{0, mine}, ctx.s, &total);
   unsigned long long before;
-  const unsigned long long K = cluster_sum_u(ctx, total.m, slot, &before);
+  const unsigned long long K = cluster_sum_u(ctx, total, slot, &before);
   *kept_mass = K;
   if (K == 0) return -1;
   const unsigned long long target = __umul64hi(K, static_cast<unsigned long long>(r) << 32);
-  if (target < before || target >= before + total.m) return -1;
-  const unsigned long long local = target - before;
-  const unsigned long long excl = incl.m - mine;
-  if (!(local >= excl && local < incl.m)) return -1;
-  unsigned long long acc = excl;
-  int last = -1;
-  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
-    const float x = ctx.vals[i];
-    if (ctx.key(x) >= t) {
-      const unsigned long long w = ctx.fixed(x);
-      if (w) last = i;
-      acc += w;
-      if (acc > local) return ctx.begin + i;
-    }
+  if (target < before + warp_before || target >= before + warp_before + mine) return -1;
+  // This warp holds the target: walk its steps in order.
+  unsigned long long local = target - before - warp_before;
+  int st = s0;
+  for (; st + 4 <= s1; st += 4) {  // groups of 4 steps: 4 loads and one reduction at a time
+    const unsigned long long g =
+        warp_sum_u(lane_mass(st) + lane_mass(st + 1) + lane_mass(st + 2) + lane_mass(st + 3));
+    if (local < g) break;
+    local -= g;
   }
-  return ctx.begin + last;  // unreachable: the thread's kept mass exceeds local
+  for (; st < s1; ++st) {
+    const unsigned long long lm = lane_mass(st);
+    const unsigned long long incl = warp_scan_u(lm);
+    const unsigned long long step_total = __shfl_sync(0xffffffffu, incl, 31);
+    if (local >= step_total) {
+      local -= step_total;
+      continue;
+    }
+    const unsigned int hit = __ballot_sync(0xffffffffu, incl > local);
+    const int src = __ffs(hit) - 1;
+    if (lane != src) return -1;
+    unsigned long long acc = incl - lm;
+    const int c = st * 128 + lane * 4;
+    int last = -1;
+    for (int j = 0; j < 4 && c + j < ctx.n; ++j) {
+      const float x = ctx.vals[c + j];
+      if (ctx.key(x) >= t) {
+        const unsigned long long w = ctx.fixed(x);
+        if (w) last = c + j;
+        acc += w;
+        if (acc > local) return ctx.begin + c + j;
+      }
+    }
+    return ctx.begin + last;  // unreachable: the lane's kept mass exceeds local
+  }
+  return -1;  // unreachable: the warp's kept mass exceeds local
 }
 
+/// A CTA's part of a row: the whole row (one CTA, `scratch` a global row) or its rank's chunk of
+/// a cluster (shared memory `vals`).
 __device__ __forceinline__ RowCtx make_ctx(float* vals, Shared* s, int64_t vocab, int64_t chunk,
-                                           bool signed_keys) {
-  cg::cluster_group cluster = cg::this_cluster();
+                                           bool signed_keys, bool clustered) {
   RowCtx ctx;
   ctx.vals = vals;
   ctx.s = s;
-  ctx.rank = static_cast<int>(cluster.block_rank());
-  ctx.csize = static_cast<int>(cluster.num_blocks());
+  ctx.rank = 0;
+  ctx.csize = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (clustered) {
+    cg::cluster_group cluster = cg::this_cluster();
+    ctx.rank = static_cast<int>(cluster.block_rank());
+    ctx.csize = static_cast<int>(cluster.num_blocks());
+  }
+#endif
+  ctx.clustered = clustered;
   ctx.tid = threadIdx.x;
   ctx.nthreads = blockDim.x;
   ctx.begin = ctx.rank * chunk;

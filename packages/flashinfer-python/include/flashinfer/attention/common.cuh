@@ -193,11 +193,12 @@ __device__ __forceinline__ void for_each_s(float (&s)[MQ][NB][4], int base, int 
  * Each is a straight pass over S with its run-time choice made once outside it (a per-element
  * branch splits the unrolled loop into hundreds of small blocks that the compiler then cannot
  * overlap with the MMAs around them); the mask pass runs only on tiles that need it.
+ * `scale` false leaves plain logits unscaled (a caller that folds the scale into its exp2).
  */
 template <MaskMode kMask, PosEncoding kPos, bool kDeferScale = false, int MQ, int NB>
 __device__ __forceinline__ float logits_and_mask(float (&s)[MQ][NB][4], const AttentionParams& p,
                                                  const ItemRange& r, const RowFacts<MQ>& rows,
-                                                 int base, int tile_kv, int t) {
+                                                 int base, int tile_kv, int t, bool scale = true) {
   constexpr bool kCausal = kMask == MaskMode::kCausal;
   constexpr bool kCustom = kMask == MaskMode::kCustom;
   float deferred = 1.f;
@@ -206,7 +207,7 @@ __device__ __forceinline__ float logits_and_mask(float (&s)[MQ][NB][4], const At
                [&](float& x, int, int, int) { x = p.softcap_post * tanhf(x * p.softcap_pre); });
   } else if (kDeferScale && kPos != PosEncoding::kAlibi) {
     deferred = p.sm_scale_log2;
-  } else {
+  } else if (scale) {
     for_each_s(s, base, t, [&](float& x, int, int, int) { x *= p.sm_scale_log2; });
   }
   if constexpr (kPos == PosEncoding::kAlibi) {

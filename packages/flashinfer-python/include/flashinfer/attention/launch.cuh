@@ -69,6 +69,7 @@ struct LaunchChoice {
   bool cluster_merge;  // split KV over one query tile, merged within a cluster where it fits
   bool sm90_tma_q;     // the Hopper kernel loads Q through a TMA tensor map (where allowed)
   int64_t num_tokens;  // q's rows (the Q tensor map's extent)
+  int64_t num_kv_tokens;  // ragged k's and v's rows (their tensor maps' extent; 0 if paged)
   int64_t num_rows;    // query rows the split-KV merge writes (merge_indptr has one more)
 };
 
@@ -138,35 +139,53 @@ struct AttentionLaunch {
     return 0;
   }
 
-  /// Q's tensor map for the Hopper kernel, where the plan asks for one (`wanted`) and the layout
-  /// allows it: the group size divides the 128-row tile, and the base and strides are 16-byte
-  /// multiples (any q the binding takes otherwise loads with cp.async).
-  static Sm90Q sm90_q(const AttentionParams& p, int64_t num_tokens, bool wanted) {
-    Sm90Q qm = {};
-    const int64_t g = p.group_size, bytes = sizeof(DTypeQ);
-    const bool use =
-        FLASHINFER_ATTENTION_SM90_TMA_Q == 2 || (FLASHINFER_ATTENTION_SM90_TMA_Q == 1 && wanted);
-    if (!use || !kHasSm90 || num_tokens <= 0 || 128 % g != 0 ||
-        reinterpret_cast<uintptr_t>(p.q) % 16 != 0 || (p.q_stride_h * bytes) % 16 != 0 ||
-        (p.q_stride_n * bytes) % 16 != 0) {
-      return qm;
-    }
+  /// A 3-D tensor map (head_dim, heads, tokens) over `ptr` with 128-byte swizzle and box
+  /// (64, box_heads, box_tokens), or false where the layout does not allow one: base and
+  /// strides must be 16-byte multiples.
+  static bool encode_map(CUtensorMap* map, const void* ptr, int64_t heads, int64_t tokens,
+                         int64_t stride_h, int64_t stride_n, int box_heads, int box_tokens) {
+    const int64_t bytes = sizeof(DTypeQ);
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (encode == nullptr) return qm;
-    const cuuint64_t dims[3] = {cuuint64_t(kHeadDim), cuuint64_t(p.num_qo_heads),
-                                cuuint64_t(num_tokens)};
-    const cuuint64_t strides[2] = {cuuint64_t(p.q_stride_h * bytes),
-                                   cuuint64_t(p.q_stride_n * bytes)};
-    const cuuint32_t box[3] = {64, cuuint32_t(g), cuuint32_t(128 / g)};
+    if (encode == nullptr || tokens <= 0 || reinterpret_cast<uintptr_t>(ptr) % 16 != 0 ||
+        (stride_h * bytes) % 16 != 0 || (stride_n * bytes) % 16 != 0 || stride_h <= 0 ||
+        stride_n <= 0) {
+      return false;
+    }
+    const cuuint64_t dims[3] = {cuuint64_t(kHeadDim), cuuint64_t(heads), cuuint64_t(tokens)};
+    const cuuint64_t strides[2] = {cuuint64_t(stride_h * bytes), cuuint64_t(stride_n * bytes)};
+    const cuuint32_t box[3] = {64, cuuint32_t(box_heads), cuuint32_t(box_tokens)};
     const cuuint32_t steps[3] = {1, 1, 1};
     const CUtensorMapDataType type = std::is_same_v<DTypeQ, __half>
                                          ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                          : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    qm.tma = encode(&qm.map, type, 3, const_cast<void*>(p.q), dims, strides, box, steps,
-                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-    return qm;
+    return encode(map, type, 3, const_cast<void*>(ptr), dims, strides, box, steps,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  }
+
+  /// The Hopper kernel's tensor maps where the layout allows them (any q, k and v the binding
+  /// takes otherwise load with cp.async). Ragged K and V always. Q where the group size
+  /// divides the 128-row tile, and K/V come through the TMA or the plan asks for it (paged
+  /// K/V by cp.async: TMA Q where a CTA takes many short items, plan.py). With TMA K/V, TMA Q
+  /// measured faster on every case, long items included (H200, 4096: 264 vs 307 us, 16384:
+  /// 3906 vs 4054; benchmarks/notes/sm90-tma-kv.md).
+  static Sm90Maps sm90_maps(const AttentionParams& p, const LaunchChoice& c) {
+    Sm90Maps tm = {};
+    if (!kHasSm90) return tm;
+    if constexpr (!kPaged) {
+      tm.tma_kv = encode_map(&tm.k, p.k, p.num_kv_heads, c.num_kv_tokens, p.k_stride_h,
+                             p.k_stride_n, 1, Cta3::kTileKV) &&
+                  encode_map(&tm.v, p.v, p.num_kv_heads, c.num_kv_tokens, p.v_stride_h,
+                             p.v_stride_n, 1, Cta3::kTileKV);
+    }
+    const int64_t g = p.group_size;
+    const bool use_q = FLASHINFER_ATTENTION_SM90_TMA_Q == 2 ||
+                       (FLASHINFER_ATTENTION_SM90_TMA_Q == 1 && (c.sm90_tma_q || tm.tma_kv));
+    tm.tma_q = use_q && 128 % g == 0 &&
+               encode_map(&tm.q, p.q, p.num_qo_heads, c.num_tokens, p.q_stride_h,
+                          p.q_stride_n, int(g), int(128 / g));
+    return tm;
   }
 
   /*!
@@ -232,8 +251,7 @@ struct AttentionLaunch {
   static cudaError_t launch_sm90(const AttentionParams& p, const LaunchChoice& c,
                                  bool enable_pdl, cudaStream_t stream) {
     if constexpr (kHasSm90) {
-      return LaunchAttentionSm90<Cta3>(p, sm90_q(p, c.num_tokens, c.sm90_tma_q), c.grid_x,
-                                       enable_pdl, stream);
+      return LaunchAttentionSm90<Cta3>(p, sm90_maps(p, c), c.grid_x, enable_pdl, stream);
     } else {
       return cudaErrorInvalidValue;
     }

@@ -1,23 +1,26 @@
 // The Hopper (sm_90a) attention kernel for prefill: warpgroup MMA (wgmma) with a producer warp.
 //
 // CTA. Two consumer warpgroups (threads 0-255) each own 64 of the tile's 128 packed query rows;
-// one producer warpgroup (threads 256-383, each warp 32 of the 128 keys) copies K and V tiles
-// into a ring of kStages shared-memory buffers with cp.async (any page table, any strides); each
-// copy arrives on the tile's "full" mbarrier when it lands (cp.async.mbarrier.arrive), so the
-// producer never waits for data, only for a free buffer ("empty", handed back by the
-// consumers). The producer also loads each item's Q (through the TMA where q's layout allows:
-// Sm90Q), and writes its bounds (ItemRange), into one of two Q buffers ahead of time.
+// one producer warpgroup (threads 256-383) fills a ring of kStages K and V shared-memory buffers
+// and each item's Q buffer. Ragged K/V (where the layout allows: Sm90Maps) and Q come through
+// TMA tensor maps: one producer thread issues a whole tile and arms its "full" mbarrier with
+// the tile's bytes, and the other producer threads leave. Paged K/V (any page table, any
+// strides) come by cp.async, each warp 32 of the 128 keys, each copy arriving on the tile's
+// barrier when it lands (cp.async.mbarrier.arrive). Either way the producer waits only for a
+// free buffer ("empty", handed back by the consumers), never for data. It also writes each
+// item's bounds (ItemRange) into the slot of one of two Q buffers ahead of time.
 // No CTA-wide barrier in the main loop: the three warpgroups run decoupled.
 // Registers move from the producer (88 per thread) to the consumers (208) with setmaxnreg.
 //
 // Consumer loop, per KV tile j (FlashAttention-3's intra-warpgroup overlap): issue S_j = Q K_j^T
 // (wgmma, Q and K from shared memory) and O += P_{j-1} V_{j-1} (P from registers, V from shared
 // memory), wait for S_j only, then mask and softmax S_j on the CUDA cores while the tensor cores
-// finish P V; wait, rescale O, pack P_j. The softmax is the FA2 kernel's (common.cuh).
+// finish P V; wait, rescale O, pack P_j. The softmax folds the logits' scale into its exp2
+// (sm90_softmax_step); masks, soft cap and ALiBi are the FA2 kernel's (common.cuh).
 //
-// Work. The grid is persistent: CTA x takes work w = x, x + gridDim.x, ... of
-// num_items * num_kv_heads, w = kv_head * num_items + item (work_unit), so a CTA's producer
-// starts on its next item while its consumers finish the current one.
+// Work. The grid is persistent: CTA x takes its units of the num_items * num_kv_heads (item,
+// KV head) pairs in rounds of gridDim.x (WorkOrder), so a CTA's producer starts on its next
+// item while its consumers finish the current one.
 //
 // Shared memory (128-byte swizzle, wgmma's own layout): 2 x Q [128 x D], kStages x K [128 x D],
 // kStages x V [128 x D], the mbarriers and two ItemRange slots: 192 KB at D = 128 with 2 stages,
@@ -35,27 +38,61 @@
 #include "tuning.cuh"
 
 
-// Work order of the persistent grid: head-major, w = kv_head * num_items + item, so the CTAs
-// running at one time share a KV head and read each request's K/V together (8-16 CTAs per
-// stream on 16 x 1024 ragged / 8 x 2048 paged prefill), and the L2 serves it
-// (benchmarks/probes/sm90_l2_model.py). The epilogue stages each warp's 16 output rows in its rows of
-// the item's Q buffer and stores whole rows with 16-byte coalesced stores. The measurements
-// that chose both, and ping-pong between the consumer warpgroups (measured slower), are in
-// benchmarks/notes/attention-ab-switches.md.
+// Work order of the persistent grid for a batch of several requests: head-major, w = kv_head *
+// num_items + item, so the CTAs running at one time share a KV head and read each request's K/V
+// together (8-16 CTAs per stream on 16 x 1024 ragged / 8 x 2048 paged prefill), and the L2
+// serves it (benchmarks/probes/sm90_l2_model.py); one request: WorkOrder. The epilogue stages
+// each warp's 16 output rows in its rows of the item's Q buffer and stores whole rows with
+// 16-byte coalesced stores. The measurements that chose these, and ping-pong between the
+// consumer warpgroups (measured slower twice), are in benchmarks/notes/attention-ab-switches.md.
 
 namespace flashinfer {
 namespace attn {
 
-/// Work unit w of the persistent grid: (item, KV head), head-major (above).
+/// Work unit w of the persistent grid: (item, KV head).
 struct WorkUnit {
   int item;
   uint32_t kv_head;
 };
 
-__device__ __forceinline__ WorkUnit work_unit(const AttentionParams& p, int num_items, int w) {
-  (void)p;
-  return {w % num_items, uint32_t(w / num_items)};
-}
+/*!
+ * @brief The order in which the CTAs of the persistent grid take the work units. Head-major
+ *   (above) in rounds of gridDim.x: CTA x takes w = x, x + gridDim.x, ... Where every item is
+ *   of one request (its K/V streams are only the KV heads, which the CTAs running together
+ *   share in either order), item-major, w = item * num_kv_heads + kv_head over the plan's
+ *   items longest first, in snake order: odd rounds hand the units to the CTAs in reverse, so
+ *   the CTA that took the longest unit of one round takes the shortest of the next. The longest
+ *   CTA's work over the mean, single causal prefill 4096 (32/8 heads): 1.78 head-major, 1.00
+ *   snake; 16384: 1.03 and 1.00. Measured (H200, one build each way): 4096 307 vs 456 us,
+ *   head_dim 64 at 8192 755 vs 928 (benchmarks/notes/sm90-tma-kv.md).
+ */
+struct WorkOrder {
+  int num_items, num_work;
+  uint32_t num_kv_heads;
+  bool snake;
+
+  __device__ __forceinline__ WorkOrder(const AttentionParams& p) {
+    num_items = *p.num_items;
+    num_kv_heads = uint32_t(p.num_kv_heads);
+    num_work = num_items * p.num_kv_heads;
+    snake = num_items > 0 && p.request_idx[0] == p.request_idx[num_items - 1];
+  }
+  /// This CTA's n-th unit (n = 0, 1, ...); >= num_work: none (nor any later one).
+  __device__ __forceinline__ int w(uint32_t n) const {
+    const int x = snake && (n & 1) ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+    return int(n * gridDim.x) + x;
+  }
+  /// How many units this CTA takes: the rounds that hold one for it.
+  __device__ __forceinline__ uint32_t count() const {
+    const uint32_t rounds = uint32_t(num_work) / gridDim.x, rest = uint32_t(num_work) % gridDim.x;
+    const uint32_t x = snake && (rounds & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    return rounds + (x < rest ? 1 : 0);
+  }
+  __device__ __forceinline__ WorkUnit unit(int w) const {
+    if (snake) return {int(uint32_t(w) / num_kv_heads), uint32_t(w) % num_kv_heads};
+    return {w % num_items, uint32_t(w / num_items)};
+  }
+};
 
 /// One work item as the producer hands it to the consumers.
 struct ItemSlot {
@@ -63,15 +100,19 @@ struct ItemSlot {
   uint32_t kv_head;
 };
 
-/// Q through the TMA (set by the launch where the layout allows it): a 3-D tensor map over q as
-/// (head_dim, q heads, tokens) with 128-byte swizzle and box (64, G, 128 / G), so the box of
-/// a KV head's G heads and 128 / G tokens lands as one column block of the 128 packed rows of
-/// a Q tile, in the layout the wgmma descriptors read. Its bytes complete on the Q buffer's
-/// barrier on their own; cp.async copies would hold up every K/V copy the producer issues
-/// after them (cp.async.mbarrier.arrive counts all of a thread's earlier copies).
-struct Sm90Q {
-  CUtensorMap map;
-  int tma;  // 0: cp.async (any layout)
+/// The TMA tensor maps of one launch (set by the launch where the layout allows them).
+/// Q: a 3-D map over q as (head_dim, q heads, tokens) with 128-byte swizzle and box
+/// (64, G, 128 / G), so the box of a KV head's G heads and 128 / G tokens lands as one column
+/// block of the 128 packed rows of a Q tile, in the layout the wgmma descriptors read. Its
+/// bytes complete on the Q buffer's barrier on their own; cp.async copies would hold up every
+/// K/V copy the producer issues after them (cp.async.mbarrier.arrive counts all of a thread's
+/// earlier copies). K and V (ragged only): (head_dim, KV heads, tokens), box (64, 1, kTileKV),
+/// one column block of a ring tile per copy; one producer thread issues a whole tile and arms
+/// its barrier with the bytes, so no consumer waits behind per-row address arithmetic.
+struct Sm90Maps {
+  CUtensorMap q, k, v;
+  int tma_q;   // 0: Q by cp.async (any layout)
+  int tma_kv;  // 0: K/V by cp.async (paged, or a layout the TMA cannot describe)
 };
 
 /*!
@@ -99,13 +140,14 @@ struct Sm90Traits {
   static constexpr int kProducerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   // Per consumer thread: O (D / 2), S (64) and P (32) registers and the row state; the
-  // producer's copies need few.
-  static constexpr int kProducerRegs = FLASHINFER_ATTENTION_SM90_PRODUCER_REGS;
-  static constexpr int kConsumerRegs = FLASHINFER_ATTENTION_SM90_CONSUMER_REGS;
+  // producer's copies need few, and the consumers take the rest.
   // setmaxnreg moves registers within what the CTA was given at launch: the 64K register file
   // over kThreads, in steps of 8 (168 at 384 threads). A split asking for more blocks the
   // consumers forever.
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = FLASHINFER_ATTENTION_SM90_PRODUCER_REGS;
+  static constexpr int kConsumerRegs =
+      (kThreads * kLaunchRegs - kProducerThreads * kProducerRegs) / kConsumerThreads / 8 * 8;
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 &&
                     kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
                         kThreads * kLaunchRegs,
@@ -128,11 +170,13 @@ struct Sm90Traits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per CTA");
 };
 
-/// Where the warpgroups meet in shared memory. The mbarriers of the K/V ring: full (each of the
-/// 128 producer threads arrives when its copies land) and empty (one lane of each of the 8
-/// consumer warps arrives), for K and V separately so S_j can start before V_j has landed. The
-/// Q buffers: q_full (the producer's 128 copy arrivals, plus one plain arrival that publishes
-/// the item's ItemRange and KV head) and q_empty (the consumer warps, after the epilogue).
+/// Where the warpgroups meet in shared memory. The mbarriers of the K/V ring: full (cp.async:
+/// each of the 128 producer threads arrives when its copies land; TMA: one arrival that
+/// expects the tile's bytes) and empty (one lane of each of the 8 consumer warps arrives), for
+/// K and V separately so S_j can start before V_j has landed. The Q buffers: q_full (cp.async:
+/// the producer's 128 copy arrivals plus one plain arrival that publishes the item's ItemRange
+/// and KV head; TMA: one arrival that expects the bytes and publishes) and q_empty (the
+/// consumer warps, after the epilogue).
 template <class KT>
 struct Sm90Sync {
   uint8_t* smem;
@@ -159,12 +203,14 @@ struct Sm90Sync {
 /*!
  * @brief The producer warpgroup. Per work item: Q and the item's bounds into a Q buffer (once
  *   the consumers are done with the item two back), then for every KV tile: wait for its ring
- *   buffer to be free, copy K and V in (rows past the sequence as zeros); every copy arrives on
- *   its barrier when it lands. Warp w copies keys 32 w .. 32 w + 31 of each tile; the page ids
- *   of the next tile are fetched while the current one is issued.
+ *   buffer to be free, then load K and V. Through the TMA (ragged): thread 0 alone, one copy
+ *   per 64-column block. By cp.async (paged, or a layout the TMA cannot take): rows past the
+ *   sequence as zeros, every copy arriving on its barrier when it lands; warp w copies keys
+ *   32 w .. 32 w + 31 of each tile, the page ids of the next tile fetched while the current one
+ *   is issued.
  */
 template <class KT>
-__device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm90Q& qm,
+__device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm90Maps& tm,
                                              Sm90Sync<KT> sync) {
   using T = typename KT::DTypeQ;
   constexpr int D = KT::kHeadDim, S = KT::kStages, kTileKV = KT::kTileKV;
@@ -190,17 +236,19 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
   uint32_t k = 0;  // items so far: Q buffer k % 2, round k / 2
   // The bounds of the next item are looked up (two dependent global loads) while the current
   // item's tiles are issued, not at the item boundary, where the consumers wait for them.
-  const int num_items = *p.num_items;
-  const int num_work = num_items * p.num_kv_heads;
+  const WorkOrder order(p);
+  const int num_work = order.num_work;
   auto range_of = [&](int w) {
-    return item_range<KT::kPaged, kCausal>(p, work_unit(p, num_items, w).item, KT::kTileQ,
-                                           kTileKV);
+    return item_range<KT::kPaged, kCausal>(p, order.unit(w).item, KT::kTileQ, kTileKV);
   };
-  ItemRange r_next = int(blockIdx.x) < num_work ? range_of(blockIdx.x) : ItemRange{};
-  for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
+  // Q and K/V both through the TMA: thread 0 issues everything, the others have nothing to do.
+  if (!KT::kPaged && tm.tma_q && tm.tma_kv && ptid != 0) return;
+  ItemRange r_next = order.w(0) < num_work ? range_of(order.w(0)) : ItemRange{};
+  for (uint32_t n = 0; order.w(n) < num_work; ++n) {
+    const int w = order.w(n);
     const ItemRange r = r_next;
-    const uint32_t kv_head = work_unit(p, num_items, w).kv_head;
-    const int w_next = w + int(gridDim.x);
+    const uint32_t kv_head = order.unit(w).kv_head;
+    const int w_next = order.w(n + 1);
     bool looked_up = w_next >= num_work;
     // With its bounds known, the next item's Q rows are prefetched into the L2 (one row per
     // thread), so its Q load after this item's last tile hits the L2. That matters most for
@@ -213,7 +261,7 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
         const int pr = r_next.row_begin + ptid;
         if (pr < r_next.packed_len) {
           const auto [qo, head] =
-              qo_head(pr, work_unit(p, num_items, w_next).kv_head, p.group_size);
+              qo_head(pr, order.unit(w_next).kv_head, p.group_size);
           const T* src = q + (r_next.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h;
 #pragma unroll
           for (int b = 0; b < kBlocks; ++b) prefetch_l2(src + 64 * b);  // 128-byte lines
@@ -228,14 +276,14 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
     if (ptid == 0) *sync.slot(qb) = ItemSlot{r, kv_head};
     T* q_smem = sync.template q_tile<T>(qb);
     const int G = p.group_size;
-    if (qm.tma) {
+    if (tm.tma_q) {
       // Rows past the request are the next request's (zeros past the tensor): finite, and
       // their outputs are not written.
       if (ptid == 0) {
         sm90::mbar_arrive_expect_tx(sync.q_full(qb), uint32_t(KT::kQBytes));  // publishes too
 #pragma unroll
         for (int b = 0; b < D / 64; ++b) {
-          sm90::tma_load_3d(q_smem + b * KT::QTile::kBlockElems, &qm.map, sync.q_full(qb),
+          sm90::tma_load_3d(q_smem + b * KT::QTile::kBlockElems, &tm.q, sync.q_full(qb),
                             64 * b, int(kv_head) * G, r.qo_begin + r.row_begin / G);
         }
       }
@@ -256,6 +304,37 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
       if (ptid == 0) sm90::mbar_arrive(sync.q_full(qb));  // publishes the slot (release)
     }
     ++k;
+
+    if constexpr (!KT::kPaged) {
+      if (tm.tma_kv) {
+        // One thread issues every tile: wait for the ring buffer, arm its barrier with the
+        // tile's bytes, one copy per 64-column block. Keys past the item come in as the next
+        // request's keys (zeros past the tensor): masked to -inf, and the consumers zero V
+        // rows past the request (zero_v_tail) so no stale value meets P = 0.
+        const int tok0 = int(r.kv_token_begin) + r.kv_lo;
+        for (int i = 0; i < r.num_tiles; ++i, ++c) {
+          if (ptid == 0) {
+            const int s = c % S;
+            const uint32_t free_phase = (c / S + 1) & 1;
+            const int tok = tok0 + i * kTileKV;
+            auto load = [&](T* dst, const CUtensorMap* map, uint64_t* full, uint64_t* empty) {
+              if (c >= S) sm90::mbar_wait(empty, free_phase);
+              sm90::mbar_arrive_expect_tx(full, uint32_t(KT::kKVBytes));
+#pragma unroll
+              for (int b = 0; b < kBlocks; ++b) {
+                sm90::tma_load_3d(dst + b * KT::KVTile::kBlockElems, map, full, 64 * b,
+                                  int(kv_head), tok);
+              }
+            };
+            load(k_tile(s), &tm.k, sync.full_k(s), sync.empty_k(s));
+            load(v_tile(s), &tm.v, sync.full_v(s), sync.empty_v(s));
+          }
+          look_up_next();
+        }
+        look_up_next();
+        continue;
+      }
+    }
 
     const T* k_base = static_cast<const T*>(p.k) + int64_t(kv_head) * p.k_stride_h + sub_chunk * 8;
     const T* v_base = static_cast<const T*>(p.v) + int64_t(kv_head) * p.v_stride_h + sub_chunk * 8;
@@ -329,11 +408,50 @@ __device__ __forceinline__ void sm90_release(uint64_t* bar) {
   if (threadIdx.x % 32 == 0) sm90::mbar_arrive(bar);
 }
 
-/// Waits for a buffer the producer filled with cp.async, then orders those (generic-proxy)
-/// writes before this thread's wgmma (async-proxy) reads of it.
-__device__ __forceinline__ void sm90_acquire(uint64_t* bar, uint32_t parity) {
+/// Waits for a buffer the producer filled, then (`cp_async`: filled with cp.async) orders those
+/// generic-proxy writes before this thread's wgmma (async-proxy) reads of it; TMA writes are
+/// async-proxy writes already.
+__device__ __forceinline__ void sm90_acquire(uint64_t* bar, uint32_t parity, bool cp_async = true) {
   sm90::mbar_wait(bar, parity);
-  sm90::fence_proxy_async();
+  if (cp_async) sm90::fence_proxy_async();
+}
+
+/*!
+ * @brief One online-softmax step over raw Q K^T logits (masked keys -inf) with the logits'
+ *   scale folded into the exponent: the row maxima are taken over the raw values and scaled
+ *   once, and each element becomes exp2(s * scale - m) in one FFMA before the ex2, where
+ *   softmax_step (common.cuh) takes logits the logits pass has already scaled (a multiply and
+ *   a subtraction per element). m is in the scaled domain either way. `scale` > 0.
+ */
+template <int NB>
+__device__ __forceinline__ bool sm90_softmax_step(float (&s)[1][NB][4], float (&m)[1][2],
+                                                  float (&d)[1][2], float (&row_scale)[1][2],
+                                                  float scale) {
+  bool rescale = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NB; ++n) mx = fmaxf(mx, fmaxf(s[0][n][2 * h], s[0][n][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    mx = fmaxf(m[0][h], mx * scale);
+    const float m_safe = mx == -INFINITY ? 0.f : mx;
+    rescale |= mx != m[0][h];
+    row_scale[0][h] = fast_exp2(m[0][h] - m_safe);  // m_old = -inf -> 0
+    m[0][h] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        s[0][n][e] = fast_exp2(fmaf(s[0][n][e], scale, -m_safe));
+        sum += s[0][n][e];
+      }
+    }
+    d[0][h] = d[0][h] * row_scale[0][h] + sum;
+  }
+  return __any_sync(0xffffffff, rescale);
 }
 
 /*!
@@ -399,7 +517,8 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
 
 /// A consumer warpgroup: 64 rows of every work item of this CTA.
 template <class KT>
-__device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<KT> sync) {
+__device__ __forceinline__ void sm90_consume(const AttentionParams& p, const bool tma_kv,
+                                             Sm90Sync<KT> sync) {
   using T = typename KT::DTypeQ;
   using TO = typename KT::DTypeO;
   using Mma = sm90::Wgmma<T, KT::kTileKV>;    // S = Q K^T: 64 x kTileKV per warpgroup
@@ -463,14 +582,43 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
       for (int e = 0; e < 4; ++e) o[0][n][e] = 0.f;
   };
 
+  // A TMA-filled V tile that runs past the request's keys holds the next request's rows (or
+  // whatever a larger buffer holds past the last request): their P is 0, but 0 x NaN is not,
+  // so those rows become zeros before the P V that reads them. Both warpgroups write half of
+  // them, then meet (hardware barrier 1). Rare: the last tile of an item that reaches past
+  // the request's last key.
+  auto zero_v_tail = [&](int slot, int base, const ItemRange& r) {
+    const int from = r.kv_len - base;
+    if (!tma_kv || from >= kTileKV) return;
+    T* v = kv_smem + (S + slot) * kTileKV * D;
+    constexpr int kChunks = D / 8;
+    for (int i = tid; i < (kTileKV - from) * kChunks; i += KT::kConsumerThreads) {
+      *reinterpret_cast<uint4*>(v + KT::KVTile::offset(from + i / kChunks, i % kChunks)) =
+          make_uint4(0, 0, 0, 0);
+    }
+    sm90::fence_proxy_async();
+    sm90::named_barrier(1, KT::kConsumerThreads);
+  };
+
   // Every wgmma is issued and waited for within one item: ptxas serializes all of them if one
   // stays in flight across the loop's back edge (warnings C7514, C7518). Issuing the next item's
   // S_0 behind the last P V (writing the item out while it computes) was tried that way and
   // measured 13% slower on 16 x 1024 ragged prefill: it waits for the next item's first tile.
+  // The logits' scale goes into the softmax's exp2 (sm90_softmax_step) where the logits are
+  // plain: no soft cap and no ALiBi (both transform scaled logits), a positive scale.
+  const bool fold =
+      KT::kPos == PosEncoding::kNone && p.softcap_post == 0.f && p.sm_scale_log2 > 0.f;
+  const float exp_scale = fold ? p.sm_scale_log2 : 1.f;
+  auto logits = [&](const ItemRange& r, const RowFacts<1>& rows, int base) {
+    logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, base, kTileKV, t, !fold);
+  };
+  auto softmax = [&](float (&m)[1][2], float (&d)[1][2], float (&scale)[1][2]) {
+    return sm90_softmax_step(s, m, d, scale, exp_scale);
+  };
+
   uint32_t c = 0;  // tiles consumed by this CTA so far (the producer counts the same way)
-  uint32_t k = 0;  // items so far
-  const int num_work = *p.num_items * p.num_kv_heads;
-  for (int w = blockIdx.x; w < num_work; w += gridDim.x, ++k) {
+  const uint32_t num_mine = WorkOrder(p).count();
+  for (uint32_t k = 0; k < num_mine; ++k) {  // k: items so far
     const int qb = k % 2;
     sm90_acquire(sync.q_full(qb), (k / 2) & 1);
     const ItemRange r = sync.slot(qb)->r;
@@ -485,30 +633,31 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
       // Tile 0: S only.
       {
         const int slot = c % S;
-        sm90_acquire(sync.full_k(slot), (c / S) & 1);
+        sm90_acquire(sync.full_k(slot), (c / S) & 1, !tma_kv);
         issue_qk(qb, slot);
         sm90::wgmma_wait<0>();
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
-        logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, r.kv_lo, kTileKV, t);
+        logits(r, rows, r.kv_lo);
         float scale[1][2];
-        softmax_step(s, m, d, scale);  // O is still zero: nothing to rescale
+        softmax(m, d, scale);  // O is still zero: nothing to rescale
         pack_all();
       }
       // Tiles 1 ..: S_j overlaps the softmax with P_{j-1} V_{j-1}.
       for (int j = 1; j < r.num_tiles; ++j) {
         const uint32_t cj = c + j;
         const int slot = cj % S, prev = (cj - 1) % S;
-        sm90_acquire(sync.full_k(slot), (cj / S) & 1);
-        sm90_acquire(sync.full_v(prev), ((cj - 1) / S) & 1);
+        sm90_acquire(sync.full_k(slot), (cj / S) & 1, !tma_kv);
+        sm90_acquire(sync.full_v(prev), ((cj - 1) / S) & 1, !tma_kv);
+        zero_v_tail(prev, r.kv_lo + (j - 1) * kTileKV, r);
         issue_qk(qb, slot);
         issue_pv(prev);
         sm90::wgmma_wait<1>();  // S_j
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
-        logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, r.kv_lo + j * kTileKV, kTileKV, t);
+        logits(r, rows, r.kv_lo + j * kTileKV);
         float scale[1][2];
-        const bool rescale = softmax_step(s, m, d, scale);
+        const bool rescale = softmax(m, d, scale);
         sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1}
         sm90::fence_operands(o_flat);
         sm90::fence_operands(pf_flat);
@@ -523,7 +672,8 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
       }
       // The last tile's P V.
       const uint32_t cl = c + r.num_tiles - 1;
-      sm90_acquire(sync.full_v(cl % S), (cl / S) & 1);
+      sm90_acquire(sync.full_v(cl % S), (cl / S) & 1, !tma_kv);
+      zero_v_tail(cl % S, r.kv_lo + (r.num_tiles - 1) * kTileKV, r);
       issue_pv(cl % S);
       sm90::wgmma_wait<0>();
       sm90::fence_operands(o_flat);
@@ -556,7 +706,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, Sm90Sync<
 template <class KT>
 __global__ void __launch_bounds__(KT::kThreads, 1)
     attention_kernel_sm90(const __grid_constant__ AttentionParams p,
-                          const __grid_constant__ Sm90Q qm) {
+                          const __grid_constant__ Sm90Maps tm) {
 #ifdef FLASHINFER_SM90_ENABLED
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
@@ -564,15 +714,16 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
   if (threadIdx.x == 0) {
     constexpr uint32_t kConsumerWarps = KT::kConsumerThreads / 32;
     for (int s = 0; s < KT::kStages; ++s) {
-      sm90::mbar_init(sync.full_k(s), KT::kProducerThreads);
-      sm90::mbar_init(sync.full_v(s), KT::kProducerThreads);
+      // cp.async: each producer thread's copy arrival; TMA: one arrival that expects the bytes.
+      sm90::mbar_init(sync.full_k(s), tm.tma_kv ? 1 : KT::kProducerThreads);
+      sm90::mbar_init(sync.full_v(s), tm.tma_kv ? 1 : KT::kProducerThreads);
       sm90::mbar_init(sync.empty_k(s), kConsumerWarps);
       sm90::mbar_init(sync.empty_v(s), kConsumerWarps);
     }
     for (int b = 0; b < 2; ++b) {
       // cp.async: the producer threads' copy arrivals and one that publishes the slot; TMA:
       // one arrival that expects the bytes.
-      sm90::mbar_init(sync.q_full(b), qm.tma ? 1 : KT::kProducerThreads + 1);
+      sm90::mbar_init(sync.q_full(b), tm.tma_q ? 1 : KT::kProducerThreads + 1);
       sm90::mbar_init(sync.q_empty(b), kConsumerWarps);
     }
   }
@@ -580,10 +731,10 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
   pdl_wait();
   if (threadIdx.x >= KT::kConsumerThreads) {
     sm90::set_max_regs_dec<KT::kProducerRegs>();
-    sm90_produce<KT>(p, qm, sync);
+    sm90_produce<KT>(p, tm, sync);
   } else {
     sm90::set_max_regs_inc<KT::kConsumerRegs>();
-    sm90_consume<KT>(p, sync);
+    sm90_consume<KT>(p, tm.tma_kv != 0, sync);
   }
   pdl_launch_dependents();
 #endif
@@ -591,11 +742,11 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
 
 /*!
  * @brief Launch the Hopper attention kernel of traits KT over a persistent grid of `grid_x`
- *   CTAs (one per SM is resident: 384 threads, 192 KB of shared memory at head_dim 128); `qm`
- *   says whether Q comes through its tensor map.
+ *   CTAs (one per SM is resident: 384 threads, 192 KB of shared memory at head_dim 128); `tm`
+ *   says whether Q and K/V come through tensor maps.
  */
 template <class KT>
-cudaError_t LaunchAttentionSm90(const AttentionParams& p, const Sm90Q& qm, int grid_x,
+cudaError_t LaunchAttentionSm90(const AttentionParams& p, const Sm90Maps& tm, int grid_x,
                                 bool enable_pdl, cudaStream_t stream) {
   auto kernel = attention_kernel_sm90<KT>;
   constexpr size_t smem = KT::kSmemBytes;
@@ -604,7 +755,7 @@ cudaError_t LaunchAttentionSm90(const AttentionParams& p, const Sm90Q& qm, int g
   if (err != cudaSuccess) return err;
   if (grid_x <= 0) return cudaSuccess;
   return launch_kernel(kernel, dim3(grid_x), dim3(KT::kThreads), smem, stream, enable_pdl, p,
-                       qm);
+                       tm);
 }
 
 }  // namespace attn

@@ -78,22 +78,22 @@
 // ---- The Hopper kernel (prefill_sm90.cuh) --------------------------------------------------
 
 // Registers per thread after setmaxnreg: the producer warpgroup gives up what the two consumer
-// warpgroups take, within the CTA's 384 x 168 = 64512 (72 / 216 and 88 / 208 use all of it;
-// 80 / 216 would need 65536 and hangs: measured, 3b134a7). 88 / 208: the producer's spills
+// warpgroups take (Sm90Traits::kConsumerRegs: the rest of the CTA's 384 x 168 = 64512; a
+// split asking for more hangs: 80 / 216, measured at 3b134a7). 88 / 208: the producer's spills
 // drop from 116 to 60 bytes (D = 128 paged), paged prefill 8 x 2048 906 -> 864 us, ragged
-// 16 x 1024 432 -> 421 (981a959, benchmarks/NOTES.md).
+// 16 x 1024 432 -> 421 (981a959, benchmarks/NOTES.md). With ragged K/V through the TMA (one
+// producer thread), 88 / 208 against 40 / 232, 56 / 224 and 24 / 240 (H200): ragged 16 x 1024
+// 349 vs 372-414 us, the long items within the run-to-run drift (benchmarks/notes/sm90-tma-kv.md).
 #ifndef FLASHINFER_ATTENTION_SM90_PRODUCER_REGS
 #define FLASHINFER_ATTENTION_SM90_PRODUCER_REGS 88
-#endif
-#ifndef FLASHINFER_ATTENTION_SM90_CONSUMER_REGS
-#define FLASHINFER_ATTENTION_SM90_CONSUMER_REGS 208
 #endif
 // K/V stages of the Hopper kernel: by default as many as shared memory holds (prefill_sm90.cuh,
 // Sm90Traits::kStages); FLASHINFER_ATTENTION_SM90_STAGES overrides it for a tuning build.
 
-// Q through the TMA: 1 = where the plan asks for it (AttentionPlan.sm90_tma_q, whose threshold
-// benchmarks/tuning/tma_q_sweep.py measures), 0 = never, 2 = always; where q's layout allows. 0 and 2
-// exist for that sweep: they are the two sides the plan's threshold chooses between.
+// Q through the TMA: 1 = where K/V come through the TMA (ragged) or the plan asks for it
+// (AttentionPlan.sm90_tma_q, whose threshold benchmarks/tuning/tma_q_sweep.py measures), 0 =
+// never, 2 = always; where q's layout allows. 0 and 2 exist for that sweep: they are the two
+// sides the plan's threshold chooses between.
 #ifndef FLASHINFER_ATTENTION_SM90_TMA_Q
 #define FLASHINFER_ATTENTION_SM90_TMA_Q 1
 #endif

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One device call for the Hopper prefill kernel (issue 22), from the repository root: the peer's
+# fa3 modules build in the background (one process per case group) while ours build; our
+# variants are checked and timed (benchmarks/tuning/sm90_vs_peer.py), then the peer in its own
+# process, then the Hopper GPU tests. Everything lands in $OUT.
+#   usage (device): bash tools/gpu_sm90.sh COMMIT [VARIANT ...]
+#   env: WHEELS (default .gpu/wheels), PEER_TAR (default .gpu/peer/flashinfer-peer.tar.xz),
+#        BUDGET (s, default 340), TESTS (pytest args, default the Hopper tests of test_prefill.py),
+#        STRESS (variant names, spaces as _), STRESS_N, TEST_MODULES (aot --only list the
+#        tests need beyond the sweep's; "all": every attention module), ALT_FLAGS (nvcc
+#        flags of a second test run, e.g. a variant's -DFLASHINFER_ATTENTION_... macros)
+set -uo pipefail
+commit=${1:?commit}; shift
+start=$(date +%s)
+left() { echo $(( ${BUDGET:-340} - ($(date +%s) - start) )); }
+log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a $OUT/log.txt; }
+export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHEELS:-.gpu/wheels}/*.whl || exit 1
+mkdir -p /tmp/peer && tar -xJf ${PEER_TAR:-.gpu/peer/flashinfer-peer.tar.xz} -C /tmp/peer
+ours() { PYTHONPATH=/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws "$@"; }
+peer() { PYTHONPATH=/tmp/peer:/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws "$@"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >> $OUT/log.txt
+rm -f /tmp/peer-ready /tmp/aot-tests-done /tmp/aot-alt-done
+log "peer warmup (background)"
+for group in 0,1,5,7,8 2,3,4,9 6; do
+  ( peer nice -n 5 python3 benchmarks/tuning/sm90_vs_peer.py peer /dev/null --warmup --cases $group \
+      > /tmp/peer-warm-$group.log 2>&1; echo "$group exit $?" >> /tmp/peer-ready ) &
+done
+test_modules=${TEST_MODULES:-attention_ragged_bf16_obf16_d64_none_none,attention_paged_bf16_obf16_d64_causal_none,attention_ragged_f16_of16_d128_causal_none}
+[ "$test_modules" = all ] && test_modules=$(ours python3 -c "
+from flashinfer import aot
+print(','.join(s.name for s in aot.registered_specs() if s.name.startswith('attention_')))")
+( ours nice -n 5 python3 -m flashinfer.aot --jobs 12 --only "$test_modules" \
+    > /tmp/aot-tests.log 2>&1; echo done > /tmp/aot-tests-done ) &
+hopper_modules=attention_ragged_bf16_obf16_d64_causal_none,attention_ragged_bf16_obf16_d128_causal_none,attention_ragged_bf16_obf16_d128_none_none,attention_ragged_bf16_obf16_d64_none_none,attention_paged_bf16_obf16_d64_causal_none,attention_paged_bf16_obf16_d128_causal_none,attention_ragged_f16_of16_d128_causal_none
+if [ -n "${ALT_FLAGS:-}" ]; then
+  ( ours env FLASHINFER_EXTRA_CUDAFLAGS="$ALT_FLAGS" nice -n 5 python3 -m flashinfer.aot --jobs 8 \
+      --only $hopper_modules > /tmp/aot-alt.log 2>&1; echo done > /tmp/aot-alt-done ) &
+fi
+log "ours: build, check, time"
+t=$(( $(left) - 80 )); [ $t -gt ${SWEEP_TIMEOUT:-150} ] && t=${SWEEP_TIMEOUT:-150}
+ours timeout $t python3 benchmarks/tuning/sm90_vs_peer.py ours /tmp/ours.json "$@" \
+  > $OUT/ours.log 2>&1
+log "ours exit $?"
+grep -E "^check|built|^== " $OUT/ours.log >> $OUT/log.txt
+for v in ${STRESS:-}; do  # variants whose short cases replay STRESS_N times (a hang ends at 40 s)
+  ours timeout 40 python3 benchmarks/tuning/sm90_vs_peer.py stress "${v//_/ }" ${STRESS_N:-3000} \
+    >> $OUT/stress.log 2>&1
+  log "stress ${v//_/ } exit $?"
+done
+while [ "$(wc -l < /tmp/peer-ready 2>/dev/null || echo 0)" -lt 3 ] && [ $(left) -gt 70 ]; do sleep 2; done
+log "peer ready: $(tr '\n' ' ' < /tmp/peer-ready 2>/dev/null)"
+peer timeout $(( $(left) - 45 )) python3 benchmarks/tuning/sm90_vs_peer.py peer /tmp/peer.json > $OUT/peer.log 2>&1
+log "peer exit $?"
+ours python3 benchmarks/tuning/sm90_vs_peer.py merge $OUT/sm90-vs-peer.json --ours /tmp/ours.json \
+  --peer /tmp/peer.json --commit $commit > $OUT/table.txt 2>&1 || cp /tmp/ours.json /tmp/peer.json $OUT/ 2>/dev/null
+while [ ! -f /tmp/aot-tests-done ] && [ $(left) -gt 40 ]; do sleep 2; done
+log "tests"
+ours timeout $(( $(left) - 5 )) python3 -m pytest ${TESTS:-tests/test_prefill.py -k hopper} -q -p no:cacheprovider \
+  -x -rfEs > $OUT/pytest.log 2>&1
+log "pytest exit $?: $(tail -1 $OUT/pytest.log)"
+grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head -10 >> $OUT/log.txt
+if [ -n "${ALT_FLAGS:-}" ]; then
+  while [ ! -f /tmp/aot-alt-done ] && [ $(left) -gt 25 ]; do sleep 2; done
+  log "tests with $ALT_FLAGS"
+  ours env FLASHINFER_EXTRA_CUDAFLAGS="$ALT_FLAGS" timeout $(( $(left) - 3 )) python3 -m pytest \
+    ${TESTS:-tests/test_prefill.py -k hopper} -q -p no:cacheprovider -x -rfEs > $OUT/pytest-alt.log 2>&1
+  log "pytest (alt) exit $?: $(tail -1 $OUT/pytest-alt.log)"
+fi
+tail -3 /tmp/peer-warm-*.log > $OUT/peer-warm.txt 2>&1
+log "done"
