@@ -18,9 +18,9 @@ VERSION = _versions.public_version(__version__)
 
 
 def test_the_registry_is_the_documented_policy():
-    """docs/wheels.md: no-mask and causal at head_dim 64/128/256; custom masks at 64/128/256;
-    in-kernel RoPE and ALiBi at 128; fp16 and bf16; paged and ragged; an fp8-e4m3 KV cache
-    (no mask and causal) at 128."""
+    """docs/wheels.md: no-mask and causal at head_dim 64/128/256/512 and 192/128; custom masks
+    at 64/128/256; in-kernel RoPE and ALiBi at 128; fp16 and bf16; paged and ragged; an
+    fp8-e4m3 KV cache (no mask and causal) at 128."""
     attention = {n for n in NAMES if n.startswith("attention_")}
     want = set()
     for short in ("f16_of16", "bf16_obf16"):
@@ -30,9 +30,11 @@ def test_the_registry_is_the_documented_policy():
                                                                                  "custom")}
             want |= {f"attention_{layout}_{short}_d128_{m}_{p}" for m in ("none", "causal")
                      for p in ("rope_llama", "alibi")}
+            want |= {f"attention_{layout}_{short}_{d}_{m}_none{vo}" for m in ("none", "causal")
+                     for d, vo in (("d512", ""), ("d192", "_vo128"))}
             q, o = short.split("_")
             want |= {f"attention_{layout}_{q}_kve4m3_{o}_d128_{m}_none" for m in ("none", "causal")}
-    assert attention == want and len(want) == 60
+    assert attention == want and len(want) == 76
     # besides attention: one module per small op family
     assert NAMES - attention == {"scale", "norm", "activation", "rope", "quantization", "page",
                                  "cascade", "topk", "sampling"} & (NAMES - attention)

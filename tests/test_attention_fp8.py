@@ -195,6 +195,34 @@ def test_ragged_run_checks_k_and_v_dtypes_and_o_scale_on_cpu(cpu_plans):
         w.run(q, k, k, o_scale=torch.tensor(1.0))
 
 
+def test_fp8_at_head_dim_512_and_192_128_is_refused_on_cpu(cpu_plans):
+    """fp8 K/V takes head_dim 64, 128 and 256 (v's equal): 512 and 192/128 are refused by name
+    before anything compiles (the kernel static_asserts the same)."""
+    msg = "fp8 KV cache .* head_dim \\(64, 128, 256\\)"
+    with pytest.raises(NotImplementedError, match=msg):
+        AttentionVariant("bfloat16", "bfloat16", 512, dtype_kv="float8_e4m3fn")
+    with pytest.raises(NotImplementedError, match=msg):
+        AttentionVariant("bfloat16", "bfloat16", 192, paged=False, dtype_kv="float8_e5m2",
+                         head_dim_vo=128)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws("cpu", 2))
+    with pytest.raises(NotImplementedError, match=msg):
+        w.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
+               torch.tensor([5], dtype=torch.int32), 8, 2, 512, 16, q_data_type=torch.bfloat16,
+               kv_data_type=E4M3)
+    r = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws("cpu", 2))
+    qi = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="got head_dim 192, head_dim_vo 128"):
+        r.plan(qi, qi, 4, 2, 192, 128, q_data_type=torch.bfloat16, kv_data_type=E4M3)
+    q = torch.randn(8, 512, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=msg):
+        flashinfer.single_decode_with_kv_cache(q, torch.zeros(16, 2, 512, dtype=E4M3),
+                                               torch.zeros(16, 2, 512, dtype=E4M3))
+    qp = torch.randn(4, 8, 192, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=msg):
+        flashinfer.single_prefill_with_kv_cache(qp, torch.zeros(16, 2, 192, dtype=E4M3),
+                                                torch.zeros(16, 2, 128, dtype=E4M3))
+
+
 def test_single_ops_validate_fp8_inputs_on_cpu():
     q = torch.randn(8, 128, dtype=torch.float16)
     k8 = torch.zeros(16, 2, 128, dtype=E4M3)

@@ -3,8 +3,10 @@
 // variant dataclass:
 //   FI_DTYPE_Q, FI_DTYPE_O  0 = float16, 1 = bfloat16
 //   FI_DTYPE_KV             as FI_DTYPE_Q, or 2 = float8_e4m3fn, 3 = float8_e5m2 (converted to q's
-//                           type in shared memory: include/flashinfer/attention/prefill.cuh)
-//   FI_HEAD_DIM             64, 128, 256
+//                           type in shared memory: include/flashinfer/attention/prefill.cuh;
+//                           head_dim 64, 128, 256 with FI_HEAD_DIM_VO = FI_HEAD_DIM)
+//   FI_HEAD_DIM             64, 128, 192, 256, 512 (q and k)
+//   FI_HEAD_DIM_VO          v and the output: FI_HEAD_DIM, or 128 at 192 (default FI_HEAD_DIM)
 //   FI_MASK_MODE            0 none, 1 causal, 2 custom (attn::MaskMode)
 //   FI_POS_ENCODING         0 none, 1 RoPE (llama), 2 ALiBi (attn::PosEncoding)
 //   FI_PAGED                0 ragged KV, 1 paged KV
@@ -36,11 +38,15 @@ using DTypeQ = DTypeOf<FI_DTYPE_Q>;
 using DTypeKV = DTypeOf<FI_DTYPE_KV>;
 using DTypeO = DTypeOf<FI_DTYPE_O>;
 constexpr int kHeadDim = FI_HEAD_DIM;
+#ifndef FI_HEAD_DIM_VO
+#define FI_HEAD_DIM_VO FI_HEAD_DIM
+#endif
+constexpr int kHeadDimVO = FI_HEAD_DIM_VO;
 constexpr MaskMode kMask = static_cast<MaskMode>(FI_MASK_MODE);
 constexpr PosEncoding kPos = static_cast<PosEncoding>(FI_POS_ENCODING);
 constexpr bool kPaged = FI_PAGED != 0;
 static_assert(FI_DTYPE_Q <= 1 && FI_DTYPE_O <= 1, "q and o are float16 or bfloat16");
-using Launch = AttentionLaunch<DTypeQ, DTypeKV, DTypeO, kHeadDim, kMask, kPos, kPaged>;
+using Launch = AttentionLaunch<DTypeQ, DTypeKV, DTypeO, kHeadDim, kHeadDimVO, kMask, kPos, kPaged>;
 
 void check_cta(int64_t cta) {
   TVM_FFI_CHECK(cta >= 0 && cta < kNumCtaShapes, ValueError)
@@ -62,15 +68,16 @@ void run(TensorView q, TensorView k, TensorView v, TensorView o, Optional<Tensor
   // 1. Validate: the record, the call's tensors, the plan's choices.
   const RunRecord rec = check_run_params(params, q);
   const KVView kv = check_attention_inputs(q, k, v, o, lse, rec[kKvLayout], kPaged, kHeadDim,
-                                           dtype_code<DTypeQ>(), dtype_code<DTypeKV>(),
+                                           kHeadDimVO, dtype_code<DTypeQ>(), dtype_code<DTypeKV>(),
                                            dtype_code<DTypeO>());
   const int64_t cta = rec[kCta], grid_x = rec[kGridX], cap = rec[kItemCapacity];
   check_cta(cta);
   if (cta == kCtaSm90) {
     TVM_FFI_CHECK(Launch::kHasSm90, ValueError)
-        << "cta 3 (the Hopper kernel) takes head_dim 64 or 128 without in-kernel RoPE and K/V "
-        << "of q's dtype; this module is head_dim " << kHeadDim << ", pos_encoding "
-        << int(kPos) << ", kv dtype " << dtype_code_name(dtype_code<DTypeKV>());
+        << "cta 3 (the Hopper kernel) takes head_dim 64 or 128 (head_dim_vo equal) without "
+        << "in-kernel RoPE and K/V of q's dtype; this module is head_dim " << kHeadDim
+        << ", head_dim_vo " << kHeadDimVO << ", pos_encoding " << int(kPos) << ", kv dtype "
+        << dtype_code_name(dtype_code<DTypeKV>());
     TVM_FFI_CHECK(device_has_sm90(q.device().device_id), ValueError)
         << "cta 3 (the Hopper kernel) needs a compute capability 9.0 GPU";
   }
@@ -103,7 +110,7 @@ void run(TensorView q, TensorView k, TensorView v, TensorView o, Optional<Tensor
   cudaStream_t stream = get_stream(q.device());
 
   // 3. Launch (attention, and the split-KV merge where the kernel does not merge).
-  // Ragged k (N, Hkv, D) NHD / (Hkv, N, D) HND: N rows (v has k's shape, checked above).
+  // Ragged k (N, Hkv, D) NHD / (Hkv, N, D) HND: N rows (v has k's rows, checked above).
   const int64_t kv_tokens = kPaged ? 0 : k.size(rec[kKvLayout] == 1 ? 1 : 0);
   const LaunchChoice choice{int(cta),  int(grid_x), cluster_merge, rec[kSm90TmaQ] != 0,
                             q.size(0), kv_tokens,   rec[kNumRows]};

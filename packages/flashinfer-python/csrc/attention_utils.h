@@ -72,19 +72,20 @@ inline void check_tensor(const TensorView& t, const char* name, const TensorView
   check_vector_rows(t, name);
 }
 
-/// q (rows, Hq, D); o like q with the output dtype; lse (rows, Hq) float32; k, v (the kv dtype)
-/// ragged
-/// (N, Hkv, D) NHD / (Hkv, N, D) HND, or paged (P, page, Hkv, D) NHD / (P, Hkv, page, D) HND.
+/// q (rows, Hq, D); o (rows, Hq, Dvo) with the output dtype; lse (rows, Hq) float32; k, v (the
+/// kv dtype) ragged (N, Hkv, D) NHD / (Hkv, N, D) HND, or paged (P, page, Hkv, D) NHD /
+/// (P, Hkv, page, D) HND; v like k with Dvo.
 inline KVView check_attention_inputs(const TensorView& q, const TensorView& k,
                                      const TensorView& v, const TensorView& o,
                                      const Optional<TensorView>& lse, int64_t kv_layout,
-                                     bool paged, int64_t head_dim, int q_code, int kv_code,
-                                     int o_code) {
+                                     bool paged, int64_t head_dim, int64_t head_dim_vo,
+                                     int q_code, int kv_code, int o_code) {
   check_cuda(q, "q");
   check_tensor(q, "q", q, 3, q_code);
   check_size(q, "q", 2, head_dim);
   check_tensor(o, "o", q, 3, o_code);
-  for (int d = 0; d < 3; ++d) check_size(o, "o", d, q.size(d));
+  for (int d = 0; d < 2; ++d) check_size(o, "o", d, q.size(d));
+  check_size(o, "o", 2, head_dim_vo);
   if (lse.has_value()) {
     check_same_device(q, "q", *lse, "lse");
     check_ndim(*lse, "lse", 2);
@@ -99,8 +100,9 @@ inline KVView check_attention_inputs(const TensorView& q, const TensorView& k,
   const int ndim = paged ? 4 : 3;
   check_tensor(k, "k", q, ndim, kv_code);
   check_tensor(v, "v", q, ndim, kv_code);
-  for (int d = 0; d < ndim; ++d) check_size(v, "v", d, k.size(d));
+  for (int d = 0; d + 1 < ndim; ++d) check_size(v, "v", d, k.size(d));
   check_size(k, "k", ndim - 1, head_dim);
+  check_size(v, "v", ndim - 1, head_dim_vo);
   KVView kv;
   kv.k = data_ptr(k);
   kv.v = data_ptr(v);

@@ -158,6 +158,11 @@ def tile_rows(cta: int, head_dim: int) -> int:
     return {0: 16, 1: 64, 2: 128 if head_dim <= 128 else 64, 3: 128, 4: 16, 5: 16}[cta]
 
 
+def vo_slices(head_dim_vo: int) -> int:
+    """CTAs per (item, KV head): one computes at most 256 output columns (launch.cuh)."""
+    return -(-head_dim_vo // 256)
+
+
 def _num_chunks(kv_len: int, chunk: int) -> int:
     return max(1, math.ceil(kv_len / chunk)) if chunk > 0 else 1
 
@@ -287,6 +292,7 @@ def schedule(
     ctas_per_sm: Optional[int] = None,
     qo_begins: Optional[Sequence[int]] = None,
     kv_begins: Optional[Sequence[int]] = None,
+    head_dim_vo: Optional[int] = None,
 ) -> tuple[AttentionPlan, torch.Tensor]:
     """Plan one batch. Returns the plan and its int32 buffer (CPU; the caller uploads it).
 
@@ -310,6 +316,10 @@ def schedule(
     qo_begins, kv_begins : sequence of int, optional
         Each request's first q row and its first ``kv_indices`` entry (paged) or token (ragged):
         ``qo_indptr[:-1]`` and ``kv_indptr[:-1]``. Default: the running sums of the lengths.
+    head_dim_vo : int, optional
+        v's head dim (default ``head_dim``): past 256 each (item, KV head) runs as
+        ``vo_slices`` CTAs (include/flashinfer/attention/launch.cuh), which the CTA counts of
+        the heuristics include.
     ctas_per_sm : int, optional
         CTAs per SM the split heuristic aims for (default: ``CTAS_PER_SM[cta]``). Decode
         (cta 0) fits two per SM (its registers); with its two-stage pipeline two per SM measured
@@ -322,12 +332,13 @@ def schedule(
     if min(qo_lens, default=0) < 0 or min(kv_lens, default=0) < 0:
         raise ValueError("sequence lengths must be >= 0")
     max_rows = max(qo_lens, default=0) * group_size
+    cta_heads = num_kv_heads * vo_slices(head_dim if head_dim_vo is None else head_dim_vo)
     if cta is None:
         fixed = kv_chunk_size if kv_chunk_size and not disable_split_kv else 0
         tiles = _tiles(qo_lens, group_size, 16, max_rows)
         if fixed:
             tiles = [t * (-(-k // fixed) or 1) for t, k in zip(tiles, kv_lens)]
-        batch_ctas = num_kv_heads * sum(tiles)
+        batch_ctas = cta_heads * sum(tiles)
         cta = choose_cta(max_rows, head_dim, backend == "fa3", batch_ctas, num_sms)
     if ctas_per_sm is None:
         ctas_per_sm = CTAS_PER_SM[cta]
@@ -343,8 +354,8 @@ def schedule(
     else:
         target = num_sms * ctas_per_sm
         if item_capacity is not None:
-            target = min(target, item_capacity * num_kv_heads)
-        chunk = choose_chunk_size(kv_lens, qtiles, num_kv_heads, target)
+            target = min(target, item_capacity * cta_heads)
+        chunk = choose_chunk_size(kv_lens, qtiles, cta_heads, target)
 
     # The items as four columns and their costs (keys each sees); one slot per (request, tile).
     # Chunks per request (_num_chunks, inlined: this runs once per request per plan).

@@ -85,7 +85,8 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
         if page_size <= 0:
             raise ValueError(f"page_size must be positive, got {page_size}")
         self._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                          head_dim=head_dim_qk, pos_encoding_mode=pos_encoding_mode,
+                          head_dim=head_dim_qk, head_dim_vo=head_dim_vo,
+                          pos_encoding_mode=pos_encoding_mode,
                           sm_scale=sm_scale, window_left=window_left,
                           logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
                           rope_theta=rope_theta, q_data_type=q_data_type,
@@ -121,9 +122,11 @@ class BatchPrefillWithPagedKVCacheWrapper(BatchAttentionBase):
             out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
             return_lse: bool = False, enable_pdl: Optional[bool] = None,
             window_left: Optional[int] = None, sinks: Optional[torch.Tensor] = None, **extra):
-        """``q (qo_indptr[-1], Hq, D)`` -> output ``(.., Hq, D)`` (and the lse when
-        ``return_lse``). ``sinks``: attention sinks, ``(Hq,)`` float32 (``check_sinks``): each
-        row's softmax sum gains ``exp(sinks[h])`` with no value row; the lse includes it."""
+        """``q (qo_indptr[-1], Hq, head_dim_qk)`` -> output ``(.., Hq, head_dim_vo)`` (and the
+        lse when ``return_lse``). The cache's v has head_dim_vo (a ``(k, v)`` tuple where it
+        differs from head_dim_qk). ``sinks``: attention sinks, ``(Hq,)`` float32
+        (``check_sinks``): each row's softmax sum gains ``exp(sinks[h])`` with no value row; the
+        lse includes it."""
         kw = self._legacy_run_args(args, dict(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                               out=out, lse=lse, return_lse=return_lse))
         self._check_run_common(q, kw["out"], kw["lse"], kw["return_lse"], window_left, extra)
@@ -186,7 +189,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
                            o_indptr=o_indptr)
         check_head_dim(head_dim_qk, head_dim_vo)
         self._set_options(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                          head_dim=head_dim_qk, pos_encoding_mode=pos_encoding_mode,
+                          head_dim=head_dim_qk, head_dim_vo=head_dim_vo,
+                          pos_encoding_mode=pos_encoding_mode,
                           sm_scale=sm_scale, window_left=window_left,
                           logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
                           rope_theta=rope_theta, q_data_type=q_data_type,
@@ -209,8 +213,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(BatchAttentionBase):
             out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
             return_lse: bool = False, enable_pdl: Optional[bool] = None,
             sinks: Optional[torch.Tensor] = None, **extra):
-        """``q (qo_indptr[-1], Hq, D)``, ``k``/``v (kv_indptr[-1], Hkv, D)`` -> output.
-        ``sinks``: as the paged wrapper's (an addition: FlashInfer's ragged ``run`` has none)."""
+        """``q (qo_indptr[-1], Hq, head_dim_qk)``, ``k (kv_indptr[-1], Hkv, head_dim_qk)``,
+        ``v (kv_indptr[-1], Hkv, head_dim_vo)`` -> output ``(.., Hq, head_dim_vo)``. ``sinks``:
+        as the paged wrapper's (an addition: FlashInfer's ragged ``run`` has none)."""
         kw = self._legacy_run_args(args, dict(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                               out=out, lse=lse, return_lse=return_lse))
         self._check_run_common(q, kw["out"], kw["lse"], kw["return_lse"], None, extra)

@@ -18,6 +18,7 @@ import torch
 
 from .._checks import check_cuda, resolve_pdl
 from ..api_logging import flashinfer_api
+from ..jit.attention import check_fp8_head_dims
 from . import runtime as rt
 from .plan import schedule
 from .wrapper import (
@@ -68,7 +69,8 @@ def single_prefill_with_kv_cache(
         ``(kv_len, num_kv_heads, head_dim)`` (NHD) or ``(num_kv_heads, kv_len, head_dim)`` (HND),
         q's dtype or fp8 (``float8_e4m3fn``, ``float8_e5m2``; then ``k_scale`` / ``v_scale``
         dequantize: logits ``sm_scale * k_scale * q.k``, output ``v_scale * softmax . v``); any
-        leading strides (K and V may differ).
+        leading strides (K and V may differ). v's head dim may differ where the pair is
+        supported (192 / 128); the output has v's. fp8 takes head_dim 64, 128 or 256.
     custom_mask : torch.Tensor, optional
         ``(qo_len, kv_len)`` bool, True = attend; overrides ``causal``. Or ``packed_custom_mask``
         (``packbits(mask.flatten(), "little")``).
@@ -105,9 +107,11 @@ def single_prefill_with_kv_cache(
     kv_len = k.shape[0] if layout == 0 else k.shape[1]
     num_kv_heads = k.shape[1] if layout == 0 else k.shape[0]
     check_head_dim(head_dim, v.shape[-1])
-    if k.shape[-1] != head_dim or v.shape != k.shape:
-        raise ValueError(f"k and v must have shape {tuple(k.shape)} with head_dim {head_dim}, got "
-                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    check_fp8_head_dims(rt.dtype_name(k.dtype), head_dim, v.shape[-1])
+    if k.shape[-1] != head_dim or v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(f"k and v must have shape {tuple(k.shape[:-1])} with head dims "
+                         f"{head_dim} and {v.shape[-1]}, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
     check_heads(num_qo_heads, num_kv_heads)
     if custom_mask is not None and tuple(custom_mask.shape) != (qo_len, kv_len):
         raise ValueError(f"custom_mask must have shape {(qo_len, kv_len)}, got "
@@ -152,6 +156,7 @@ def single_decode_with_kv_cache(
     check_single_kv(q, k, v)
     num_qo_heads, head_dim = q.shape
     check_head_dim(head_dim)
+    check_fp8_head_dims(rt.dtype_name(k.dtype), head_dim, head_dim)
     if k.shape[-1] != head_dim or v.shape != k.shape:
         raise ValueError(f"k and v must have the same shape with head_dim {head_dim}, got "
                          f"{tuple(k.shape)} and {tuple(v.shape)}")
@@ -177,11 +182,13 @@ def run_single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_enc
     use_mask = custom_mask is not None or packed_custom_mask is not None
     sm, o_scale = rt.resolve_scales(head_dim, sm_scale, None, k_scale, v_scale)
     device = q.device
-    key = (device, q.dtype, k.dtype, o_dtype, q.shape, k.shape, layout, causal, pos_encoding_mode,
+    key = (device, q.dtype, k.dtype, o_dtype, q.shape, k.shape, v.shape[-1], layout, causal,
+           pos_encoding_mode,
            window_left, logits_soft_cap, rope_scale, rope_theta, fixed_split_size, backend)
     launch = None if use_mask else rt.single_launches.get(key)
     if launch is None:
-        launch = _single_launch(q, k, layout, custom_mask, packed_custom_mask, causal,
+        launch = _single_launch(q, k, v.shape[-1], layout, custom_mask, packed_custom_mask,
+                                causal,
                                 pos_encoding_mode, sm, o_scale, window_left, logits_soft_cap,
                                 rope_scale, rope_theta, o_dtype, fixed_split_size, backend)
         if not use_mask:
@@ -189,7 +196,7 @@ def run_single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_enc
             if len(cache) >= _SINGLE_CACHE_SIZE:
                 cache.pop(next(iter(cache)))
             cache[key] = launch
-    o = torch.empty(qo_len, num_qo_heads, head_dim, dtype=o_dtype, device=device)
+    o = torch.empty(qo_len, num_qo_heads, v.shape[-1], dtype=o_dtype, device=device)
     lse = torch.empty(qo_len, num_qo_heads, dtype=torch.float32, device=device) \
         if return_lse else None
     launch(q, k, v, o, lse, sm, o_scale, resolve_pdl(None, device))
@@ -206,9 +213,9 @@ def run_single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_enc
 _SINGLE_CACHE_SIZE = 64
 
 
-def _single_launch(q, k, layout, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
-                   sm, o_scale, window_left, logits_soft_cap, rope_scale, rope_theta, o_dtype,
-                   fixed_split_size, backend) -> rt.Launch:
+def _single_launch(q, k, head_dim_vo, layout, custom_mask, packed_custom_mask, causal,
+                   pos_encoding_mode, sm, o_scale, window_left, logits_soft_cap, rope_scale,
+                   rope_theta, o_dtype, fixed_split_size, backend) -> rt.Launch:
     """Plan one request, upload the plan and resolve its launch (its options checked first:
     nothing is compiled for arguments that are wrong)."""
     window_left = rt.check_window_left(window_left)
@@ -221,9 +228,9 @@ def _single_launch(q, k, layout, custom_mask, packed_custom_mask, causal, pos_en
     use_mask = custom_mask is not None or packed_custom_mask is not None
     mask_mode = "custom" if use_mask else ("causal" if causal else "none")
     variant = make_variant(q.dtype, o_dtype, head_dim, mask_mode, pos_encoding_mode, paged=False,
-                           kv_dtype=k.dtype)
+                           kv_dtype=k.dtype, head_dim_vo=head_dim_vo)
     plan, buf = schedule([qo_len], [kv_len], group_size=num_qo_heads // num_kv_heads,
-                         num_kv_heads=num_kv_heads, head_dim=head_dim,
+                         num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_vo=head_dim_vo,
                          num_sms=device_num_sms(device), causal=mask_mode == "causal",
                          kv_chunk_size=fixed_split_size,
                          backend=rt.resolve_backend(device, variant, backend))
@@ -235,8 +242,8 @@ def _single_launch(q, k, layout, custom_mask, packed_custom_mask, causal, pos_en
     n = buf.numel()
     partials = None
     if plan.split_kv:
-        partials = (torch.empty(plan.num_partials * num_qo_heads * head_dim, dtype=torch.float32,
-                                device=device),
+        partials = (torch.empty(plan.num_partials * num_qo_heads * head_dim_vo,
+                                dtype=torch.float32, device=device),
                     torch.empty(plan.num_partials * num_qo_heads, dtype=torch.float32,
                                 device=device))
     mask = mask_indptr = None

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .._checks import check_cuda_device, resolve_pdl
-from ..jit.attention import HEAD_DIMS, AttentionVariant
+from ..jit.attention import AttentionVariant, check_fp8_head_dims, check_head_dims
 from . import runtime as rt
 from .plan import CTAS_PER_SM, AttentionPlan, schedule
 
@@ -104,11 +104,9 @@ def check_given_max(given: Optional[int], derived: Sequence[int], name: str) -> 
         raise ValueError(f"{name} must be at least {max(derived, default=0)}, got {given}")
 
 
-def check_head_dim(head_dim: int, head_dim_vo: Optional[int] = None) -> None:
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    if head_dim_vo is not None and head_dim_vo != head_dim:
-        raise ValueError(f"head_dim_vo must equal head_dim_qk ({head_dim}), got {head_dim_vo}")
+def check_head_dim(head_dim: int, head_dim_vo: Optional[int] = None) -> int:
+    """The head_dim_vo of a supported pair (``jit.attention.check_head_dims``)."""
+    return check_head_dims(head_dim, head_dim_vo)
 
 
 def check_heads(num_qo_heads: int, num_kv_heads: int) -> None:
@@ -236,12 +234,14 @@ def device_num_sms(device: torch.device) -> int:
 @functools.lru_cache(maxsize=256)
 def make_variant(q_dtype: torch.dtype, o_dtype: torch.dtype, head_dim: int, mask_mode: str,
                  pos_encoding_mode: str, paged: bool,
-                 kv_dtype: Optional[torch.dtype] = None) -> AttentionVariant:
+                 kv_dtype: Optional[torch.dtype] = None,
+                 head_dim_vo: Optional[int] = None) -> AttentionVariant:
     """The compiled variant of these options (made once: plan() asks per batch); ``kv_dtype``
-    None is q's."""
+    None is q's, ``head_dim_vo`` None is ``head_dim``."""
     return AttentionVariant(rt.dtype_name(q_dtype), rt.dtype_name(o_dtype), head_dim, mask_mode,
                             pos_encoding_mode, paged,
-                            None if kv_dtype is None else rt.dtype_name(kv_dtype))
+                            None if kv_dtype is None else rt.dtype_name(kv_dtype),
+                            head_dim_vo=head_dim_vo)
 
 
 def _check_sm_scale(value):
@@ -340,7 +340,7 @@ class BatchAttentionBase:
         device = self._ws.device
         kwargs: dict[str, Any] = {"backend": rt.resolve_backend(device, self._variant,
                                                                 self._backend),
-                                  "kv_begins": kv_begins}
+                                  "kv_begins": kv_begins, "head_dim_vo": self._head_dim_vo}
         if self._use_cuda_graph:
             if self._fixed is None:
                 first, _ = schedule(qo_lens, kv_lens, group_size=num_qo_heads // num_kv_heads,
@@ -371,12 +371,13 @@ class BatchAttentionBase:
                              num_sms=device_num_sms(device), causal=causal,
                              kv_chunk_size=fixed_split_size, disable_split_kv=disable_split_kv,
                              **kwargs)
-        max_parts = self._ws.max_partials(num_qo_heads, head_dim)
+        max_parts = self._ws.max_partials(num_qo_heads, self._head_dim_vo)
         if plan.split_kv and plan.num_partials > max_parts and not self._use_cuda_graph:
             plan, buf = schedule(qo_lens, kv_lens, group_size=num_qo_heads // num_kv_heads,
                                  num_kv_heads=num_kv_heads, head_dim=head_dim,
                                  num_sms=device_num_sms(device), causal=causal, disable_split_kv=True,
-                                 backend=kwargs["backend"], kv_begins=kv_begins)
+                                 backend=kwargs["backend"], kv_begins=kv_begins,
+                                 head_dim_vo=self._head_dim_vo)
         if self._use_cuda_graph:
             # The merge runs over a fixed number of rows: pad merge_indptr with empty ranges.
             rows = self._fixed["row_capacity"]
@@ -423,11 +424,12 @@ class BatchAttentionBase:
         shape = (q.shape[0], self._num_qo_heads, self._head_dim)
         if tuple(q.shape) != shape:
             raise ValueError(f"q must have shape {shape}, got {tuple(q.shape)}")
+        out_shape = (*shape[:2], self._head_dim_vo)
         if out is not None:
             if out.device != q.device:
                 raise ValueError(f"out must be on q's device ({q.device}), got {out.device}")
-            if tuple(out.shape) != shape or out.dtype != self._o_dtype:
-                raise ValueError(f"out must have shape {shape} and dtype "
+            if tuple(out.shape) != out_shape or out.dtype != self._o_dtype:
+                raise ValueError(f"out must have shape {out_shape} and dtype "
                                  f"{rt.dtype_name(self._o_dtype)}, got {tuple(out.shape)} "
                                  f"{rt.dtype_name(out.dtype)}")
         if lse is not None and (tuple(lse.shape) != shape[:2] or lse.dtype != torch.float32):
@@ -449,8 +451,12 @@ class BatchAttentionBase:
         if kv_heads != self._num_kv_heads:
             raise ValueError(f"the KV cache must have the planned num_kv_heads "
                              f"({self._num_kv_heads}), got {kv_heads}")
+        if k.shape[-1] != self._head_dim or v.shape[-1] != self._head_dim_vo:
+            raise ValueError(f"k and v must have the planned head dims ({self._head_dim} and "
+                             f"{self._head_dim_vo}), got {k.shape[-1]} and {v.shape[-1]}")
         if out is None:
-            out = torch.empty(q.shape, dtype=self._o_dtype, device=q.device)
+            out = torch.empty(*q.shape[:2], self._head_dim_vo, dtype=self._o_dtype,
+                              device=q.device)
         if lse is None and return_lse:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
         launch = self._launcher
@@ -463,7 +469,7 @@ class BatchAttentionBase:
         return (out, lse) if return_lse else out
 
     def _prepare(self, device: torch.device, enable_pdl: bool) -> rt.Launch:
-        partials = self._ws.partial_views(self._num_qo_heads, self._head_dim) \
+        partials = self._ws.partial_views(self._num_qo_heads, self._head_dim_vo) \
             if self._plan.split_kv else None
         return rt.prepare(
             rt.get_attention_module(self._variant), self._plan, self._plan_dev,
@@ -479,8 +485,9 @@ class BatchAttentionBase:
 
     def _set_options(self, *, num_qo_heads, num_kv_heads, head_dim, pos_encoding_mode, sm_scale,
                      window_left, logits_soft_cap, rope_scale, rope_theta, q_data_type,
-                     kv_data_type, o_data_type, data_type=None) -> None:
-        check_head_dim(head_dim)
+                     kv_data_type, o_data_type, data_type=None,
+                     head_dim_vo: Optional[int] = None) -> None:
+        head_dim_vo = check_head_dim(head_dim, head_dim_vo)
         check_heads(num_qo_heads, num_kv_heads)
         rt.check_pos_encoding(pos_encoding_mode)
         q_dtype = rt.parse_dtype(q_data_type, "q_data_type")
@@ -493,7 +500,9 @@ class BatchAttentionBase:
         for name, dt in (("q_data_type", q_dtype), ("o_data_type", o_dtype)):
             rt.check_half(dt, name)
         rt.check_kv_dtype(kv_dtype, q_dtype, "kv_data_type")
+        check_fp8_head_dims(rt.dtype_name(kv_dtype), head_dim, head_dim_vo)
         self._num_qo_heads, self._num_kv_heads, self._head_dim = num_qo_heads, num_kv_heads, head_dim
+        self._head_dim_vo = head_dim_vo
         self._q_dtype, self._kv_dtype, self._o_dtype = q_dtype, kv_dtype, o_dtype
         self._pos_encoding_mode = pos_encoding_mode
         rt.resolve_scales(head_dim, sm_scale, None, None, None)  # checks sm_scale
@@ -650,7 +659,8 @@ class BatchAttentionBase:
                 self._mask[:mask.numel()].copy_(mask, non_blocking=non_blocking)
             metadata = [*metadata, (bufs.get("mask_indptr"), mask_indptr, "mask_indptr")]
         self._variant = make_variant(self._q_dtype, self._o_dtype, head_dim, mask_mode,
-                                 self._pos_encoding_mode, self._paged, self._kv_dtype)
+                                 self._pos_encoding_mode, self._paged, self._kv_dtype,
+                                 self._head_dim_vo)
         plan, buf = self._schedule(qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim,
                                    mask_mode == "causal", fixed_split_size, disable_split_kv,
                                    kv_begins)

@@ -1,6 +1,6 @@
 """Build specs of the attention modules: one module per :class:`AttentionVariant`.
 
-A variant is everything that changes the compiled kernel (dtypes, head_dim, mask mode, position
+A variant is everything that changes the compiled kernel (dtypes, head dims, mask mode, position
 encoding, paged or ragged KV); its fields become ``-DFI_*`` flags of ``csrc/attention.cu``, and
 its name (and so the module's URI) spells each of them. Runtime choices (sm_scale, soft cap,
 sliding window, RoPE scale/theta) are kernel arguments and cost no extra module.
@@ -21,7 +21,42 @@ KV_DTYPE_CODES = {**DTYPE_CODES, "float8_e4m3fn": 2, "float8_e5m2": 3}
 KV_DTYPE_SHORT = {**DTYPE_SHORT, "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 MASK_MODES = {"none": 0, "causal": 1, "custom": 2}
 POS_ENCODINGS = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
-HEAD_DIMS = (64, 128, 256)
+#: Head dims of q, k, v and the output alike.
+HEAD_DIMS = (64, 128, 256, 512)
+#: (head_dim_qk, head_dim_vo) pairs whose v and output are narrower than q and k: DeepSeek-style
+#: MLA prefill (192 = 128 no-RoPE + 64 RoPE channels; v 128), which vLLM and SGLang run through
+#: the ragged and paged prefill wrappers.
+HEAD_DIM_PAIRS = ((192, 128),)
+
+
+def check_head_dims(head_dim_qk: int, head_dim_vo: Optional[int] = None) -> int:
+    """``head_dim_vo`` (None: ``head_dim_qk``) once the pair is one a kernel exists for, else
+    ``ValueError`` naming the supported head dims."""
+    vo = head_dim_qk if head_dim_vo is None else head_dim_vo
+    if (head_dim_qk in HEAD_DIMS and vo == head_dim_qk) or (head_dim_qk, vo) in HEAD_DIM_PAIRS:
+        return vo
+    pairs = ", ".join(f"{qk}/{v}" for qk, v in HEAD_DIM_PAIRS)
+    if head_dim_vo is None or (head_dim_qk not in HEAD_DIMS
+                               and head_dim_qk not in dict(HEAD_DIM_PAIRS)):
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS} (or head_dim_qk/head_dim_vo "
+                         f"{pairs}), got {head_dim_qk}")
+    raise ValueError(f"head_dim_vo must equal head_dim_qk ({head_dim_qk}) or form one of the "
+                     f"pairs head_dim_qk/head_dim_vo {pairs}, got {head_dim_vo}")
+
+
+#: Head dims an fp8 K/V cache is supported at (with head_dim_vo = head_dim: the kernel converts
+#: K and V tiles of one width; include/flashinfer/attention/prefill.cuh asserts it).
+FP8_KV_HEAD_DIMS = (64, 128, 256)
+
+
+def check_fp8_head_dims(dtype_kv: str, head_dim_qk: int, head_dim_vo: int) -> None:
+    """``NotImplementedError`` for an fp8 K/V cache at head dims the kernel lacks (512, 192 /
+    128): an fp8 cache takes ``FP8_KV_HEAD_DIMS`` with v's head dim equal to k's."""
+    if dtype_kv.startswith("float8") and (head_dim_qk not in FP8_KV_HEAD_DIMS
+                                          or head_dim_vo != head_dim_qk):
+        raise NotImplementedError(
+            f"an fp8 KV cache ({dtype_kv}) takes head_dim {FP8_KV_HEAD_DIMS} with head_dim_vo "
+            f"equal to head_dim; got head_dim {head_dim_qk}, head_dim_vo {head_dim_vo}")
 
 
 @dataclass(frozen=True)
@@ -35,7 +70,7 @@ class AttentionVariant:
     dtype_o : str
         Output dtype, ``"float16"`` or ``"bfloat16"``.
     head_dim : int
-        64, 128 or 256.
+        q and k head dim: one of ``HEAD_DIMS``, or the first of a ``HEAD_DIM_PAIRS`` pair.
     mask_mode : str
         ``"none"``, ``"causal"`` (bottom-right aligned) or ``"custom"`` (packed bit mask).
     pos_encoding : str
@@ -44,7 +79,9 @@ class AttentionVariant:
         Paged KV cache (else ragged: one contiguous run of tokens per request).
     dtype_kv : str, optional
         k and v: ``dtype_q`` (None is normalized to it), ``"float8_e4m3fn"`` or
-        ``"float8_e5m2"``.
+        ``"float8_e5m2"`` (fp8: at head_dim 64, 128 and 256 with ``head_dim_vo`` equal).
+    head_dim_vo : int, optional
+        v and output head dim (None: ``head_dim``); differs only in a ``HEAD_DIM_PAIRS`` pair.
     """
 
     dtype_q: str
@@ -54,6 +91,7 @@ class AttentionVariant:
     pos_encoding: str = "NONE"
     paged: bool = True
     dtype_kv: Optional[str] = None
+    head_dim_vo: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.dtype_kv is None:
@@ -69,8 +107,8 @@ class AttentionVariant:
         ):
             if value not in allowed:
                 raise ValueError(f"{field} must be one of {sorted(allowed)}, got {value!r}")
-        if self.head_dim not in HEAD_DIMS:
-            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        object.__setattr__(self, "head_dim_vo", check_head_dims(self.head_dim, self.head_dim_vo))
+        check_fp8_head_dims(self.dtype_kv, self.head_dim, self.head_dim_vo)
 
     @property
     def name(self) -> str:
@@ -79,16 +117,18 @@ class AttentionVariant:
             f"attention_{'paged' if self.paged else 'ragged'}_{DTYPE_SHORT[self.dtype_q]}{kv}"
             f"_o{DTYPE_SHORT[self.dtype_o]}_d{self.head_dim}_{self.mask_mode}"
             f"_{self.pos_encoding.lower()}"
+            + (f"_vo{self.head_dim_vo}" if self.head_dim_vo != self.head_dim else "")
         )
 
     @property
     def has_sm90(self) -> bool:
-        """Whether the module holds the Hopper kernel (CTA shape 3): head_dim 64 or 128, no
-        in-kernel RoPE: ``kHasSm90`` of include/flashinfer/attention/launch.cuh, which a compiled
-        module answers through ``cta_tile_q(3)`` (tests/test_package_layout.py holds the two
-        together). Not for fp8 K/V (launch.cuh says why)."""
-        return (self.head_dim in (64, 128) and self.pos_encoding != "ROPE_LLAMA"
-                and self.dtype_kv == self.dtype_q)
+        """Whether the module holds the Hopper kernel (CTA shape 3): head_dim 64 or 128 (v's
+        too), no in-kernel RoPE: ``kHasSm90`` of include/flashinfer/attention/launch.cuh, which
+        a compiled module answers through ``cta_tile_q(3)`` (tests/test_package_layout.py holds
+        the two together). 192 / 128 runs on the FA2 kernel: the Hopper kernel has one head
+        dim for QK and PV. Not for fp8 K/V (launch.cuh says why)."""
+        return (self.head_dim in (64, 128) and self.head_dim_vo == self.head_dim
+                and self.pos_encoding != "ROPE_LLAMA" and self.dtype_kv == self.dtype_q)
 
     def spec(self) -> JitSpec:
         flags = (
@@ -96,6 +136,7 @@ class AttentionVariant:
             f"-DFI_DTYPE_KV={KV_DTYPE_CODES[self.dtype_kv]}",
             f"-DFI_DTYPE_O={DTYPE_CODES[self.dtype_o]}",
             f"-DFI_HEAD_DIM={self.head_dim}",
+            f"-DFI_HEAD_DIM_VO={self.head_dim_vo}",
             f"-DFI_MASK_MODE={MASK_MODES[self.mask_mode]}",
             f"-DFI_POS_ENCODING={POS_ENCODINGS[self.pos_encoding]}",
             f"-DFI_PAGED={int(self.paged)}",
@@ -122,7 +163,7 @@ def common_variants() -> list[AttentionVariant]:
     prefill (no mask and causal) and ragged prefill, no in-kernel position encoding."""
     out = []
     for dtype in ("float16", "bfloat16"):
-        for head_dim in HEAD_DIMS:
+        for head_dim in (64, 128, 256):
             for paged in (True, False):
                 for mask in ("none", "causal"):
                     out.append(AttentionVariant(dtype, dtype, head_dim, mask, "NONE", paged))
@@ -139,6 +180,14 @@ def custom_mask_variants() -> list[AttentionVariant]:
             for paged in (True, False)]
 
 
+def wide_head_variants() -> list[AttentionVariant]:
+    """head_dim 512 (Gemma-style global layers: decode and prefill) and 192 / 128 (MLA prefill),
+    fp16/bf16, paged and ragged, no mask and causal: what the engines run at these head dims."""
+    return [AttentionVariant(dtype, dtype, qk, mask, "NONE", paged, head_dim_vo=vo)
+            for qk, vo in ((512, 512), *HEAD_DIM_PAIRS) for dtype in ("float16", "bfloat16")
+            for paged in (True, False) for mask in ("none", "causal")]
+
+
 def fp8_kv_variants() -> list[AttentionVariant]:
     """fp8-e4m3 KV caches at head_dim 128 under fp16 and bf16 q: paged decode and prefill (no
     mask and causal) and ragged prefill, no in-kernel position encoding (vLLM's and SGLang's
@@ -151,7 +200,8 @@ def fp8_kv_variants() -> list[AttentionVariant]:
 def precompiled_variants() -> list[AttentionVariant]:
     """Every variant the flashinfer-jit-cache wheel holds (docs/wheels.md, "What the released
     set covers without nvcc"), in a stable order."""
-    return common_variants() + extra_variants() + custom_mask_variants() + fp8_kv_variants()
+    return (common_variants() + extra_variants() + custom_mask_variants() + wide_head_variants()
+            + fp8_kv_variants())
 
 
 @functools.cache

@@ -338,20 +338,23 @@ __device__ __forceinline__ float fold_sink(const AttentionParams& p, const ItemR
 
 /// Output stores of one item: the final output (o, lse) or the float32 partial state of the
 /// item's chunk (`partial`: writes_partial). Packed row pr is q row pr / G of head
-/// kv_head * G + pr % G.
-template <typename TO, int D>
+/// kv_head * G + pr % G. D columns per row from column col0 of rows of kRowD (a CTA that
+/// computes a slice of the output columns: col0 = its first, kRowD the output's head dim).
+template <typename TO, int D, int kRowD = D>
 struct OutputWriter {
   const AttentionParams& p;
   const ItemRange& r;
   uint32_t kv_head;
   bool partial;
+  int col0 = 0;
 
-  /// Columns col, col + 1 of packed row pr (already divided by the row sum).
+  /// Columns col, col + 1 (of the slice) of packed row pr (already divided by the row sum).
   __device__ __forceinline__ void pair(int pr, int col, float x0, float x1) const {
     const auto [qo, head] = qo_head(pr, kv_head, p.group_size);
+    col += col0;
     if (partial) {
       const int64_t part = p.merge_indptr[r.qo_begin + qo] + r.chunk;
-      float* dst = p.o_part + (part * p.num_qo_heads + head) * D + col;
+      float* dst = p.o_part + (part * p.num_qo_heads + head) * kRowD + col;
       *reinterpret_cast<float2*>(dst) = make_float2(x0 * p.o_scale, x1 * p.o_scale);
     } else {
       TO* dst = static_cast<TO*>(p.o) + (r.qo_begin + qo) * p.o_stride_n + head * p.o_stride_h +
@@ -392,7 +395,7 @@ struct OutputWriter {
 #pragma unroll
         for (int n = 0; n < D / 8; ++n)
           pair(pr, n * 8 + 2 * t, o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
-        if (t == 0) lse(pr, row_lse);
+        if (t == 0 && col0 == 0) lse(pr, row_lse);
       }
   }
 };

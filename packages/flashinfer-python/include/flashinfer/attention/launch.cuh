@@ -25,7 +25,8 @@ namespace attn {
 ///   0: 16 rows,  1 x 4 warps (decode, short queries), 16-key steps
 ///   1: 64 rows,  4 x 1 warps, one 16-row MMA tile per warp
 ///   2: 128 rows, 4 x 1 warps, two MMA tiles per warp (head_dim <= 128: register budget)
-///   3: the Hopper kernel (wgmma, 128 rows, sm_90 only): head_dim 64/128, no in-kernel RoPE
+///   3: the Hopper kernel (wgmma, 128 rows, sm_90 only): head_dim 64/128, no in-kernel RoPE,
+///      head_dim_vo = head_dim
 ///   4: 16 rows,  1 x 2 warps: shape 0 with two key streams (decode batches of 2-4 CTAs per SM)
 ///   5: 16 rows,  1 x 8 warps: shape 0 with eight key streams, one CTA per SM (small and split
 ///      decode batches; head_dim <= 128: shared memory)
@@ -75,15 +76,27 @@ struct LaunchChoice {
 /*!
  * @brief The CTA shapes of one compiled attention variant and their launch.
  * @tparam DTypeQ q element type; DTypeKV k and v's (DTypeQ or fp8); DTypeO the output's
+ * @tparam kHeadDim q and k head dim; kHeadDimVO v and output head dim
+ *
+ * Head dims past 256 (512). One CTA computes at most 256 output columns: a 16-row MMA tile of
+ * 512 would hold 256 fp32 accumulators per thread, past the 255 registers a thread has. Two
+ * CTAs side by side split the columns, each computing S in full (KernelTraits::kVoSlices).
+ * Shared memory, per CTA (K tile 512 wide, V tile 256): decode (shape 0) takes two key streams
+ * instead of four, 16 KB of Q + 2 streams x 2 stages x 16 keys x 1.5 KB = 112 KB (four would
+ * be 208 KB: past sm_80's 164 KB, and one CTA per SM on sm_90); the 64-row shapes take 16-key
+ * steps, 64 KB of Q + 2 stages x 16 keys x 1.5 KB = 112 KB (32-key steps: 160 KB, one CTA
+ * per SM on sm_90 and at sm_80's limit). So two CTAs per SM on sm_90 (228 KB), one on sm_80.
+ * Registers: 128 accumulators per thread, as at head_dim 256.
  */
-template <typename DTypeQ, typename DTypeKV, typename DTypeO, int kHeadDim, MaskMode kMask,
-          PosEncoding kPos, bool kPaged>
+template <typename DTypeQ, typename DTypeKV, typename DTypeO, int kHeadDim, int kHeadDimVO,
+          MaskMode kMask, PosEncoding kPos, bool kPaged>
 struct AttentionLaunch {
   template <int WQ, int WKV, int MQ, int MKV, int STAGES = FLASHINFER_ATTENTION_STAGES>
-  using Traits = KernelTraits<DTypeQ, DTypeKV, DTypeO, kHeadDim, kMask, kPos, kPaged, WQ, WKV,
-                              MQ, MKV, STAGES>;
+  using Traits = KernelTraits<DTypeQ, DTypeKV, DTypeO, kHeadDim, kHeadDimVO, kMask, kPos, kPaged,
+                              WQ, WKV, MQ, MKV, STAGES>;
 
-  using Cta0 = Traits<1, FLASHINFER_ATTENTION_CTA0_WARPS_KV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
+  static constexpr int kCta0WarpsKV = kHeadDim <= 256 ? FLASHINFER_ATTENTION_CTA0_WARPS_KV : 2;
+  using Cta0 = Traits<1, kCta0WarpsKV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
                       FLASHINFER_ATTENTION_CTA0_STAGES>;
   using Cta1 = Traits<4, 1, 1, FLASHINFER_ATTENTION_CTA1_MMA_KV>;
   using Cta2 = Traits<FLASHINFER_ATTENTION_CTA2_WARPS_Q, 1, FLASHINFER_ATTENTION_CTA2_MMA_Q,
@@ -104,10 +117,11 @@ struct AttentionLaunch {
   // only the FA2 kernel does), K/V of q's type: its TMA copies land in wgmma's operand layout,
   // and wgmma takes fp8 only with fp8 on both sides, so a half q over an fp8 cache would need a
   // conversion stage between the TMA and the wgmmas; fp8 K/V runs on the FA2 kernel, which
-  // converts in shared memory (decode, the bandwidth-bound case, is FA2's in any case). Where
-  // the variant has none, Cta3 names a valid stand-in that is never launched.
+  // converts in shared memory (decode, the bandwidth-bound case, is FA2's in any case). Nor
+  // where head_dim_vo differs from head_dim (192 / 128): the Hopper kernel has one head dim.
+  // Where the variant has none, Cta3 names a valid stand-in that is never launched.
   static constexpr bool kHasSm90 = (kHeadDim == 64 || kHeadDim == 128) &&
-                                   kPos != PosEncoding::kRopeLlama &&
+                                   kHeadDimVO == kHeadDim && kPos != PosEncoding::kRopeLlama &&
                                    std::is_same_v<DTypeQ, DTypeKV>;
   using Cta3 = Sm90Traits<DTypeQ, DTypeO, kHasSm90 ? kHeadDim : 128, kMask,
                           kHasSm90 ? kPos : PosEncoding::kNone, kPaged>;
@@ -183,7 +197,9 @@ struct AttentionLaunch {
    */
   static cudaError_t run(AttentionParams& p, const LaunchChoice& c, bool enable_pdl,
                          cudaStream_t stream) {
-    if (c.cta == kCtaSm90) p.merge_counters = nullptr;
+    // The merge kernel merges the Hopper kernel's split-KV states, and those of CTAs that split
+    // the output columns (KernelTraits::kVoSlices: two CTAs would count one item's chunks).
+    if (c.cta == kCtaSm90 || kHeadDimVO > 256) p.merge_counters = nullptr;
     p.cluster_merge = c.cluster_merge && c.cta != kCtaSm90;
     cudaError_t status = cudaErrorInvalidValue;
     switch (c.cta) {
@@ -201,7 +217,7 @@ struct AttentionLaunch {
     }
     return cascade::MergeStatesVarlen<DTypeO>(p.o_part, p.lse_part, p.merge_indptr,
                                               static_cast<DTypeO*>(p.o), p.lse, c.num_rows,
-                                              p.num_qo_heads, kHeadDim, p.o_stride_n,
+                                              p.num_qo_heads, kHeadDimVO, p.o_stride_n,
                                               p.o_stride_h, enable_pdl, stream);
   }
 

@@ -38,27 +38,38 @@
 namespace flashinfer {
 namespace attn {
 
+/// Greatest common divisor (the loader's threads per row).
+constexpr int gcd_int(int a, int b) { return b == 0 ? a : gcd_int(b, a % b); }
+
 /*!
  * @brief Everything that is fixed at compile time for one attention kernel.
  * @tparam DTypeQ_ q element type (__half or __nv_bfloat16), the type of the MMAs
  * @tparam DTypeKV_ k and v element type: DTypeQ_, or __nv_fp8_e4m3 / __nv_fp8_e5m2 (converted
  *   to DTypeQ_ in shared memory: kConvertKV)
  * @tparam DTypeO_ output element type
- * @tparam HEAD_DIM_ 64, 128 or 256
+ * @tparam HEAD_DIM_ q and k head dim: 64, 128, 192, 256 or 512 (QK loads and MMAs)
+ * @tparam HEAD_DIM_VO_ v and output head dim (PV and the output): HEAD_DIM_, or 128 at 192
  * @tparam PAGED_ paged KV cache (else ragged)
  * @tparam WARPS_Q_, WARPS_KV_ warps splitting rows, groups of warps splitting keys
  * @tparam MMA_Q_ 16-row MMA tiles per warp; MMA_KV_ 16-key MMA tiles per pipeline step
- * @tparam STAGES_ K/V tiles in flight per key stream at head_dim <= 128 (256 keeps two)
+ * @tparam STAGES_ K/V tiles in flight per key stream at head_dim <= 128 (wider heads keep two)
  */
-template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_, int HEAD_DIM_, MaskMode MASK_,
-          PosEncoding POS_, bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_, int MMA_KV_,
-          int STAGES_ = FLASHINFER_ATTENTION_STAGES>
+template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_, int HEAD_DIM_, int HEAD_DIM_VO_,
+          MaskMode MASK_, PosEncoding POS_, bool PAGED_, int WARPS_Q_, int WARPS_KV_, int MMA_Q_,
+          int MMA_KV_, int STAGES_ = FLASHINFER_ATTENTION_STAGES>
 struct KernelTraits {
   using DTypeQ = DTypeQ_;
   using DTypeKV = DTypeKV_;
   using DTypeO = DTypeO_;
   using Tile = SwizzledTile<HEAD_DIM_>;
   static constexpr int kHeadDim = HEAD_DIM_;
+  static constexpr int kHeadDimVO = HEAD_DIM_VO_;
+  // Output columns per CTA: all of them up to 256. Wider outputs (head_dim 512) are split
+  // among kVoSlices CTAs side by side in the grid, each computing S in full and P V for its
+  // columns: 512 columns would need 256 fp32 accumulators per thread for one 16-row MMA tile.
+  static constexpr int kVoTile = HEAD_DIM_VO_ <= 256 ? HEAD_DIM_VO_ : 256;
+  static constexpr int kVoSlices = HEAD_DIM_VO_ / kVoTile;
+  using VTile = SwizzledTile<kVoTile>;
   static constexpr MaskMode kMask = MASK_;
   static constexpr PosEncoding kPos = POS_;
   static constexpr bool kPaged = PAGED_;
@@ -71,10 +82,11 @@ struct KernelTraits {
   static constexpr int kTileQ = 16 * kMmaQ * kWarpsQ;
   static constexpr int kTileKV = 16 * kMmaKV;
   static constexpr int kChunks = HEAD_DIM_ / 8;
+  static constexpr int kChunksVO = kVoTile / 8;
   // Q fragments stay in registers when they are few (decode, head_dim <= 128); otherwise they
   // are re-read from shared memory for each KV tile (the O accumulators need the registers).
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
-  // Tiles in flight per key stream (loads issued kAhead tiles ahead); head_dim 256 keeps two for
+  // Tiles in flight per key stream (loads issued kAhead tiles ahead); wider heads keep two for
   // shared memory. fp8 K/V on the decode shapes of up to four key streams: a tile holds half the
   // bytes, so twice the tiles ahead keep a half cache's bytes in flight (one tile ahead read 57%
   // of the read ceiling, H200, 64 x 4096: latency-bound, half of bf16's bytes in flight per SM;
@@ -82,7 +94,8 @@ struct KernelTraits {
   // 164 KB of shared memory, more than sm_80 gives a CTA.
   static constexpr bool kFp8Decode =
       !std::is_same_v<DTypeKV_, DTypeQ_> && WARPS_Q_ == 1 && WARPS_KV_ <= 4;
-  static constexpr int kStages = HEAD_DIM_ <= 128 ? (kFp8Decode ? 2 * STAGES_ - 1 : STAGES_) : 2;
+  static constexpr int kStages =
+      HEAD_DIM_ <= 128 && kVoTile <= 128 ? (kFp8Decode ? 2 * STAGES_ - 1 : STAGES_) : 2;
   static constexpr int kAhead = kStages - 1;
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
@@ -98,35 +111,51 @@ struct KernelTraits {
   using DTypePV = std::conditional_t<kConvertKV, __half, DTypeQ>;
   static_assert(sizeof(DTypeKV) == sizeof(DTypeQ) || sizeof(DTypeKV) == 1,
                 "kv is q's type or an fp8 type");
+  // fp8 K/V at head_dim 64, 128 and 256 with v's head dim = k's (the host refuses the rest).
+  static_assert(!kConvertKV || (HEAD_DIM_ <= 256 && HEAD_DIM_VO_ == HEAD_DIM_),
+                "fp8 K/V takes head_dim 64, 128 or 256 with head_dim_vo = head_dim");
   static constexpr int kLoadElems = 16 / int(sizeof(DTypeKV));  // elements per 16-byte copy
-  static constexpr int kLoadChunks = HEAD_DIM_ / kLoadElems;    // copies per K/V row
+  static constexpr int kLoadChunks = HEAD_DIM_ / kLoadElems;    // copies per K row
+  static constexpr int kLoadChunksVO = kVoTile / kLoadElems;    // copies per V row (of a slice)
   static constexpr int kHalfTiles = kConvertKV ? 1 : kStages;   // DTypeQ K/V tiles per stream
-  static constexpr size_t kStageSmem =
-      kConvertKV ? size_t(kWarpsKV) * kStages * 2 * kTileKV * HEAD_DIM_ * sizeof(DTypeKV) : 0;
+  static constexpr size_t kStageSmem = kConvertKV ? size_t(kWarpsKV) * kStages * kTileKV *
+                                                        (HEAD_DIM_ + kVoTile) * sizeof(DTypeKV)
+                                                  : 0;
 
   static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
-  static constexpr size_t kKVSmem = size_t(kWarpsKV) * kHalfTiles * 2 /*K,V*/ * kTileKV *
-                                    HEAD_DIM_ * sizeof(DTypeQ) + kStageSmem;
+  // Per key stream and DTypeQ tile: a K tile [kTileKV][HEAD_DIM_], then a V tile
+  // [kTileKV][kVoTile].
+  static constexpr size_t kKVSmem = size_t(kWarpsKV) * kHalfTiles * kTileKV *
+                                        (HEAD_DIM_ + kVoTile) * sizeof(DTypeQ) +
+                                    kStageSmem;
   static constexpr size_t kMergeSmem =
-      kWarpsKV > 1 ? size_t(kWarpsKV) * kTileQ * (HEAD_DIM_ + 2) * sizeof(float) : 0;
+      kWarpsKV > 1 ? size_t(kWarpsKV) * kTileQ * (kVoTile + 2) * sizeof(float) : 0;
   static constexpr size_t kSmemBytes = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
   // The decode shapes can merge split KV within a cluster (cluster_merge): the CTA's final
-  // partial state, [kTileQ][HEAD_DIM_] then [kTileQ] floats, after the key streams' merge area.
-  static constexpr size_t kClusterSmem = size_t(kTileQ) * (HEAD_DIM_ + 1) * sizeof(float);
-  static constexpr bool kClusterMerge =
-      kWarpsQ == 1 && kWarpsKV > 1 && kMergeSmem + kClusterSmem <= kKVSmem;
+  // partial state, [kTileQ][kVoTile] then [kTileQ] floats, after the key streams' merge area.
+  // Not where CTAs split the output columns (their chunks are merged by the merge kernel).
+  static constexpr size_t kClusterSmem = size_t(kTileQ) * (kVoTile + 1) * sizeof(float);
+  static constexpr bool kClusterMerge = kWarpsQ == 1 && kWarpsKV > 1 && kVoSlices == 1 &&
+                                        kMergeSmem + kClusterSmem <= kKVSmem;
 
   static_assert(sizeof(DTypeQ) == 2, "the MMA path takes fp16 or bf16 q");
+  static_assert(HEAD_DIM_VO_ % kVoTile == 0, "output columns split evenly among CTAs");
   // Threads sharing one K/V row in the loader: every 16-byte copy of it (one each), or where
   // FLASHINFER_ATTENTION_LOAD_ROW_THREADS is fewer, several copies each and fewer rows, so
   // fewer page ids and row offsets in registers (prefill shapes only: decode keeps one copy).
+  // Where the copies of a row outnumber or do not divide the group's threads (head_dim 192:
+  // 24 of K, 16 of V; 512: 64 of K, 32 of V), the most threads that divide the group and both
+  // rows' copies share a row (decode: 8 at 192, 32 at 512), each doing several copies; K and V
+  // then cover the same rows, whose page ids they share.
+  static constexpr int kLoadRowThreads0 =
+      gcd_int(gcd_int(kLoadChunks, kLoadChunksVO), kGroupThreads);
   static constexpr int kLoadRowThreads =
-      kWarpsQ > 1 && FLASHINFER_ATTENTION_LOAD_ROW_THREADS < kLoadChunks
+      kWarpsQ > 1 && FLASHINFER_ATTENTION_LOAD_ROW_THREADS < kLoadRowThreads0
           ? FLASHINFER_ATTENTION_LOAD_ROW_THREADS
-          : kLoadChunks;
+          : kLoadRowThreads0;
   static_assert(kGroupThreads % kLoadRowThreads == 0 &&
                     (kTileKV * kLoadRowThreads) % kGroupThreads == 0 &&
-                    kLoadChunks % kLoadRowThreads == 0,
+                    kLoadChunks % kLoadRowThreads == 0 && kLoadChunksVO % kLoadRowThreads == 0,
                 "a K/V tile must split evenly over the threads of a group");
   static_assert(kWarpsQ == 1 || kWarpsKV == 1 || kWarpsQ * kWarpsKV <= 16,
                 "at most 16 warps per CTA");
@@ -194,13 +223,20 @@ __device__ __forceinline__ void fp8x16_to(const uint4& in, uint4& lo, uint4& hi)
   hi.z = fp8x2_to<T, TKV>(in.w), hi.w = fp8x2_to<T, TKV>(in.w >> 16);
 }
 
+/// `vo_slice`: which kVoTile output columns of the item this CTA computes (kVoSlices > 1).
 template <class KT>
 __device__ __forceinline__ void attention_item(const AttentionParams& p, const ItemIds& ids,
-                                               uint32_t kv_head, uint8_t* smem) {
+                                               uint32_t kv_head, uint32_t vo_slice,
+                                               uint8_t* smem) {
   using T = typename KT::DTypeQ;
   using TO = typename KT::DTypeO;
   using Tile = typename KT::Tile;
+  using VTile = typename KT::VTile;
   constexpr int D = KT::kHeadDim;
+  constexpr int DV = KT::kVoTile;
+  // S = Q K^T in steps of 16 channels, unrolled kQKStep at a time: all of them up to head_dim
+  // 256; at 512 all 32 spill (112 bytes per thread, paged), eight at a time do not.
+  constexpr int kQKStep = D > 256 ? 8 : D / 16;
   constexpr int kChunks = KT::kChunks;
   constexpr int kTileQ = KT::kTileQ;
   constexpr int kTileKV = KT::kTileKV;
@@ -225,13 +261,12 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   T* kv_smem = reinterpret_cast<T*>(smem + KT::kQSmem);
   constexpr int kStages = KT::kStages;
   constexpr int kHalfTiles = KT::kHalfTiles;
-  // The DTypeQ tiles the MMAs read (with fp8 K/V one K and one V per stream, whatever the stage).
+  // The DTypeQ tiles the MMAs read (with fp8 K/V one K and one V per stream, whatever the
+  // stage): a K tile [kTileKV][D], then a V tile [kTileKV][DV].
   auto k_tile = [&](int stage) {
-    return kv_smem + ((wkv * kHalfTiles + (KT::kConvertKV ? 0 : stage)) * 2 + 0) * kTileKV * D;
+    return kv_smem + (wkv * kHalfTiles + (KT::kConvertKV ? 0 : stage)) * kTileKV * (D + DV);
   };
-  auto v_tile = [&](int stage) {
-    return kv_smem + ((wkv * kHalfTiles + (KT::kConvertKV ? 0 : stage)) * 2 + 1) * kTileKV * D;
-  };
+  auto v_tile = [&](int stage) { return k_tile(stage) + kTileKV * D; };
   // fp8 K/V: the staging tiles the copies land in, [kTileKV][D] bytes, unswizzled (each thread
   // reads back its own 16-byte chunks: a warp covers 512 contiguous bytes per row step).
   uint8_t* kv_stage = smem + KT::kQSmem + (KT::kKVSmem - KT::kStageSmem);
@@ -256,7 +291,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 
   // 3. K/V tile loader: thread gtid owns 16-byte copies gtid % kRowThreads + c * kRowThreads
   // (8 half or 16 fp8 elements each) of rows gtid / kRowThreads + j * step (kRowThreads =
-  // kLoadChunks: one copy of each of its rows).
+  // kLoadChunks: one copy of each of its rows). K and V rows of different widths (192 / 128,
+  // and 512's V slice of 256) take different numbers of copies of the same rows.
   // The page ids of its rows are looked up one tile ahead into registers and shared by the K and
   // V loads of that tile: a page table read is a dependent global load, and issuing it just
   // before the copies it feeds would double the latency of each tile. Rows past the end are
@@ -267,10 +303,12 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   constexpr int kRowThreads = KT::kLoadRowThreads;
   constexpr int kRowStep = KT::kGroupThreads / kRowThreads;
   constexpr int kRowsPerThread = kTileKV / kRowStep;
-  constexpr int kCopies = KT::kLoadChunks / kRowThreads;  // per row and thread
+  constexpr int kCopiesK = KT::kLoadChunks / kRowThreads;  // per row and thread
+  constexpr int kCopiesV = KT::kLoadChunksVO / kRowThreads;
   const int my_chunk = gtid % kRowThreads, my_row0 = gtid / kRowThreads;
   const TKV* k_base = k + int64_t(kv_head) * p.k_stride_h + my_chunk * KT::kLoadElems;
-  const TKV* v_base = v + int64_t(kv_head) * p.v_stride_h + my_chunk * KT::kLoadElems;
+  const TKV* v_base =
+      v + int64_t(kv_head) * p.v_stride_h + vo_slice * DV + my_chunk * KT::kLoadElems;
   if constexpr (!KT::kPaged) {
     k_base += rng.kv_token_begin * p.k_stride_n;
     v_base += rng.kv_token_begin * p.v_stride_n;
@@ -289,11 +327,15 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       }
     }
   };
-  auto load = [&](int stage, bool is_v) {
+  // is_v: std::true_type or std::false_type (K and V rows may take different copy counts).
+  auto load = [&](int stage, auto is_v_c) {
+    constexpr bool is_v = decltype(is_v_c)::value;
+    constexpr int kCopies = is_v ? kCopiesV : kCopiesK;
+    using DstTile = std::conditional_t<is_v, VTile, Tile>;
     [[maybe_unused]] T* dst = is_v ? v_tile(stage) : k_tile(stage);  // (the half tiles)
     const TKV* src0 = is_v ? v_base : k_base;
     // Strides are below 2^31 (checked by the binding): 32 x 32 -> 64-bit products.
-    const int s_page = int(is_v ? p.v_stride_page : p.k_stride_page);
+    [[maybe_unused]] const int s_page = int(is_v ? p.v_stride_page : p.k_stride_page);
     const int s_n = int(is_v ? p.v_stride_n : p.k_stride_n);
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
@@ -316,7 +358,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
           cp_async_16(stage_tile(stage, is_v) + (row * KT::kLoadChunks + chunk) * 16, src,
                       tok < kv_hi);
         } else {
-          cp_async_16(dst + Tile::offset(row, chunk), src, tok < kv_hi);
+          cp_async_16(dst + DstTile::offset(row, chunk), src, tok < kv_hi);
         }
       }
     }
@@ -324,8 +366,11 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   // fp8 K/V, after the wait for a tile's copies: this thread's chunks of it (rows past the end
   // were zero-filled) into the group's K (DTypeQ) or V (DTypePV) tile, before the barrier that
   // publishes it.
-  auto convert = [&](int stage, bool is_v) {
+  // (fp8 K/V: K and V of one width, D == DV: Tile is VTile and kCopiesK is kCopiesV.)
+  auto convert = [&](int stage, auto is_v_c) {
     if constexpr (KT::kConvertKV) {
+      constexpr bool is_v = decltype(is_v_c)::value;
+      constexpr int kCopies = kCopiesK;
       T* dst = is_v ? v_tile(stage) : k_tile(stage);
       const uint8_t* staged = stage_tile(stage, is_v);
 #pragma unroll
@@ -337,7 +382,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
           const uint4 in =
               *reinterpret_cast<const uint4*>(staged + (row * KT::kLoadChunks + chunk) * 16);
           uint4 lo, hi;
-          if (is_v) {
+          if constexpr (is_v) {
             fp8x16_to<typename KT::DTypePV, TKV>(in, lo, hi);
           } else {
             fp8x16_to<T, TKV>(in, lo, hi);
@@ -355,10 +400,10 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   for (int s = 0; s < kAhead; ++s) {
     if (s < my_tiles) {
       lookup(wkv + s * KT::kWarpsKV);
-      load(s, false);
+      load(s, std::false_type{});
     }
     cp_async_commit();
-    if (s < my_tiles) load(s, true);
+    if (s < my_tiles) load(s, std::true_type{});
     cp_async_commit();
   }
 
@@ -384,12 +429,19 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   // recomputes each address with one LOP3 instead of holding one register per (rows, chunk
   // pair) across the loop (ptxas, sm_90a: 128 rows x 64 keys ragged spilled 164 bytes, now 116;
   // the decode shapes held 213-224 registers, now 200).
-  const uint32_t q_off0 = Tile::offset(wq * 16 * kMmaQ + lane % 16, lane / 16);
-  const uint32_t k_off0 = Tile::offset(lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
-  const uint32_t v_off0 = Tile::offset(lane % 16, lane / 16);
+  // Where D is no power of two (192) the XOR acts on the column part alone: the offsets are
+  // held as a row part (q_row0, k_row0: row * D) plus the column part, XORed. V's width is a
+  // power of two at every head dim.
+  constexpr bool kPow2D = (D & (D - 1)) == 0;
+  const int q_row = wq * 16 * kMmaQ + lane % 16, k_row = lane % 8 + (lane / 16) * 8;
+  const uint32_t q_row0 = kPow2D ? 0u : uint32_t(q_row * D);
+  const uint32_t k_row0 = kPow2D ? 0u : uint32_t(k_row * D);
+  const uint32_t q_off0 = Tile::offset(q_row, lane / 16) - q_row0;
+  const uint32_t k_off0 = Tile::offset(k_row, (lane / 8) % 2) - k_row0;
+  const uint32_t v_off0 = VTile::offset(lane % 16, lane / 16);
   uint32_t q_frag[KT::kQInRegs ? kMmaQ : 1][KT::kQInRegs ? D / 16 : 1][4];
   auto load_q_frag = [&](uint32_t a[4], uint32_t q_off, int mq, int kk) {
-    ldmatrix_x4(a, q_smem + ((q_off ^ (16 * kk)) + mq * 16 * D));
+    ldmatrix_x4(a, q_smem + (q_row0 + (q_off ^ (16 * kk)) + mq * 16 * D));
   };
   if constexpr (KT::kQInRegs) {
 #pragma unroll
@@ -398,14 +450,14 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       for (int kk = 0; kk < D / 16; ++kk) load_q_frag(q_frag[mq][kk], q_off0, mq, kk);
   }
 
-  float o[kMmaQ][D / 8][4];
+  float o[kMmaQ][DV / 8][4];
   float m[kMmaQ][2], d[kMmaQ][2];
 #pragma unroll
   for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) m[mq][r] = -INFINITY, d[mq][r] = 0.f;
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n)
+    for (int n = 0; n < DV / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[mq][n][e] = 0.f;
   }
@@ -418,7 +470,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     const int base = kv_lo + tile * kTileKV;
     if (ahead < my_tiles) lookup(wkv + ahead * KT::kWarpsKV);  // lands while S is computed
     cp_async_wait<2 * kAhead - 1>();  // K[j] (V[j] and the later tiles may be in flight)
-    convert(stage, false);
+    convert(stage, std::false_type{});
     group_sync<KT>(wkv);
     if (j == 0) trace(kTraceFirstK);
     uint32_t q_off = q_off0, k_off = k_off0, v_off = v_off0;
@@ -437,8 +489,10 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       for (int n = 0; n < 2 * kMmaKV; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mq][n][e] = 0.f;
+#pragma unroll 1
+    for (int kk0 = 0; kk0 < D / 16; kk0 += kQKStep)
 #pragma unroll
-    for (int kk = 0; kk < (FLASHINFER_ATTENTION_PROBE_NO_COMPUTE ? 0 : D / 16); ++kk) {
+    for (int kk = kk0; kk < (FLASHINFER_ATTENTION_PROBE_NO_COMPUTE ? 0 : kk0 + kQKStep); ++kk) {
       uint32_t a_tmp[kMmaQ][4];
       if constexpr (!KT::kQInRegs) {
 #pragma unroll
@@ -447,7 +501,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 #pragma unroll
       for (int n2 = 0; n2 < kMmaKV; ++n2) {
         uint32_t kb[4];
-        ldmatrix_x4(kb, ks + ((k_off ^ (16 * kk)) + n2 * 16 * D));
+        ldmatrix_x4(kb, ks + (k_row0 + (k_off ^ (16 * kk)) + n2 * 16 * D));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
           const uint32_t* a = KT::kQInRegs ? q_frag[KT::kQInRegs ? mq : 0][KT::kQInRegs ? kk : 0]
@@ -458,7 +512,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       }
     }
 
-    if (ahead < my_tiles) load(ahead % kStages, false);
+    if (ahead < my_tiles) load(ahead % kStages, std::false_type{});
     cp_async_commit();
 
     float qk_scale = 1.f;  // what the softmax still multiplies the logits by
@@ -473,13 +527,13 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n)
+        for (int n = 0; n < DV / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) o[mq][n][e] *= row_scale[mq][e / 2];
     }
 
     cp_async_wait<2 * kAhead - 1>();  // V[j]
-    convert(stage, true);
+    convert(stage, std::true_type{});
     group_sync<KT>(wkv);
     T* vs = v_tile(stage);
     // O += P V
@@ -489,9 +543,9 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq) pack_p<typename KT::DTypePV>(pa[mq], s, mq, kk);
 #pragma unroll
-      for (int n2 = 0; n2 < D / 16; ++n2) {
+      for (int n2 = 0; n2 < DV / 16; ++n2) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, vs + ((v_off ^ (16 * n2)) + kk * 16 * D));
+        ldmatrix_x4_trans(vb, vs + ((v_off ^ (16 * n2)) + kk * 16 * DV));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
           mma_16816<typename KT::DTypePV>(o[mq][2 * n2], pa[mq], vb[0], vb[1]);
@@ -499,7 +553,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
         }
       }
     }
-    if (ahead < my_tiles) load(ahead % kStages, true);
+    if (ahead < my_tiles) load(ahead % kStages, std::true_type{});
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -507,24 +561,25 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 
   // 6. Row sums across the quad, then the epilogue.
   quad_sum(d);
-  const OutputWriter<TO, D> out{p, rng, kv_head, writes_partial(p, rng)};
+  const OutputWriter<TO, DV, KT::kHeadDimVO> out{p, rng, kv_head, writes_partial(p, rng),
+                                                 int(vo_slice) * DV};
   if constexpr (KT::kWarpsKV == 1) {
     out.rows(o, m, d, row_begin + wq * 16 * kMmaQ, g, t);
   } else {
     // Groups merge through shared memory (over the K/V stages, all drained above).
     __syncthreads();
     float* merge = reinterpret_cast<float*>(smem + KT::kQSmem);
-    float* mo = merge;                                    // [kWarpsKV][kTileQ][D]
-    float* mm = merge + KT::kWarpsKV * kTileQ * D;        // [kWarpsKV][kTileQ]
+    float* mo = merge;                                    // [kWarpsKV][kTileQ][DV]
+    float* mm = merge + KT::kWarpsKV * kTileQ * DV;       // [kWarpsKV][kTileQ]
     float* md = mm + KT::kWarpsKV * kTileQ;               // [kWarpsKV][kTileQ]
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = wq * 16 * kMmaQ + mq * 16 + g + 8 * r;
-        float* dst = mo + (wkv * kTileQ + row) * D;
+        float* dst = mo + (wkv * kTileQ + row) * DV;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n)
+        for (int n = 0; n < DV / 8; ++n)
           *reinterpret_cast<float2*>(dst + n * 8 + 2 * t) =
               make_float2(o[mq][n][2 * r], o[mq][n][2 * r + 1]);
         if (t == 0) mm[wkv * kTileQ + row] = m[mq][r], md[wkv * kTileQ + row] = d[mq][r];
@@ -533,10 +588,10 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     trace(kTraceStreamsDone);
     // Cluster merge: the state goes to shared memory for the cluster's rank 0 to merge.
     const bool to_cluster = KT::kClusterMerge && p.cluster_merge;
-    float* cluster_o = merge + KT::kMergeSmem / sizeof(float);  // [kTileQ][D]
-    float* cluster_lse = cluster_o + kTileQ * D;                // [kTileQ]
-    for (int idx = tid; idx < kTileQ * (D / 2); idx += KT::kThreads) {
-      const int row = idx / (D / 2), col = (idx % (D / 2)) * 2;
+    float* cluster_o = merge + KT::kMergeSmem / sizeof(float);  // [kTileQ][DV]
+    float* cluster_lse = cluster_o + kTileQ * DV;               // [kTileQ]
+    for (int idx = tid; idx < kTileQ * (DV / 2); idx += KT::kThreads) {
+      const int row = idx / (DV / 2), col = (idx % (DV / 2)) * 2;
       const int pr = row_begin + row;
       if (pr >= packed_len) continue;
       float mx = -INFINITY;
@@ -548,24 +603,24 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       for (int w = 0; w < KT::kWarpsKV; ++w) {
         const float f = exp2f(mm[w * kTileQ + row] - m_safe);
         dsum += md[w * kTileQ + row] * f;
-        const float2 ov = *reinterpret_cast<const float2*>(mo + (w * kTileQ + row) * D + col);
+        const float2 ov = *reinterpret_cast<const float2*>(mo + (w * kTileQ + row) * DV + col);
         x0 += ov.x * f;
         x1 += ov.y * f;
       }
       float lse = dsum > 0.f ? mx + log2f(dsum) : -INFINITY;
       const float inv = (dsum > 0.f ? 1.f / dsum : 0.f) * out.sink(pr, lse);
       if (to_cluster) {
-        *reinterpret_cast<float2*>(cluster_o + row * D + col) =
+        *reinterpret_cast<float2*>(cluster_o + row * DV + col) =
             make_float2(x0 * inv * p.o_scale, x1 * inv * p.o_scale);
         if (col == 0) cluster_lse[row] = lse;
         continue;
       }
       out.pair(pr, col, x0 * inv, x1 * inv);
-      if (col == 0) out.lse(pr, lse);
+      if (col == 0 && vo_slice == 0) out.lse(pr, lse);
     }
     if constexpr (KT::kClusterMerge) {
       if (to_cluster) {
-        cluster_merge<TO, D, KT::kThreads>(p, rng, kv_head, kTileQ, cluster_o, cluster_lse);
+        cluster_merge<TO, DV, KT::kThreads>(p, rng, kv_head, kTileQ, cluster_o, cluster_lse);
         return;
       }
     }
@@ -574,7 +629,9 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   // Split-KV partial states are merged by the last of the request's CTAs to finish (with
   // merge_counters; otherwise by the merge kernel). The flag takes the first word of the Q
   // tile, unread since the main loop.
-  merge_if_last<TO, D, KT::kThreads>(p, rng, kv_head, kTileQ, reinterpret_cast<int*>(smem));
+  // (Not where CTAs split the output columns: the launch leaves those to the merge kernel.)
+  if constexpr (KT::kVoSlices == 1)
+    merge_if_last<TO, DV, KT::kThreads>(p, rng, kv_head, kTileQ, reinterpret_cast<int*>(smem));
 }
 
 template <class KT>
@@ -589,9 +646,14 @@ __global__ void __launch_bounds__(KT::kThreads,
   // rows of the same pages (decode 128 x 8192 1421 vs 1437 us with (blockIdx.x, blockIdx.y)
   // on the H100; benchmarks/NOTES.md).
   // A cluster merge needs the CTAs of one KV head side by side: (blockIdx.x, blockIdx.y).
-  const uint32_t linear = blockIdx.y * gridDim.x + blockIdx.x;
+  // The kVoSlices CTAs that split an item's output columns are neighbours in x (they read
+  // the same K, which the second then finds in the L2).
+  constexpr uint32_t kSlices = KT::kVoSlices;
+  const uint32_t vo_slice = blockIdx.x % kSlices;
+  const uint32_t block_x = blockIdx.x / kSlices, grid_x = gridDim.x / kSlices;
+  const uint32_t linear = blockIdx.y * grid_x + block_x;
   const bool item_major = !(KT::kClusterMerge && p.cluster_merge);
-  const int first = item_major ? int(linear / uint32_t(p.num_kv_heads)) : int(blockIdx.x);
+  const int first = item_major ? int(linear / uint32_t(p.num_kv_heads)) : int(block_x);
   const uint32_t kv_head = item_major ? linear % uint32_t(p.num_kv_heads) : blockIdx.y;
   // The first item's plan entries are loaded together with num_items, not after it: each is a
   // dependent load ahead of the first K/V bytes (first < gridDim.x <= the item capacity).
@@ -600,9 +662,9 @@ __global__ void __launch_bounds__(KT::kThreads,
   // starts): its loads go out before the PDL wait, behind the previous kernel's tail. q, the
   // page ids and the cache may come from that kernel: they are read after.
   pdl_wait();
-  for (int item = first; item < num_items; item += gridDim.x) {
-    attention_item<KT>(p, ids, kv_head, smem);
-    if (item + int(gridDim.x) < num_items) ids = load_item_ids(p, item + gridDim.x);
+  for (int item = first; item < num_items; item += grid_x) {
+    attention_item<KT>(p, ids, kv_head, vo_slice, smem);
+    if (item + int(grid_x) < num_items) ids = load_item_ids(p, item + grid_x);
     __syncthreads();  // shared memory is reused by the next item
   }
   trace(kTraceEnd);
@@ -672,7 +734,7 @@ cudaError_t LaunchAttention(AttentionParams& p, int grid_x, bool enable_pdl, cud
     if (err != cudaSuccess) return err;
   }
   if (grid_x <= 0) return cudaSuccess;
-  const dim3 grid(grid_x, p.num_kv_heads), block(KT::kThreads);
+  const dim3 grid(grid_x * KT::kVoSlices, p.num_kv_heads), block(KT::kThreads);
   // A cluster merge where the shape has one and a wave holds every KV head's cluster; the
   // plan is a valid split-KV plan without it (merge_if_last). p.cluster_merge says which.
   if (p.cluster_merge)

@@ -8,8 +8,8 @@
 
 // ---- The FA2 kernel (prefill.cuh) ----------------------------------------------------------
 
-// Tiles in flight per key stream of the prefill shapes (cta 1, 2) at head_dim <= 128 (256 keeps
-// two for shared memory).
+// Tiles in flight per key stream of the prefill shapes (cta 1, 2) at head_dim <= 128 (wider
+// heads keep two for shared memory).
 #ifndef FLASHINFER_ATTENTION_STAGES
 #define FLASHINFER_ATTENTION_STAGES 3
 #endif
@@ -34,9 +34,12 @@
 #define FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS 1
 #endif
 
-// 64-row shape (cta 1): 16-key MMA tiles per step (default: 64 keys at head_dim <= 128, 32 at 256).
+// 64-row shape (cta 1): 16-key MMA tiles per step (default: 64 keys at head_dim <= 128 and at
+// 192 / 128, whose registers are head_dim 128's less its Q fragments; 32 at 256, 16 at 512 for
+// shared memory: launch.cuh).
 #ifndef FLASHINFER_ATTENTION_CTA1_MMA_KV
-#define FLASHINFER_ATTENTION_CTA1_MMA_KV (kHeadDim <= 128 ? 4 : 2)
+#define FLASHINFER_ATTENTION_CTA1_MMA_KV \
+  (kHeadDim <= 128 || (kHeadDim == 192 && kHeadDimVO == 128) ? 4 : kHeadDim <= 256 ? 2 : 1)
 #endif
 // 128-row shape (cta 2): warps x 16-row MMA tiles per warp = 128 rows, 64 keys per step. Each
 // K/V tile in shared memory then serves 128 rows (half the L2 reads of shape 1 per key) and each
@@ -48,7 +51,7 @@
 // single causal 16384 6468 vs 6995 us, paged causal 8 x 2048 1093 vs 1221, ragged causal
 // 16 x 1024 649 vs 634 (benchmarks/notes/fa2-tiles-and-registers.md).
 #ifndef FLASHINFER_ATTENTION_CTA2_MMA_KV
-#define FLASHINFER_ATTENTION_CTA2_MMA_KV (kHeadDim <= 128 ? 4 : 2)
+#define FLASHINFER_ATTENTION_CTA2_MMA_KV (kHeadDim <= 128 ? 4 : kHeadDim <= 256 ? 2 : 1)
 #endif
 #ifndef FLASHINFER_ATTENTION_CTA2_WARPS_Q
 #define FLASHINFER_ATTENTION_CTA2_WARPS_Q 4
