@@ -324,16 +324,25 @@ __device__ __forceinline__ bool writes_partial(const AttentionParams& p, const I
  *   a split row's chunks then merge into a state that counts the sink once, and no merge (in
  *   the kernel, in a cluster, or the merge kernel) needs to know of sinks.
  */
-__device__ __forceinline__ float fold_sink(const AttentionParams& p, const ItemRange& r, int head,
-                                           float& lse) {
-  if (p.sinks == nullptr || r.chunk != 0) return 1.f;
-  const float s = p.sinks[head] * kLog2e;
-  const float hi = fmaxf(lse, s);
-  if (hi == -INFINITY) return 1.f;  // no key and a sink of -inf: nothing to add
-  const float total = hi + log2f(1.f + exp2f(fminf(lse, s) - hi));
+__device__ __forceinline__ float fold_sink_log2(float sink_log2, float& lse) {
+  if (sink_log2 == -INFINITY) return 1.f;  // no sink (or a sink of -inf): nothing to add
+  const float hi = fmaxf(lse, sink_log2);
+  const float total = hi + log2f(1.f + exp2f(fminf(lse, sink_log2) - hi));
   const float factor = exp2f(lse - total);  // lse = -inf -> 0 (the row's output is 0 anyway)
   lse = total;
   return factor;
+}
+
+/// fold_sink_log2's operand for q head `head` of an item: the sink in base 2, -inf where
+/// nothing folds (no sinks, or not KV chunk 0). A caller may load it ahead of its epilogue.
+__device__ __forceinline__ float sink_log2(const AttentionParams& p, const ItemRange& r,
+                                           int head) {
+  return p.sinks == nullptr || r.chunk != 0 ? -INFINITY : p.sinks[head] * kLog2e;
+}
+
+__device__ __forceinline__ float fold_sink(const AttentionParams& p, const ItemRange& r, int head,
+                                           float& lse) {
+  return fold_sink_log2(sink_log2(p, r, head), lse);
 }
 
 /// Output stores of one item: the final output (o, lse) or the float32 partial state of the

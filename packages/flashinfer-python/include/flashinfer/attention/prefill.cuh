@@ -87,15 +87,11 @@ struct KernelTraits {
   // are re-read from shared memory for each KV tile (the O accumulators need the registers).
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
   // Tiles in flight per key stream (loads issued kAhead tiles ahead); wider heads keep two for
-  // shared memory. fp8 K/V on the decode shapes of up to four key streams: a tile holds half the
-  // bytes, so twice the tiles ahead keep a half cache's bytes in flight (one tile ahead read 57%
-  // of the read ceiling, H200, 64 x 4096: latency-bound, half of bf16's bytes in flight per SM;
-  // benchmarks/results/2026-11-26-h200-1ff5624-attention-vs-peer.json). Not on eight streams:
-  // 164 KB of shared memory, more than sm_80 gives a CTA.
-  static constexpr bool kFp8Decode =
-      !std::is_same_v<DTypeKV_, DTypeQ_> && WARPS_Q_ == 1 && WARPS_KV_ <= 4;
-  static constexpr int kStages =
-      HEAD_DIM_ <= 128 && kVoTile <= 128 ? (kFp8Decode ? 2 * STAGES_ - 1 : STAGES_) : 2;
+  // shared memory. fp8 K/V keep the same count: twice the tiles ahead on the fp8 decode shapes
+  // (as many bytes in flight as bf16) measured no faster (H200, 64 x 4096: 206.1 us against
+  // 206.6 at one tile ahead, 57% of the read ceiling either way), so bytes in flight are not
+  // what limits fp8 decode (benchmarks/notes/attention-fp8-kv.md).
+  static constexpr int kStages = HEAD_DIM_ <= 128 && kVoTile <= 128 ? STAGES_ : 2;
   static constexpr int kAhead = kStages - 1;
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
 

@@ -460,6 +460,7 @@ __device__ __forceinline__ bool sm90_softmax_step(float (&s)[1][NB][4], float (&
  *   `stage` (a Q buffer, same swizzled layout: conflict-free for the 4-byte writes of the
  *   accumulator layout and for the 16-byte reads of whole rows), then each row to global
  *   memory as D / 8 16-byte chunks. Rows past the request are skipped; the lse as before.
+ *   `sink`: the sink_log2 of the thread's rows g and g + 8, loaded at the item's start.
  */
 template <class KT>
 __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT::DTypeO,
@@ -467,7 +468,8 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
                                                   const float (&o)[1][KT::kHeadDim / 8][4],
                                                   const float (&m)[1][2], const float (&d)[1][2],
                                                   typename KT::DTypeO* stage, int tile_row,
-                                                  int first_row, int lane) {
+                                                  int first_row, int lane,
+                                                  const float (&sink)[2]) {
   using TO = typename KT::DTypeO;
   using Tile = typename KT::QTile;
   constexpr int D = KT::kHeadDim, kChunks = D / 8, kRowsPerPass = 32 / kChunks;
@@ -479,7 +481,7 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
   for (int h = 0; h < 2; ++h) {
     const int row = tile_row + g + 8 * h, pr = first_row + g + 8 * h;
     float lse = d[0][h] > 0.f ? m[0][h] + log2f(d[0][h]) : -INFINITY;
-    const float inv = (d[0][h] > 0.f ? p.o_scale / d[0][h] : 0.f) * out.sink(pr, lse);
+    const float inv = (d[0][h] > 0.f ? p.o_scale / d[0][h] : 0.f) * fold_sink_log2(sink[h], lse);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       *reinterpret_cast<uint32_t*>(stage + Tile::offset(row, n) + 2 * t) =
@@ -624,6 +626,12 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     const ItemRange r = sync.slot(qb)->r;
     const uint32_t kv_head = sync.slot(qb)->kv_head;
     const int first_row = r.row_begin + wg * 64 + (warp % 4) * 16;  // this warp's 16 rows
+    // The sinks of this thread's two rows, loaded now so that the epilogue does not wait on
+    // them (a load there cost paged 8 x 2048 prefill 5%; -inf: none, sink_log2).
+    float sink[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      sink[h] = sink_log2(p, r, qo_head(first_row + g + 8 * h, kv_head, p.group_size).head);
     float m[1][2] = {{-INFINITY, -INFINITY}}, d[1][2] = {{0.f, 0.f}};
     zero_o();
 
@@ -690,7 +698,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     // 16 rows it owns; the producer refills the buffer after q_empty below.
     if (!p.split_kv) {
       sm90_store_o_smem<KT>(out, o, m, d, sync.template q_tile<TO>(qb),
-                            wg * 64 + (warp % 4) * 16, first_row, lane);
+                            wg * 64 + (warp % 4) * 16, first_row, lane, sink);
     } else {
       out.rows(o, m, d, first_row, g, t);
     }
