@@ -94,3 +94,9 @@ def test_aot_cli_rejects_unknown_modules(capsys):
     with pytest.raises(SystemExit):
         aot.main(["--only", "nope"])
     assert "unknown modules" in capsys.readouterr().err
+
+
+def test_build_all_refuses_specs_that_share_a_name():
+    spec = aot.registered_specs()[0]
+    with pytest.raises(ValueError, match=rf"distinct names .*\['{spec.name}'\]"):
+        aot.build_all([spec, spec], jobs=1)

@@ -132,9 +132,14 @@ def build_all(specs: Sequence[JitSpec], jobs: int = 4) -> dict[str, float]:
 
     Prints one progress line per finished module on stderr: ``[i/N] name: seconds``, the time
     since the start and what is left (:class:`Progress`)."""
+    names = [s.name for s in specs]
+    shared = sorted({n for n in names if names.count(n) > 1})
+    if shared:  # progress and the returned seconds are keyed by name
+        raise ValueError(f"specs must have distinct names (variants of one module need names of "
+                         f"their own), got several named {shared}")
     seconds: dict[str, float] = {}
     start = time.monotonic()
-    progress = Progress([s.name for s in specs], jobs)
+    progress = Progress(names, jobs)
     print("AOT: ~left = the modules left, each at its measured share of compile time "
           "(flashinfer.aot.COMPILE_WEIGHTS), at the speed of those done, "
           f"{jobs} at a time", file=sys.stderr, flush=True)
