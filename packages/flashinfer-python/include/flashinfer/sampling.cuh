@@ -142,7 +142,8 @@ __device__ __forceinline__ void group_sum_candidates(const RowCtx& ctx, unsigned
  *   draw order wins. Returns false when every candidate was rejected (the caller then finds the
  *   threshold exactly with the next uniform). *col: the sample on the thread that writes it.
  */
-__device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p, Philox rng,
+__device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
+                                                const RngArgs& rng_args, int64_t row,
                                                 int64_t* col) {
   Shared* s = ctx.s;
   constexpr int C = kTopPCandidates;
@@ -152,22 +153,32 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p, 
     if (ctx.rank == 0 && ctx.tid == 0) *col = 0;
     return true;
   }
-  const unsigned long long limit = static_cast<unsigned long long>(
-      floor(static_cast<double>(top_p) * static_cast<double>(d.K)));  // keep A(x) <= limit
+  // Keep A(x) <= limit. In shared memory: registers are short across the counting pass.
+  if (ctx.tid == 0)
+    s->cand_limit = static_cast<unsigned long long>(
+        floor(static_cast<double>(top_p) * static_cast<double>(d.K)));
+  __syncthreads();
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
   for (int pass = 0; pass < kTopPPasses; ++pass) {
     // Peers read cand_key before the last barrier of the previous pass: safe to reset.
     if (ctx.tid < C) s->cand_col[ctx.tid] = -1, s->cand_key[ctx.tid] = 0;
     __syncthreads();
+    // The pass's uniforms first: the generator's state is dead during the locates.
+    uint32_t u[C];
+    {
+      Philox rng = rng_args.make(row, static_cast<uint64_t>(pass) * C);
+#pragma unroll
+      for (int j = 0; j < C; ++j) u[j] = rng.next();
+    }
 #pragma unroll
     for (int j = 0; j < C; ++j) {
-      const int64_t c = draw_locate(ctx, 0, d, rng.next());
+      const int64_t c = draw_locate(ctx, 0, d, u[j]);
       if (c >= 0) {
         s->cand_col[j] = c;
         s->cand_key[j] = ctx.key(ctx.vals[c - ctx.begin]);  // > 0: the weight is > 0
       }
     }
-    if (limit >= d.K) {  // A(x) <= K - w(x) < K <= limit: every candidate is kept
+    if (s->cand_limit >= d.K) {  // A(x) <= K - w(x) < K <= limit: every candidate is kept
       __syncthreads();
       if (ctx.tid == 0) *col = s->cand_col[0];
       return true;
@@ -205,7 +216,7 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p, 
     group_sum_candidates(ctx, s->cand_above);
 #pragma unroll
     for (int j = 0; j < C; ++j) {
-      if (s->cand_sum[j] <= limit) {
+      if (s->cand_sum[j] <= s->cand_limit) {
         if (ctx.tid == 0) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
         return true;
       }
@@ -245,7 +256,7 @@ __device__ __forceinline__ void sample_row(RowCtx& ctx, const T* __restrict__ in
     }
     ctx.scale = fixed_scale(mx);
     const int f = p.filter;
-    if (f == kTopP && top_p_rejection(ctx, p.top_p(out_row), p.rng.make(out_row), &col)) {
+    if (f == kTopP && top_p_rejection(ctx, p.top_p(out_row), p.rng, out_row, &col)) {
       if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, true);
       return;
     }

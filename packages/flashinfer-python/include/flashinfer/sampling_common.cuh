@@ -194,6 +194,7 @@ struct Shared {
   unsigned long long cand_above[kTopPCandidates];
   unsigned long long cand_sum[kTopPCandidates];
   long long cand_col[kTopPCandidates];
+  unsigned long long cand_limit;
   unsigned long long cand_warp[kThreads / 32][kTopPCandidates];
 };
 
@@ -682,14 +683,20 @@ struct DrawPrefix {
   int s0, s1;
 };
 
+/// The 128-column steps [*s0, *s1) of the chunk that this thread's warp owns.
+__device__ __forceinline__ void warp_steps(const RowCtx& ctx, int* s0, int* s1) {
+  const int warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  const int steps = (ctx.n + 127) / 128;
+  const int per_warp = (steps + nw - 1) / nw;
+  *s0 = warp * per_warp;
+  *s1 = min(steps, *s0 + per_warp);
+}
+
 /// Group-wide: one pass over the chunk and one group barrier (exchange slot `slot`).
 __device__ __forceinline__ DrawPrefix draw_prefix(const RowCtx& ctx, uint32_t t, int slot) {
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
-  const int steps = (ctx.n + 127) / 128;
-  const int per_warp = (steps + nw - 1) / nw;
   DrawPrefix d;
-  d.s0 = warp * per_warp;
-  d.s1 = min(steps, d.s0 + per_warp);
+  warp_steps(ctx, &d.s0, &d.s1);
   unsigned long long mine = 0;
   for (int st = d.s0; st < d.s1; ++st) mine += lane_mass(ctx, t, st, lane);
   d.mine = warp_sum_u(mine);
