@@ -137,7 +137,7 @@ __device__ __forceinline__ void group_sum_candidates(const RowCtx& ctx, unsigned
  *   set's mass, >= p.
  *
  *   kTopPPasses passes of kTopPCandidates candidates each (Philox outputs 0, 1, ... of the row):
- *   locating them is warp-local, then one barrier broadcasts their keys, one pass over the chunk
+ *   locating them is warp-local (draw_locate_many: one walk per warp for all), then one barrier broadcasts their keys, one pass over the chunk
  *   sums A for all of them and one barrier adds the group's sums; the first kept candidate in
  *   draw order wins. Returns false when every candidate was rejected (the caller then finds the
  *   threshold exactly with the next uniform). *col: the sample on the thread that writes it.
@@ -170,14 +170,10 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
 #pragma unroll
       for (int j = 0; j < C; ++j) u[j] = rng.next();
     }
-#pragma unroll
-    for (int j = 0; j < C; ++j) {
-      const int64_t c = draw_locate(ctx, 0, d, u[j]);
-      if (c >= 0) {
-        s->cand_col[j] = c;
-        s->cand_key[j] = ctx.key(ctx.vals[c - ctx.begin]);  // > 0: the weight is > 0
-      }
-    }
+    draw_locate_many(ctx, 0, d, u, [&](int j, int64_t c) {
+      s->cand_col[j] = c;
+      s->cand_key[j] = ctx.key(ctx.vals[c - ctx.begin]);  // > 0: the weight is > 0
+    });
     if (s->cand_limit >= d.K) {  // A(x) <= K - w(x) < K <= limit: every candidate is kept
       __syncthreads();
       if (ctx.tid == 0) *col = s->cand_col[0];

@@ -195,6 +195,7 @@ struct Shared {
   unsigned long long cand_sum[kTopPCandidates];
   long long cand_col[kTopPCandidates];
   unsigned long long cand_limit;
+  unsigned long long locate[kThreads / 32][kTopPCandidates];  ///< draw_locate_many's targets
   unsigned long long cand_warp[kThreads / 32][kTopPCandidates];
 };
 
@@ -713,6 +714,24 @@ __device__ __forceinline__ DrawPrefix draw_prefix(const RowCtx& ctx, uint32_t t,
   return d;
 }
 
+/// The column of kept element `local` (in mass order) of lane `lane`'s 4 columns of `step`, whose
+/// kept masses before it sum to `acc`.
+__device__ __forceinline__ int64_t lane_column(const RowCtx& ctx, uint32_t t, int step, int lane,
+                                               unsigned long long acc, unsigned long long local) {
+  const int c = step * 128 + lane * 4;
+  int last = -1;
+  for (int j = 0; j < 4 && c + j < ctx.n; ++j) {
+    const float x = ctx.vals[c + j];
+    if (ctx.key(x) >= t) {
+      const unsigned long long w = ctx.fixed(x);
+      if (w) last = c + j;
+      acc += w;
+      if (acc > local) return ctx.begin + c + j;
+    }
+  }
+  return ctx.begin + last;  // unreachable: the lane's kept mass exceeds local
+}
+
 /// The column of the draw with 32-bit uniform r (see draw) on the thread that finds it, -1 on
 /// every other thread. Warp-local: no barrier, so several draws from one prefix run in parallel
 /// in different warps.
@@ -743,21 +762,67 @@ __device__ __forceinline__ int64_t draw_locate(const RowCtx& ctx, uint32_t t, co
     const unsigned int hit = __ballot_sync(0xffffffffu, incl > local);
     const int src = __ffs(hit) - 1;
     if (lane != src) return -1;
-    unsigned long long acc = incl - lm;
-    const int c = st * 128 + lane * 4;
-    int last = -1;
-    for (int j = 0; j < 4 && c + j < ctx.n; ++j) {
-      const float x = ctx.vals[c + j];
-      if (ctx.key(x) >= t) {
-        const unsigned long long w = ctx.fixed(x);
-        if (w) last = c + j;
-        acc += w;
-        if (acc > local) return ctx.begin + c + j;
-      }
-    }
-    return ctx.begin + last;  // unreachable: the lane's kept mass exceeds local
+    return lane_column(ctx, t, st, lane, incl - lm, local);
   }
   return -1;  // unreachable: the warp's kept mass exceeds local
+}
+
+/*!
+ * @brief C draws from one prefix at once (uniforms u[j]), the same columns as C draw_locate
+ *   calls: found(j, column) runs on the thread that finds draw j. Warp-local. A warp walks its
+ *   steps once for all the draws it holds (groups of 4 steps, then step by step in the groups
+ *   that hold a draw), so draws of one peaked row, which land in one warp, share one walk.
+ */
+template <int C, typename Found>
+__device__ __forceinline__ void draw_locate_many(const RowCtx& ctx, uint32_t t,
+                                                 const DrawPrefix& d, const uint32_t (&u)[C],
+                                                 Found found) {
+  if (d.K == 0) return;
+  static_assert(C <= kTopPCandidates, "the targets wait in Shared::locate");
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5;
+  // The draws' targets relative to the warp, in shared memory (registers are short).
+  unsigned long long* local = ctx.s->locate[warp];
+  unsigned pending = 0;  // warp-uniform
+#pragma unroll
+  for (int j = 0; j < C; ++j) {
+    const unsigned long long target = __umul64hi(d.K, static_cast<unsigned long long>(u[j]) << 32);
+    if (lane == j) local[j] = target - d.before;
+    if (target >= d.before && target < d.before + d.mine) pending |= 1u << j;
+  }
+  __syncwarp();
+  if (!pending) return;
+  int s0, s1;  // recomputed (cheap) rather than held in registers across the caller's passes
+  warp_steps(ctx, &s0, &s1);
+  unsigned long long acc = 0;  // the warp's kept mass before step st
+  for (int st = s0; pending && st < s1; st += 4) {
+    unsigned long long g = 0;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (st + q < s1) g += lane_mass(ctx, t, st + q, lane);
+    g = warp_sum_u(g);
+    unsigned group = 0;
+#pragma unroll 1
+    for (int j = 0; j < C; ++j)
+      if (((pending >> j) & 1u) && local[j] < acc + g) group |= 1u << j;
+    pending &= ~group;
+    unsigned long long a = acc;
+    for (int q = st; group && q < st + 4 && q < s1; ++q) {
+      const unsigned long long lm = lane_mass(ctx, t, q, lane);
+      const unsigned long long incl = warp_scan_u(lm);
+      const unsigned long long step_total = __shfl_sync(0xffffffffu, incl, 31);
+#pragma unroll 1
+      for (int j = 0; j < C; ++j) {
+        if (((group >> j) & 1u) && local[j] < a + step_total) {
+          group &= ~(1u << j);
+          const unsigned long long loc = local[j] - a;
+          const int src = __ffs(__ballot_sync(0xffffffffu, incl > loc)) - 1;
+          if (lane == src) found(j, lane_column(ctx, t, q, lane, a + incl - lm, local[j]));
+        }
+      }
+      a += step_total;
+    }
+    acc += g;
+  }
 }
 
 /*!
