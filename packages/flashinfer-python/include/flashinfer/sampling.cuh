@@ -180,12 +180,16 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
       return true;
     }
     group_sum_candidates(ctx, s->cand_key);  // exactly one CTA drew each candidate
-    uint32_t key[C];
+    uint32_t key[C], lowest = 0xffffffffu;
     unsigned long long above[C];
 #pragma unroll
-    for (int j = 0; j < C; ++j) key[j] = static_cast<uint32_t>(s->cand_sum[j]), above[j] = 0;
+    for (int j = 0; j < C; ++j) {
+      key[j] = static_cast<uint32_t>(s->cand_sum[j]), above[j] = 0;
+      lowest = min(lowest, key[j]);
+    }
     auto add = [&](float x) {
       const uint32_t k = ctx.key(x);
+      if (k <= lowest) return;  // most of a peaked row: below every candidate, no conversion
       const unsigned long long w = ctx.fixed(x);
 #pragma unroll
       for (int j = 0; j < C; ++j)
