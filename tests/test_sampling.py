@@ -230,6 +230,7 @@ N_DRAWS = 1 << 20
     ("sampling_from_probs", (), [1] * 8),
     ("top_p_sampling_from_probs", (0.7,), [0, 1, 0, 0, 1, 0, 0, 1]),   # 0.3+0.25+0.2 = 0.75 > 0.7
     ("top_p_sampling_from_probs", (0.8,), [0, 1, 0, 1, 1, 0, 0, 1]),   # + 0.13 = 0.88 > 0.8
+    ("top_p_sampling_from_probs", (1.0,), [1] * 8),                     # every candidate kept
     ("top_k_sampling_from_probs", (3,), [0, 1, 0, 0, 1, 0, 0, 1]),
     ("top_k_sampling_from_probs", (100,), [1] * 8),
     ("min_p_sampling_from_probs", (0.5,), [0, 1, 0, 0, 1, 0, 0, 1]),   # >= 0.15
@@ -242,6 +243,45 @@ def test_frequencies(op, args, keep):
     assert s.dtype == torch.int32 and s.shape == (N_DRAWS,)
     keep = torch.tensor(keep, dtype=torch.bool)
     _assert_freq(s, renorm(SMALL[None], keep[None])[0])
+
+
+# Ties at the top-p boundary: 0.15 three times. p = 0.3, 0.5, 0.6 all stop inside the tie and
+# keep all three; 0.2 keeps the top one; 0.75 stops in the 0.1 tie and keeps both.
+TIES = torch.tensor([0.15, 0.05, 0.25, 0.1, 0.15, 0.05, 0.15, 0.1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("top_p", [0.2, 0.3, 0.5, 0.6, 0.75])
+def test_top_p_frequencies_ties_at_boundary(top_p):
+    """Top-p by rejection (with the exact fallback) against the sort-based oracle."""
+    probs = TIES.cuda()[None]
+    keep = ref_top_p_keep(probs, top_p).cpu()
+    idx = torch.zeros(N_DRAWS, dtype=torch.int32, device="cuda")
+    s = sampling.top_p_sampling_from_probs(probs, top_p, indices=idx, seed=99, offset=4)
+    assert keep[0, s.long().cpu()].all()
+    _assert_freq(s, renorm(TIES[None], keep)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("force_one_cta", [False, True])
+def test_top_p_fallback_tiny_acceptance(force_one_cta):
+    """p = 0.008 on a flat-ish row: the top-p set (5 tokens, 0.9% of the mass) accepts ~1% of the
+    candidates, so most draws reject all 8 and take the exact radix fallback."""
+    from flashinfer import knobs
+
+    w = torch.ones(1000, dtype=torch.float64)
+    w[[17, 400, 3, 999, 512]] = torch.tensor([2.0, 1.9, 1.8, 1.7, 1.6], dtype=torch.float64)
+    probs = (w / w.sum()).float().cuda()[None]
+    keep = ref_top_p_keep(probs, 0.008).cpu()
+    assert keep.sum() == 5
+    idx = torch.zeros(N_DRAWS, dtype=torch.int64, device="cuda")
+    with knobs.sampling.scope():
+        knobs.sampling.no_cluster = force_one_cta
+        s = sampling.top_p_sampling_from_probs(probs, 0.008, indices=idx, seed=5, offset=0)
+        again = sampling.top_p_sampling_from_probs(probs, 0.008, indices=idx, seed=5, offset=0)
+    assert torch.equal(s, again)
+    assert keep[0, s.cpu()].all()
+    _assert_freq(s, renorm(probs.cpu(), keep)[0])
 
 
 @pytest.mark.gpu
@@ -316,12 +356,14 @@ def test_ties_at_the_boundary():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["top_p", "top_k", "min_p", "joint", "top_k_first"])
+@pytest.mark.parametrize("op", ["top_p", "top_p_small", "top_k", "min_p", "joint", "top_k_first"])
 @pytest.mark.parametrize("b, v", [(1, 128256), (1024, 1000), (16, 256000)])
 def test_samples_in_kept_set(op, b, v):
     probs = _probs(b, v, spread=3.0)
     kk, pp, mp = 20, 0.8, 0.05
-    if op == "top_p":
+    if op in ("top_p", "top_p_small"):
+        if op == "top_p_small":  # mostly the exact fallback after 8 rejected candidates
+            pp = 0.01
         s = sampling.top_p_sampling_from_probs(probs, pp)
         keep = ref_top_p_keep(probs, pp, 1e-6)
     elif op == "top_k":
@@ -578,6 +620,8 @@ def _all_ops(v, dtype, b=24):
         sampling.sampling_from_logits(logits, **kw),
         sampling.top_p_sampling_from_probs(probs, p, **kw),
         sampling.top_p_sampling_from_probs(probs, 0.999, **kw),
+        sampling.top_p_sampling_from_probs(probs, 0.01, **kw),  # mostly the exact fallback
+        sampling.top_p_sampling_from_probs(probs, 1.0, **kw),
         sampling.top_k_sampling_from_probs(probs, k, **kw),
         sampling.min_p_sampling_from_probs(probs, 0.05, **kw),
         sampling.top_k_top_p_sampling_from_probs(probs, k, p, **kw),

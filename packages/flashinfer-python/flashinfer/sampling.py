@@ -2,7 +2,8 @@
 filters, the filters' renormalizations, softmax and chain speculative sampling.
 
 Each row is handled by a thread-block cluster that reads it from HBM once into shared memory;
-thresholds come from an exact radix select and the draw from 64-bit fixed-point masses, so every
+thresholds come from an exact radix select (top-p sampling first tries candidates drawn from the
+whole row, kept when inside the top-p set) and the draw from 64-bit fixed-point masses, so every
 op is deterministic (``deterministic`` / ``is_deterministic`` may be False; results are the same).
 RNG is Philox: ``seed`` and ``offset`` given as ints or int64/uint64 device tensors of length 1
 or batch, or read from ``generator`` (default: the device's default CUDA generator), whose

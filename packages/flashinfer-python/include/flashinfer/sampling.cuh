@@ -110,6 +110,121 @@ struct SampleParams {
   bool* valid;
 };
 
+/// Sums over the row's group of this CTA's arr[j], j < kTopPCandidates, into s->cand_sum (every
+/// thread may read them on return). Starts with a group barrier: write arr first.
+__device__ __forceinline__ void group_sum_candidates(const RowCtx& ctx, unsigned long long* arr) {
+  static_assert(kTopPCandidates * 16 % 32 == 0, "whole warps read the group's slots");
+  row_sync(ctx);
+  const int j = ctx.tid >> 4, r = ctx.tid & 15;  // 16 lanes per candidate, one per rank
+  if (j < kTopPCandidates) {
+    unsigned long long v = r < ctx.csize ? *peer(ctx, arr + j, r) : 0ull;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (r == 0) ctx.s->cand_sum[j] = v;
+  }
+  __syncthreads();
+}
+
+/*!
+ * @brief Top-p by rejection: draw a candidate x from the whole row (draw_locate, t = 0) and keep
+ *   it when it is in the top-p set, i.e. when the mass of the elements with a larger key,
+ *   A(x), is below the radix search's target floor(p K) + 1 (K the row's mass). The two agree
+ *   exactly: radix_search keeps key >= t for the largest t with F(t) >= target (F(t) the mass of
+ *   keys >= t). key(x) >= t: A(x) = F(key(x) + 1) < target, since key(x) + 1 > t; key(x) < t:
+ *   A(x) >= F(t) >= target. Ties with x are never above it, so they are kept or rejected
+ *   together, as the threshold keeps or drops them. A kept draw is distributed as the top-p set
+ *   renormalized (rejection from the whole row restricted to a set); its probability is the
+ *   set's mass, >= p.
+ *
+ *   kTopPPasses passes of kTopPCandidates candidates each (Philox outputs 0, 1, ... of the row):
+ *   locating them is warp-local (draw_locate_many: one walk per warp for all), then one barrier broadcasts their keys, one pass over the chunk
+ *   sums A for all of them and one barrier adds the group's sums; the first kept candidate in
+ *   draw order wins. Returns false when every candidate was rejected (the caller then finds the
+ *   threshold exactly with the next uniform). *col: the sample on the thread that writes it.
+ */
+__device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
+                                                const RngArgs& rng_args, int64_t row,
+                                                int64_t* col) {
+  Shared* s = ctx.s;
+  constexpr int C = kTopPCandidates;
+  *col = -1;
+  const DrawPrefix d = draw_prefix(ctx, 0, 0);
+  if (d.K == 0) {  // nothing to draw from
+    if (ctx.rank == 0 && ctx.tid == 0) *col = 0;
+    return true;
+  }
+  // Keep A(x) <= limit. In shared memory: registers are short across the counting pass.
+  if (ctx.tid == 0)
+    s->cand_limit = static_cast<unsigned long long>(
+        floor(static_cast<double>(top_p) * static_cast<double>(d.K)));
+  __syncthreads();
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  for (int pass = 0; pass < kTopPPasses; ++pass) {
+    // Peers read cand_key before the last barrier of the previous pass: safe to reset.
+    if (ctx.tid < C) s->cand_col[ctx.tid] = -1, s->cand_key[ctx.tid] = 0;
+    __syncthreads();
+    // The pass's uniforms first: the generator's state is dead during the locates.
+    uint32_t u[C];
+    {
+      Philox rng = rng_args.make(row, static_cast<uint64_t>(pass) * C);
+#pragma unroll
+      for (int j = 0; j < C; ++j) u[j] = rng.next();
+    }
+    draw_locate_many(ctx, 0, d, u, [&](int j, int64_t c) {
+      s->cand_col[j] = c;
+      s->cand_key[j] = ctx.key(ctx.vals[c - ctx.begin]);  // > 0: the weight is > 0
+    });
+    if (s->cand_limit >= d.K) {  // A(x) <= K - w(x) < K <= limit: every candidate is kept
+      __syncthreads();
+      if (ctx.tid == 0) *col = s->cand_col[0];
+      return true;
+    }
+    group_sum_candidates(ctx, s->cand_key);  // exactly one CTA drew each candidate
+    uint32_t key[C], lowest = 0xffffffffu;
+    unsigned long long above[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      key[j] = static_cast<uint32_t>(s->cand_sum[j]), above[j] = 0;
+      lowest = min(lowest, key[j]);
+    }
+    auto add = [&](float x) {
+      const uint32_t k = ctx.key(x);
+      if (k <= lowest) return;  // most of a peaked row: below every candidate, no conversion
+      const unsigned long long w = ctx.fixed(x);
+#pragma unroll
+      for (int j = 0; j < C; ++j)
+        if (k > key[j]) above[j] += w;
+    };
+    const int n4 = ctx.n / 4;
+    const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
+    for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
+      const float4 x = v4[i];
+      add(x.x), add(x.y), add(x.z), add(x.w);
+    }
+    for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) add(ctx.vals[i]);
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      const unsigned long long a = warp_sum_u(above[j]);
+      if (lane == 0) s->cand_warp[warp][j] = a;
+    }
+    __syncthreads();
+    if (ctx.tid < C) {
+      unsigned long long a = 0;
+      for (int w = 0; w < nw; ++w) a += s->cand_warp[w][ctx.tid];
+      s->cand_above[ctx.tid] = a;
+    }
+    group_sum_candidates(ctx, s->cand_above);
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      if (s->cand_sum[j] <= s->cand_limit) {
+        if (ctx.tid == 0) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 /// Load, filter and draw one token for output row `out_row`. Group-wide.
 template <typename T>
 __device__ __forceinline__ void sample_row(RowCtx& ctx, const T* __restrict__ in, int64_t stride,
@@ -140,9 +255,13 @@ __device__ __forceinline__ void sample_row(RowCtx& ctx, const T* __restrict__ in
       __syncthreads();
     }
     ctx.scale = fixed_scale(mx);
+    const int f = p.filter;
+    if (f == kTopP && top_p_rejection(ctx, p.top_p(out_row), p.rng, out_row, &col)) {
+      if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, true);
+      return;
+    }
     const uint32_t max_key = key_nonneg(mx);
     uint32_t t = 0;
-    const int f = p.filter;
     if (f == kMinP) {
       t = key_nonneg(p.min_p(out_row) * mx);
     }
@@ -171,7 +290,8 @@ __device__ __forceinline__ void sample_row(RowCtx& ctx, const T* __restrict__ in
       });
       if (!tp.all && tp.key > t) t = tp.key;
     }
-    Philox rng = p.rng.make(out_row);
+    // Top-p comes here after its rejected candidates: the uniform after theirs.
+    Philox rng = p.rng.make(out_row, f == kTopP ? kTopPCandidates * kTopPPasses : 0);
     const uint32_t r = rng.next();
     unsigned long long kept;
     col = draw(ctx, t, r, 0, &kept);

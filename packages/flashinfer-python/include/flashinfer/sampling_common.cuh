@@ -38,6 +38,11 @@ enum Transform : int {
 };
 
 inline constexpr int kBins = 256;
+/// Top-p by rejection (sampling.cuh, top_p_rejection): candidates tested per pass, passes before
+/// the exact fallback. 8 attempts and the fallback's uniform use 9 of the 32 Philox outputs a row
+/// may consume per top-p call.
+inline constexpr int kTopPCandidates = 4;
+inline constexpr int kTopPPasses = 2;
 /// Threads per CTA. Measured on the H200 at 128 x 128256: 256 beats 512 (sampling 55 vs 64 us,
 /// top-k 89 vs 103): 3 CTAs (64 KB chunks) per SM, so one CTA loads while the others compute.
 inline constexpr int kThreads = 256;
@@ -101,11 +106,12 @@ struct RngArgs {
   int64_t seed_len = 0, offset_len = 0;
   uint64_t seed = 0, offset = 0;
 
-  __device__ __forceinline__ Philox make(int64_t row) const {
+  /// Row `row`'s generator, `skip` outputs in (the same as calling next() `skip` times).
+  __device__ __forceinline__ Philox make(int64_t row, uint64_t skip = 0) const {
     const uint64_t s = seed_arr ? static_cast<uint64_t>(seed_arr[seed_len == 1 ? 0 : row]) : seed;
     const uint64_t o =
         offset_arr ? static_cast<uint64_t>(offset_arr[offset_len == 1 ? 0 : row]) : offset;
-    return Philox(s, static_cast<uint64_t>(row), o);
+    return Philox(s, static_cast<uint64_t>(row), o + skip);
   }
 };
 
@@ -182,6 +188,15 @@ struct Shared {
   float red[32];
   uint32_t pick[4];
   unsigned long long pick_u[4];
+  // Top-p by rejection: the candidates' keys and masses above them (exchanged in the group), the
+  // group's sums, the columns (on the CTA that drew each) and the per-warp partial masses.
+  unsigned long long cand_key[kTopPCandidates];
+  unsigned long long cand_above[kTopPCandidates];
+  unsigned long long cand_sum[kTopPCandidates];
+  long long cand_col[kTopPCandidates];
+  unsigned long long cand_limit;
+  unsigned long long locate[kThreads / 32][kTopPCandidates];  ///< draw_locate_many's targets
+  unsigned long long cand_warp[kThreads / 32][kTopPCandidates];
 };
 
 /// The state of one CTA's work on one row.
@@ -642,6 +657,174 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, uin
   return Threshold{prefix, CM{0, 0}, false};  // not reached
 }
 
+/// The kept mass (key >= t, weight fixed(x)) of lane `lane`'s 4 columns of 128-column step
+/// `step` of the chunk (see draw).
+__device__ __forceinline__ unsigned long long lane_mass(const RowCtx& ctx, uint32_t t, int step,
+                                                        int lane) {
+  const int c = step * 128 + lane * 4;
+  float f[4];
+  if (c + 4 <= ctx.n) {
+    const float4 v = *reinterpret_cast<const float4*>(ctx.vals + c);
+    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) f[j] = c + j < ctx.n ? ctx.vals[c + j] : 0.f;
+  }
+  unsigned long long m = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (ctx.key(f[j]) >= t) m += ctx.fixed(f[j]);
+  return m;
+}
+
+/// The kept masses a draw locates its target in: the row's kept mass K, and where this thread's
+/// warp sits in column order (steps [s0, s1), the mass before it, its own).
+struct DrawPrefix {
+  unsigned long long K, before, mine;
+  int s0, s1;
+};
+
+/// The 128-column steps [*s0, *s1) of the chunk that this thread's warp owns.
+__device__ __forceinline__ void warp_steps(const RowCtx& ctx, int* s0, int* s1) {
+  const int warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  const int steps = (ctx.n + 127) / 128;
+  const int per_warp = (steps + nw - 1) / nw;
+  *s0 = warp * per_warp;
+  *s1 = min(steps, *s0 + per_warp);
+}
+
+/// Group-wide: one pass over the chunk and one group barrier (exchange slot `slot`).
+__device__ __forceinline__ DrawPrefix draw_prefix(const RowCtx& ctx, uint32_t t, int slot) {
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  DrawPrefix d;
+  warp_steps(ctx, &d.s0, &d.s1);
+  unsigned long long mine = 0;
+  for (int st = d.s0; st < d.s1; ++st) mine += lane_mass(ctx, t, st, lane);
+  d.mine = warp_sum_u(mine);
+  if (lane == 0) ctx.s->wsum[warp] = d.mine;
+  __syncthreads();
+  unsigned long long total = 0, warp_before = 0;
+  for (int w = 0; w < nw; ++w) {
+    if (w == warp) warp_before = total;
+    total += ctx.s->wsum[w];
+  }
+  unsigned long long before;  // (cluster_sum_u's barrier orders wsum's next rewrite)
+  d.K = cluster_sum_u(ctx, total, slot, &before);
+  d.before = before + warp_before;
+  return d;
+}
+
+/// The column of kept element `local` (in mass order) of lane `lane`'s 4 columns of `step`, whose
+/// kept masses before it sum to `acc`.
+__device__ __forceinline__ int64_t lane_column(const RowCtx& ctx, uint32_t t, int step, int lane,
+                                               unsigned long long acc, unsigned long long local) {
+  const int c = step * 128 + lane * 4;
+  int last = -1;
+  for (int j = 0; j < 4 && c + j < ctx.n; ++j) {
+    const float x = ctx.vals[c + j];
+    if (ctx.key(x) >= t) {
+      const unsigned long long w = ctx.fixed(x);
+      if (w) last = c + j;
+      acc += w;
+      if (acc > local) return ctx.begin + c + j;
+    }
+  }
+  return ctx.begin + last;  // unreachable: the lane's kept mass exceeds local
+}
+
+/// The column of the draw with 32-bit uniform r (see draw) on the thread that finds it, -1 on
+/// every other thread. Warp-local: no barrier, so several draws from one prefix run in parallel
+/// in different warps.
+__device__ __forceinline__ int64_t draw_locate(const RowCtx& ctx, uint32_t t, const DrawPrefix& d,
+                                               uint32_t r) {
+  if (d.K == 0) return -1;
+  const int lane = ctx.tid & 31;
+  const unsigned long long target = __umul64hi(d.K, static_cast<unsigned long long>(r) << 32);
+  if (target < d.before || target >= d.before + d.mine) return -1;
+  // This warp holds the target: walk its steps in order.
+  unsigned long long local = target - d.before;
+  int st = d.s0;
+  for (; st + 4 <= d.s1; st += 4) {  // groups of 4 steps: 4 loads and one reduction at a time
+    const unsigned long long g =
+        warp_sum_u(lane_mass(ctx, t, st, lane) + lane_mass(ctx, t, st + 1, lane) +
+                   lane_mass(ctx, t, st + 2, lane) + lane_mass(ctx, t, st + 3, lane));
+    if (local < g) break;
+    local -= g;
+  }
+  for (; st < d.s1; ++st) {
+    const unsigned long long lm = lane_mass(ctx, t, st, lane);
+    const unsigned long long incl = warp_scan_u(lm);
+    const unsigned long long step_total = __shfl_sync(0xffffffffu, incl, 31);
+    if (local >= step_total) {
+      local -= step_total;
+      continue;
+    }
+    const unsigned int hit = __ballot_sync(0xffffffffu, incl > local);
+    const int src = __ffs(hit) - 1;
+    if (lane != src) return -1;
+    return lane_column(ctx, t, st, lane, incl - lm, local);
+  }
+  return -1;  // unreachable: the warp's kept mass exceeds local
+}
+
+/*!
+ * @brief C draws from one prefix at once (uniforms u[j]), the same columns as C draw_locate
+ *   calls: found(j, column) runs on the thread that finds draw j. Warp-local. A warp walks its
+ *   steps once for all the draws it holds (groups of 4 steps, then step by step in the groups
+ *   that hold a draw), so draws of one peaked row, which land in one warp, share one walk.
+ */
+template <int C, typename Found>
+__device__ __forceinline__ void draw_locate_many(const RowCtx& ctx, uint32_t t,
+                                                 const DrawPrefix& d, const uint32_t (&u)[C],
+                                                 Found found) {
+  if (d.K == 0) return;
+  static_assert(C <= kTopPCandidates, "the targets wait in Shared::locate");
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5;
+  // The draws' targets relative to the warp, in shared memory (registers are short).
+  unsigned long long* local = ctx.s->locate[warp];
+  unsigned pending = 0;  // warp-uniform
+#pragma unroll
+  for (int j = 0; j < C; ++j) {
+    const unsigned long long target = __umul64hi(d.K, static_cast<unsigned long long>(u[j]) << 32);
+    if (lane == j) local[j] = target - d.before;
+    if (target >= d.before && target < d.before + d.mine) pending |= 1u << j;
+  }
+  __syncwarp();
+  if (!pending) return;
+  int s0, s1;  // recomputed (cheap) rather than held in registers across the caller's passes
+  warp_steps(ctx, &s0, &s1);
+  unsigned long long acc = 0;  // the warp's kept mass before step st
+  for (int st = s0; pending && st < s1; st += 4) {
+    unsigned long long g = 0;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (st + q < s1) g += lane_mass(ctx, t, st + q, lane);
+    g = warp_sum_u(g);
+    unsigned group = 0;
+#pragma unroll 1
+    for (int j = 0; j < C; ++j)
+      if (((pending >> j) & 1u) && local[j] < acc + g) group |= 1u << j;
+    pending &= ~group;
+    unsigned long long a = acc;
+    for (int q = st; group && q < st + 4 && q < s1; ++q) {
+      const unsigned long long lm = lane_mass(ctx, t, q, lane);
+      const unsigned long long incl = warp_scan_u(lm);
+      const unsigned long long step_total = __shfl_sync(0xffffffffu, incl, 31);
+#pragma unroll 1
+      for (int j = 0; j < C; ++j) {
+        if (((group >> j) & 1u) && local[j] < a + step_total) {
+          group &= ~(1u << j);
+          const unsigned long long loc = local[j] - a;
+          const int src = __ffs(__ballot_sync(0xffffffffu, incl > loc)) - 1;
+          if (lane == src) found(j, lane_column(ctx, t, q, lane, a + incl - lm, local[j]));
+        }
+      }
+      a += step_total;
+    }
+    acc += g;
+  }
+}
+
 /*!
  * @brief Draw from the kept elements (key >= t) with weight fixed(x) using the 32-bit uniform r:
  *   the first column, in column order, whose running kept mass exceeds floor(r K / 2^32), K the
@@ -655,77 +838,9 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, uin
  */
 __device__ __forceinline__ int64_t draw(const RowCtx& ctx, uint32_t t, uint32_t r, int slot,
                                         unsigned long long* kept_mass) {
-  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
-  const int steps = (ctx.n + 127) / 128;
-  const int per_warp = (steps + nw - 1) / nw;
-  const int s0 = warp * per_warp, s1 = min(steps, s0 + per_warp);
-  auto lane_mass = [&](int step) {
-    const int c = step * 128 + lane * 4;
-    float f[4];
-    if (c + 4 <= ctx.n) {
-      const float4 v = *reinterpret_cast<const float4*>(ctx.vals + c);
-      f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) f[j] = c + j < ctx.n ? ctx.vals[c + j] : 0.f;
-    }
-    unsigned long long m = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (ctx.key(f[j]) >= t) m += ctx.fixed(f[j]);
-    return m;
-  };
-  unsigned long long mine = 0;
-  for (int st = s0; st < s1; ++st) mine += lane_mass(st);
-  mine = warp_sum_u(mine);
-  if (lane == 0) ctx.s->wsum[warp] = mine;
-  __syncthreads();
-  unsigned long long total = 0, warp_before = 0;
-  for (int w = 0; w < nw; ++w) {
-    if (w == warp) warp_before = total;
-    total += ctx.s->wsum[w];
-  }
-  unsigned long long before;
-  const unsigned long long K = cluster_sum_u(ctx, total, slot, &before);
-  *kept_mass = K;
-  if (K == 0) return -1;
-  const unsigned long long target = __umul64hi(K, static_cast<unsigned long long>(r) << 32);
-  if (target < before + warp_before || target >= before + warp_before + mine) return -1;
-  // This warp holds the target: walk its steps in order.
-  unsigned long long local = target - before - warp_before;
-  int st = s0;
-  for (; st + 4 <= s1; st += 4) {  // groups of 4 steps: 4 loads and one reduction at a time
-    const unsigned long long g =
-        warp_sum_u(lane_mass(st) + lane_mass(st + 1) + lane_mass(st + 2) + lane_mass(st + 3));
-    if (local < g) break;
-    local -= g;
-  }
-  for (; st < s1; ++st) {
-    const unsigned long long lm = lane_mass(st);
-    const unsigned long long incl = warp_scan_u(lm);
-    const unsigned long long step_total = __shfl_sync(0xffffffffu, incl, 31);
-    if (local >= step_total) {
-      local -= step_total;
-      continue;
-    }
-    const unsigned int hit = __ballot_sync(0xffffffffu, incl > local);
-    const int src = __ffs(hit) - 1;
-    if (lane != src) return -1;
-    unsigned long long acc = incl - lm;
-    const int c = st * 128 + lane * 4;
-    int last = -1;
-    for (int j = 0; j < 4 && c + j < ctx.n; ++j) {
-      const float x = ctx.vals[c + j];
-      if (ctx.key(x) >= t) {
-        const unsigned long long w = ctx.fixed(x);
-        if (w) last = c + j;
-        acc += w;
-        if (acc > local) return ctx.begin + c + j;
-      }
-    }
-    return ctx.begin + last;  // unreachable: the lane's kept mass exceeds local
-  }
-  return -1;  // unreachable: the warp's kept mass exceeds local
+  const DrawPrefix d = draw_prefix(ctx, t, slot);
+  *kept_mass = d.K;
+  return draw_locate(ctx, t, d, r);
 }
 
 /// A CTA's part of a row: the whole row (one CTA, `scratch` a global row) or its rank's chunk of
