@@ -75,22 +75,11 @@ def _decode_512(batch: int, kv_len: int, use_tensor_cores: bool) -> "harness.Cas
 
 
 def _paged_prefill_512(batch: int, n: int) -> "harness.Case":
-    import flashinfer
-
-    hq, hkv, d, page = 32, 8, 512, 16
-    pages = n // page
-    cache = torch.randn(batch * pages, 2, page, hkv, d, dtype=BF16, device="cuda")
-    kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
-    qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * n
-    indices = torch.randperm(batch * pages, dtype=torch.int32)
-    last = torch.full((batch,), page, dtype=torch.int32)
-    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ba._ws(), "NHD")
-    w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, page, causal=True, q_data_type=BF16)
-    q = torch.randn(batch * n, hq, d, dtype=BF16, device="cuda")
-    out = torch.empty_like(q)
+    w, q, cache, out = ba._paged_setup(batch, n, d=512)
     return harness.Case(f"paged prefill hd512 causal {batch} x {n}",
                         lambda: w.run(q, cache, out=out),
-                        flops=4.0 * batch * hq * _pairs(n) * d, target=">= 1.0x FlashInfer 0.7.2")
+                        flops=4.0 * batch * ba.HQ * _pairs(n) * 512,
+                        target=">= 1.0x FlashInfer 0.7.2")
 
 
 def _sinks(on: bool) -> dict:
@@ -123,25 +112,8 @@ def _spec_decode(batch, kv_len, q_len=1, sinks=False):
 
 def _spec_prefill(paged, batch, n):
     """The causal prefill cases of ``ba`` (paged 8 x 2048, ragged 16 x 1024) with sinks."""
-    q = torch.randn(batch * n, ba.HQ, ba.D, dtype=ba.DT, device="cuda")
-    qo = torch.arange(batch + 1, dtype=torch.int32) * n
-    if paged:
-        pages = n // ba.PAGE
-        kv = (torch.randn(batch * pages, 2, ba.PAGE, ba.HKV, ba.D, dtype=ba.DT, device="cuda"),)
-        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ba._ws(), "NHD")
-        w.plan(qo, qo // ba.PAGE, torch.randperm(batch * pages, dtype=torch.int32),
-               torch.full((batch,), ba.PAGE, dtype=torch.int32), ba.HQ, ba.HKV, ba.D, ba.PAGE,
-               causal=True, q_data_type=ba.DT)
-    else:
-        kv = tuple(torch.randn(batch * n, ba.HKV, ba.D, dtype=ba.DT, device="cuda")
-                   for _ in range(2))
-        w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ba._ws())
-        w.plan(qo, qo, ba.HQ, ba.HKV, ba.D, causal=True, q_data_type=ba.DT)
-    out = torch.empty_like(q)
-    kw = _sinks(True)
-    return harness.Case(f"{'paged' if paged else 'ragged'} prefill causal {batch} x {n} (sinks)",
-                        lambda: w.run(q, *kv, out=out, **kw),
-                        flops=batch * ba._causal_flops(n, n), target="<= 1.02 x without sinks")
+    make = ba._paged_prefill if paged else ba._ragged_prefill
+    return make(batch, n, None, "<= 1.02 x without sinks", run_kw=_sinks(True), note=" (sinks)")
 
 
 CASES = {

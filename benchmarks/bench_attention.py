@@ -110,40 +110,60 @@ def _single_decode(kv_len, split=None):
     if split is None:
         fn = lambda: flashinfer.single_decode_with_kv_cache(q, k, v)  # noqa: E731
     else:
+        from flashinfer.attention.runtime import resolve_scales
         from flashinfer.attention.single import run_single
 
-        fn = lambda: run_single(q[None], k, v, 0, None, None, False, "NONE", None,  # noqa: E731
-                                None, None, -1, None, None, None, False, q.dtype, split)
+        sm, o_scale = resolve_scales(D, None, None, None, None)
+        fn = lambda: run_single(q[None], k, v, 0, None, None, False, "NONE", sm,  # noqa: E731
+                                o_scale, -1, None, None, None, False, q.dtype, split)
     return Case(f"single decode kv {kv_len}" + (f", chunk {split}" if split else ""), fn,
                 bytes_moved=2 * kv_len * HKV * D * 2 + 2 * q.numel() * 2, ceiling="read")
 
 
-def _ragged_prefill(batch, n, baseline, target, backend=None):
-    q = torch.randn(batch * n, HQ, D, dtype=DT, device="cuda")
-    k = torch.randn(batch * n, HKV, D, dtype=DT, device="cuda")
-    v = torch.randn(batch * n, HKV, D, dtype=DT, device="cuda")
+def _ragged_setup(batch, n, hq=HQ, hkv=HKV, d=D, **wrapper_kw):
+    """A planned causal ragged prefill of ``batch`` requests of ``n`` tokens: (wrapper, q, k, v,
+    out)."""
+    q = torch.randn(batch * n, hq, d, dtype=DT, device="cuda")
+    k = torch.randn(batch * n, hkv, d, dtype=DT, device="cuda")
+    v = torch.randn(batch * n, hkv, d, dtype=DT, device="cuda")
     indptr = torch.arange(batch + 1, dtype=torch.int32) * n
-    kw, note = _backend(backend)
-    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws(), "NHD", **kw)
-    w.plan(indptr, indptr, HQ, HKV, D, causal=True, q_data_type=DT)
-    out = torch.empty_like(q)
-    return Case(f"ragged prefill causal {batch} x {n}{note}", lambda: w.run(q, k, v, out=out),
-                flops=batch * _causal_flops(n, n), published_us=baseline, target=target)
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws(), "NHD", **wrapper_kw)
+    w.plan(indptr, indptr, hq, hkv, d, causal=True, q_data_type=DT)
+    return w, q, k, v, torch.empty_like(q)
 
 
-def _paged_prefill(batch, n, baseline, target, backend=None):
+def _paged_setup(batch, n, hq=HQ, hkv=HKV, d=D, **wrapper_kw):
+    """A planned causal paged prefill of ``batch`` requests of ``n`` tokens, pages of PAGE in a
+    random order: (wrapper, q, cache, out)."""
     pages = n // PAGE
-    cache = torch.randn(batch * pages, 2, PAGE, HKV, D, dtype=DT, device="cuda")
+    cache = torch.randn(batch * pages, 2, PAGE, hkv, d, dtype=DT, device="cuda")
     kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
     qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * n
     indices = torch.randperm(batch * pages, dtype=torch.int32)
     last = torch.full((batch,), PAGE, dtype=torch.int32)
-    kw, note = _backend(backend)
-    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD", **kw)
-    w.plan(qo_indptr, kv_indptr, indices, last, HQ, HKV, D, PAGE, causal=True, q_data_type=DT)
-    q = torch.randn(batch * n, HQ, D, dtype=DT, device="cuda")
-    out = torch.empty_like(q)
-    return Case(f"paged prefill causal {batch} x {n}{note}", lambda: w.run(q, cache, out=out),
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD", **wrapper_kw)
+    w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, PAGE, causal=True, q_data_type=DT)
+    q = torch.randn(batch * n, hq, d, dtype=DT, device="cuda")
+    return w, q, cache, torch.empty_like(q)
+
+
+def _ragged_prefill(batch, n, baseline, target, backend=None, run_kw=None, note=""):
+    """``run_kw``: extra keywords of ``run`` (e.g. sinks), named by ``note``."""
+    kw, backend_note = _backend(backend)
+    w, q, k, v, out = _ragged_setup(batch, n, **kw)
+    run_kw = run_kw or {}
+    return Case(f"ragged prefill causal {batch} x {n}{backend_note}{note}",
+                lambda: w.run(q, k, v, out=out, **run_kw),
+                flops=batch * _causal_flops(n, n), published_us=baseline, target=target)
+
+
+def _paged_prefill(batch, n, baseline, target, backend=None, run_kw=None, note=""):
+    """``run_kw``: extra keywords of ``run`` (e.g. sinks), named by ``note``."""
+    kw, backend_note = _backend(backend)
+    w, q, cache, out = _paged_setup(batch, n, **kw)
+    run_kw = run_kw or {}
+    return Case(f"paged prefill causal {batch} x {n}{backend_note}{note}",
+                lambda: w.run(q, cache, out=out, **run_kw),
                 flops=batch * _causal_flops(n, n), published_us=baseline, target=target)
 
 

@@ -36,7 +36,6 @@ import torch  # noqa: E402
 import harness  # noqa: E402
 
 DT = torch.bfloat16
-PAGE = 16
 
 # Variants of ours: macro assignments (FLASHINFER_ATTENTION_ prefixed). "default" is the tree.
 VARIANTS = {
@@ -124,33 +123,18 @@ def _single(n, hq=32, hkv=8, d=128, causal=True):
 
 
 def _ragged(batch, n, hq=32, hkv=8, d=128):
-    import flashinfer
+    import bench_attention as ba
 
-    q = torch.randn(batch * n, hq, d, dtype=DT, device="cuda")
-    k = torch.randn(batch * n, hkv, d, dtype=DT, device="cuda")
-    v = torch.randn(batch * n, hkv, d, dtype=DT, device="cuda")
-    indptr = torch.arange(batch + 1, dtype=torch.int32) * n
-    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws(), "NHD", backend="fa3")
-    w.plan(indptr, indptr, hq, hkv, d, causal=True, q_data_type=DT)
-    out = torch.empty_like(q)
+    w, q, k, v, out = ba._ragged_setup(batch, n, hq, hkv, d, backend="fa3")
     return _case(f"ragged prefill causal {batch} x {n}", lambda: w.run(q, k, v, out=out),
                  batch * _flops(n, n, hq, d, True))
 
 
 def _paged(batch, n, hq=32, hkv=8, d=128):
-    import flashinfer
+    import bench_attention as ba
 
-    pages = n // PAGE
-    cache = torch.randn(batch * pages, 2, PAGE, hkv, d, dtype=DT, device="cuda")
-    kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
-    qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * n
-    indices = torch.randperm(batch * pages, dtype=torch.int32)
-    last = torch.full((batch,), PAGE, dtype=torch.int32)
-    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD", backend="fa3")
-    w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, PAGE, causal=True, q_data_type=DT)
-    q = torch.randn(batch * n, hq, d, dtype=DT, device="cuda")
-    out = torch.empty_like(q)
-    return _case(f"paged prefill causal {batch} x {n}, page {PAGE}",
+    w, q, cache, out = ba._paged_setup(batch, n, hq, hkv, d, backend="fa3")
+    return _case(f"paged prefill causal {batch} x {n}, page {ba.PAGE}",
                  lambda: w.run(q, cache, out=out), batch * _flops(n, n, hq, d, True))
 
 

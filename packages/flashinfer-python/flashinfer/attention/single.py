@@ -118,11 +118,11 @@ def single_prefill_with_kv_cache(
                          f"{tuple(custom_mask.shape)}")
     o_dtype = rt.parse_dtype(o_dtype, "o_dtype") or q.dtype
     rt.check_half(o_dtype, "o_dtype")
-    rt.resolve_scales(head_dim, sm_scale, None, k_scale, v_scale)  # checks each scale
+    sm, o_scale = rt.resolve_scales(head_dim, sm_scale, None, k_scale, v_scale)
     check_cuda(q, "q")
     return run_single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
-                   sm_scale, k_scale, v_scale, window_left, logits_soft_cap, rope_scale,
-                   rope_theta, return_lse, o_dtype, fixed_split_size=None, backend=backend)
+                   sm, o_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
+                   return_lse, o_dtype, fixed_split_size=None, backend=backend)
 
 
 @flashinfer_api
@@ -161,12 +161,11 @@ def single_decode_with_kv_cache(
         raise ValueError(f"k and v must have the same shape with head_dim {head_dim}, got "
                          f"{tuple(k.shape)} and {tuple(v.shape)}")
     check_heads(num_qo_heads, k.shape[1] if layout == 0 else k.shape[0])
-    rt.resolve_scales(head_dim, sm_scale, q_scale, k_scale, v_scale)  # checks each scale
+    sm, o_scale = rt.resolve_scales(head_dim, sm_scale, q_scale, k_scale, v_scale)
     check_cuda(q, "q")
-    qk_scale = None if q_scale is None and k_scale is None else (q_scale or 1.0) * (k_scale or 1.0)
     result = run_single(q.unsqueeze(0), k, v, layout, None, None, False, pos_encoding_mode,
-                     sm_scale, qk_scale, v_scale, window_left, logits_soft_cap, rope_scale,
-                     rope_theta, return_lse, q.dtype, fixed_split_size=None)
+                     sm, o_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
+                     return_lse, q.dtype, fixed_split_size=None)
     if return_lse:
         return result[0].squeeze(0), result[1].squeeze(0)
     return result.squeeze(0)
@@ -174,13 +173,13 @@ def single_decode_with_kv_cache(
 
 
 def run_single(q, k, v, layout, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
-               sm_scale, k_scale, v_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
-               return_lse, o_dtype, fixed_split_size, backend="auto"):
+               sm, o_scale, window_left, logits_soft_cap, rope_scale, rope_theta, return_lse,
+               o_dtype, fixed_split_size, backend="auto"):
     """Shared by single prefill and single decode: one request through the batch kernel, its
-    launch (plan, upload, parameter record) made once per problem (``runtime.single_launches``)."""
+    launch (plan, upload, parameter record) made once per problem (``runtime.single_launches``).
+    ``sm``, ``o_scale``: the caller's ``runtime.resolve_scales`` (checked once per call)."""
     qo_len, num_qo_heads, head_dim = q.shape
     use_mask = custom_mask is not None or packed_custom_mask is not None
-    sm, o_scale = rt.resolve_scales(head_dim, sm_scale, None, k_scale, v_scale)
     device = q.device
     key = (device, q.dtype, k.dtype, o_dtype, q.shape, k.shape, v.shape[-1], layout, causal,
            pos_encoding_mode,
