@@ -28,6 +28,7 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 DIST = ROOT / "dist"
+BUILD_AOT_CACHE = ROOT / "build" / "aot-cache"  # nox -s build's AOT cache, kept across sessions
 PACKAGES = ["flashinfer-python", "flashinfer-jit-cache", "flashinfer-cubin"]
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 #: GPU archs of a release's jit-cache wheel: sm_80 SASS also serves 8.6/8.7/8.9; sm90 and
@@ -96,15 +97,15 @@ def _build_set(session: nox.Session, outdir: Path, *, sdists: bool, archs: str,
     """Build the three wheels (and sdists) of the current version.txt into ``outdir``.
 
     The session must already hold torch and BUILD_REQUIREMENTS. The JIT cache the AOT build
-    compiles into is FLASHINFER_WORKSPACE_BASE where set, else ``workspace``, else the session's
-    own (gone when nox recreates the session without ``-r``). It is content-addressed: a module
-    is reused only where its sources, headers, flags, archs and compiler hash the same, so
-    reusing it across builds and attempts is safe."""
+    compiles into is FLASHINFER_WORKSPACE_BASE where set, else ``workspace``, else
+    ``build/aot-cache`` (outside the nox session, which nox recreates without ``-r``). It is
+    content-addressed: a module is reused only where its sources, headers, flags, archs and
+    compiler hash the same, so reusing it across builds and attempts is safe."""
     outdir.mkdir(parents=True, exist_ok=True)
     env = {
         "FLASHINFER_CUDA_ARCH_LIST": archs,
         "FLASHINFER_WORKSPACE_BASE": os.environ.get("FLASHINFER_WORKSPACE_BASE")
-        or str(workspace or Path(session.create_tmp()).resolve() / "aot-cache"),
+        or str(workspace or BUILD_AOT_CACHE),
     }
     if modules:
         env["FLASHINFER_AOT_MODULES"] = modules

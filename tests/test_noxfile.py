@@ -122,6 +122,27 @@ def test_build_never_replaces_a_release_of_its_version(repo):
         noxfile._refuse_released(FakeSession(), "1.2.3")
 
 
+def test_build_compiles_into_a_cache_that_outlives_the_nox_session(repo, monkeypatch, tmp_path):
+    """`nox -s build` (no -r) gets a fresh session directory each time; its AOT modules go to
+    build/aot-cache, so a second build compiles only what changed."""
+    monkeypatch.setattr(noxfile, "BUILD_AOT_CACHE", repo / "build" / "aot-cache")
+    monkeypatch.delenv("FLASHINFER_WORKSPACE_BASE", raising=False)
+    workspaces = []
+
+    class BuildSession(FakeSession):
+        def create_tmp(self):
+            return str(tmp_path / f"session-{len(workspaces)}")
+
+        def run(self, *args, **kwargs):
+            workspaces.append(kwargs["env"]["FLASHINFER_WORKSPACE_BASE"])
+
+    for _ in range(2):
+        noxfile._build_set(BuildSession(), repo / "dist", sdists=False, archs="9.0a",
+                           modules=None)
+    assert set(workspaces) == {str(repo / "build" / "aot-cache")}
+    assert len(workspaces) == 2 * len(noxfile.PACKAGES)
+
+
 # ----------------------------------------------------------------------------------------------
 # The whole release session, its expensive steps replaced
 
