@@ -2,8 +2,8 @@
 paged 8 x 2048 trail FlashInfer's fa2 more than single 16384 does, with the same kernel and
 the same 4096 CTAs). bf16, 32 / 8 heads, head_dim 128, causal, ``backend="fa2"``. GPU only.
 
-    python benchmarks/probes/fa2_batch.py build [--with-tests]  (every module below, 16 jobs;
-        with the registered attention, cascade and page modules the GPU tests load)
+    python benchmarks/probes/fa2_batch.py build [--tests]  (every module below, 16 jobs; or
+        the registered attention, cascade and page modules the GPU tests load)
     python benchmarks/probes/fa2_batch.py warmup           (the public cases' modules)
     python benchmarks/probes/fa2_batch.py public OUT.json  (public API only: ours or the peer)
     python benchmarks/probes/fa2_batch.py ours OUT.json    (variants, plan orders, CTA trace)
@@ -76,7 +76,8 @@ def _singles(batch: int, n: int) -> harness.Case:
 def public_cases() -> list:
     out = [ba._single_prefill(TOKENS, None, "", "fa2")]
     out += [ba._ragged_prefill(TOKENS // n, n, None, "", "fa2") for n in (4096, 1024, 256)]
-    out += [ba._paged_prefill(8, 2048, None, "", "fa2"), _singles(16, 1024)]
+    out += [ba._paged_prefill(8, 2048, None, "", "fa2"), _singles(16, 1024),
+            ba._single_prefill(8192, None, "", "fa2", 16, 8, 256)]
     return out
 
 
@@ -188,13 +189,17 @@ def main() -> int:
         return 0
     if cmd == "build":
         from flashinfer import aot
+        from flashinfer.jit.attention import AttentionVariant
         from flashinfer.jit.core import get_module
 
         todo = [s for f in VARIANTS.values() for s in _specs(f).values()]
-        todo += [_specs((), trace=True)[_modules()[0]]]
-        if "--with-tests" in sys.argv:
-            todo += [s for s in aot.registered_specs()
-                     if s.name.startswith(("attention", "cascade", "page"))]
+        todo += [_specs((), trace=True)[_modules()[0]],
+                 AttentionVariant("bfloat16", "bfloat16", 256, "causal", "NONE", False).spec()]
+        if "--tests" in sys.argv:  # instead: the modules of the GPU tests, most used first
+            todo = [s for s in aot.registered_specs()
+                    if s.name.startswith(("attention", "cascade", "page"))]
+            todo.sort(key=lambda s: ("_d128_" not in s.name, "custom" in s.name or "rope" in s.name
+                                     or "alibi" in s.name, s.name))
         with ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(get_module, todo))
         return 0
