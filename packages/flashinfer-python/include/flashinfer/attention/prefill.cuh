@@ -613,9 +613,12 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   if constexpr (KT::kWarpsKV == 1) {
     // The final output through the warp's own Q rows in shared memory (read by no other warp,
     // and by this one no more): 16-byte stores of whole rows instead of 4-byte stores of a
-    // quad's 16 bytes per row (half of each 32-byte sector per instruction).
-    constexpr bool kStageO = FLASHINFER_ATTENTION_STAGE_O && sizeof(TO) == 2 && DV == D &&
-                             KT::kVoSlices == 1;
+    // quad's 16 bytes per row (half of each 32-byte sector per instruction). H200, bf16, 32/8
+    // heads, backend="fa2", against the 4-byte stores in the same call: ragged causal 16 x 1024
+    // 576.7 vs 642.5 us, 64 x 256 290.3 vs 346.0, paged 8 x 2048 1023.2 vs 1066.1, single
+    // 16384 6559 vs 6696 (benchmarks/notes/fa2-batches.md). Partial states (float32), outputs
+    // of another width than q's rows, and unaligned outputs keep the 4-byte stores.
+    constexpr bool kStageO = sizeof(TO) == 2 && DV == D && KT::kVoSlices == 1;
     bool staged = false;
     if constexpr (kStageO) {
       staged = !out.partial && rows_aligned16(p.o, p.o_stride_n, p.o_stride_h);

@@ -75,13 +75,6 @@
 #define FLASHINFER_ATTENTION_LOAD_ROW_THREADS 8
 #endif
 
-// The prefill shapes' final output through shared memory (1: 16-byte stores of whole rows,
-// store_o_staged in prefill.cuh) or straight from the accumulators (0: 4-byte stores, a quad's
-// 16 bytes per row and instruction).
-#ifndef FLASHINFER_ATTENTION_STAGE_O
-#define FLASHINFER_ATTENTION_STAGE_O 1
-#endif
-
 // ---- The Hopper kernel (prefill_sm90.cuh) --------------------------------------------------
 
 // Registers per thread after setmaxnreg: the producer warpgroup gives up what the two consumer
