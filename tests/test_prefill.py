@@ -233,6 +233,34 @@ def test_batch_ragged_prefill(dtype, head_dim, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("out_kind", ["contiguous", "row-strided view", "one head, stride 3"])
+def test_fa2_output_rows_through_shared_memory_or_not(out_kind):
+    """The FA2 prefill shapes write whole 16-byte chunks of output rows (through shared memory)
+    where out's row strides are multiples of 8 elements, and 4-byte pairs otherwise (a head dim
+    of size 1 may have any stride: 3 here): right on uneven requests (an empty one, q shorter
+    than kv, a tile past the request's rows), GQA group 4 (1 for the one-head case), lse too."""
+    gen = torch.Generator().manual_seed(5)
+    hq, hkv = (1, 1) if out_kind == "one head, stride 3" else (8, 2)
+    d, dtype = 128, torch.bfloat16
+    qo_lens, kv_lens = [1, 0, 300, 1100, 77], [1, 64, 700, 1100, 77]
+    q, k, v, qi, ki = _ragged_batch(qo_lens, kv_lens, hq, hkv, d, dtype, gen)
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), backend="fa2")
+    w.plan(qi.cuda(), ki.cuda(), hq, hkv, d, causal=True, q_data_type=dtype)
+    n = q.shape[0]
+    if out_kind == "contiguous":
+        out = torch.full_like(q, float("nan"))
+    elif out_kind == "row-strided view":
+        out = torch.full((n, hq + 2, d), float("nan"), dtype=dtype, device="cuda")[:, 1:hq + 1]
+    else:
+        out = torch.full((n * d,), float("nan"), dtype=dtype, device="cuda").as_strided(
+            (n, 1, d), (d, 3, 1))
+    o, lse = w.run(q, k, v, out=out, return_lse=True)
+    assert o is out
+    _check_ragged(o, lse, q, k, v, qi, ki, dtype, causal=True)
+
+
+@pytest.mark.gpu
 def test_batch_prefill_replan_custom_mask_then_causal():
     gen = torch.Generator().manual_seed(5)
     hq, hkv, d, dtype = 8, 8, 128, torch.bfloat16

@@ -20,6 +20,9 @@ CASES = {
     "paged": lambda: ba._paged_prefill(8, 2048, 0.0, ""),
     "ragged": lambda: ba._ragged_prefill(16, 1024, 0.0, ""),
     "single": lambda: ba._single_prefill(16384, 0.0, ""),
+    "ragged_fa2": lambda: ba._ragged_prefill(16, 1024, None, "", "fa2"),
+    "paged_fa2": lambda: ba._paged_prefill(8, 2048, None, "", "fa2"),
+    "single_fa2": lambda: ba._single_prefill(16384, None, "", "fa2"),
     "decode1": lambda: ba._decode(1, 32768, True, 0.0, ""),
     "decode64": lambda: ba._decode(64, 4096, True, 0.0, ""),
 }

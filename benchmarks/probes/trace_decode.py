@@ -32,7 +32,7 @@ from flashinfer import aot, testing  # noqa: E402
 from flashinfer.jit.core import get_module  # noqa: E402
 
 EVENTS = ["entry", "q", "first_k", "loop_done", "streams_done", "written", "counted", "end"]
-SLOTS, CTAS = len(EVENTS) + 1, 1024  # + the SM id; kTraceSlots, kTraceCtas
+SLOTS, CTAS = len(EVENTS) + 1, 4096  # + the SM id; kTraceSlots, kTraceCtas
 REPLAYS = 40
 CASES = [  # (batch, kv_len, fixed split or None)
     (1, 32768, None),

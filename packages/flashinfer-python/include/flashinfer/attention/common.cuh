@@ -48,7 +48,7 @@ enum TraceEvent : int {
   kTraceSm,
   kTraceSlots,
 };
-inline constexpr int kTraceCtas = 1024;
+inline constexpr int kTraceCtas = 4096;
 #if FLASHINFER_ATTENTION_PROBE_TRACE
 __device__ unsigned long long attention_trace[kTraceCtas][kTraceSlots];
 #endif

@@ -219,6 +219,57 @@ __device__ __forceinline__ void fp8x16_to(const uint4& in, uint4& lo, uint4& hi)
   hi.z = fp8x2_to<T, TKV>(in.w), hi.w = fp8x2_to<T, TKV>(in.w >> 16);
 }
 
+/// Whether 16-byte stores reach every output row: a 16-byte aligned base and row strides.
+__device__ __forceinline__ bool rows_aligned16(const void* o, int64_t stride_n, int64_t stride_h) {
+  return reinterpret_cast<uintptr_t>(o) % 16 == 0 && stride_n % 8 == 0 && stride_h % 8 == 0;
+}
+
+/*!
+ * @brief The final output of one warp's rows (a prefill shape: one key stream) through shared
+ *   memory: each thread writes its accumulator pairs, divided by the row sum, into the warp's
+ *   own rows [first, first + 16 kMmaQ) of the swizzled tile `stage` (the Q tile, which only
+ *   this warp read there), then the warp stores whole 16-byte chunks, a row's 256 bytes (head
+ *   dim 128) by 16 lanes. The lse as OutputWriter::rows writes it.
+ */
+template <class KT, class Out, int MQ, int NC>
+__device__ __forceinline__ void store_o_staged(const AttentionParams& p, const Out& out,
+                                               const ItemRange& r, uint32_t kv_head,
+                                               const float (&o)[MQ][NC][4],
+                                               const float (&m)[MQ][2], const float (&d)[MQ][2],
+                                               typename KT::DTypeQ* stage, int first, int lane) {
+  using TO = typename KT::DTypeO;
+  using Tile = typename KT::Tile;
+  const int g = lane / 4, t = lane % 4;
+  __syncwarp();  // the warp's last ldmatrix of its Q rows is behind every lane
+#pragma unroll
+  for (int mq = 0; mq < MQ; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = first + mq * 16 + g + 8 * h, pr = r.row_begin + row;
+      float row_lse = d[mq][h] > 0.f ? m[mq][h] + log2f(d[mq][h]) : -INFINITY;
+      float inv = d[mq][h] > 0.f ? p.o_scale / d[mq][h] : 0.f;
+      if (pr < r.packed_len) {
+        inv *= out.sink(pr, row_lse);
+        if (t == 0) out.lse(pr, row_lse);
+      }
+#pragma unroll
+      for (int n = 0; n < NC; ++n)
+        *reinterpret_cast<uint32_t*>(stage + Tile::offset(row, n) + 2 * t) =
+            pack2<TO>(o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
+    }
+  __syncwarp();
+  constexpr int kRowChunks = NC, kRows = 16 * MQ;
+#pragma unroll 4
+  for (int i = lane; i < kRows * kRowChunks; i += 32) {
+    const int row = first + i / kRowChunks, c = i % kRowChunks, pr = r.row_begin + row;
+    if (pr >= r.packed_len) continue;
+    const auto [qo, head] = qo_head(pr, kv_head, p.group_size);
+    TO* dst = static_cast<TO*>(p.o) + (r.qo_begin + qo) * p.o_stride_n + head * p.o_stride_h;
+    *reinterpret_cast<uint4*>(dst + c * 8) =
+        *reinterpret_cast<const uint4*>(stage + Tile::offset(row, c));
+  }
+}
+
 /// `vo_slice`: which kVoTile output columns of the item this CTA computes (kVoSlices > 1).
 template <class KT>
 __device__ __forceinline__ void attention_item(const AttentionParams& p, const ItemIds& ids,
@@ -560,7 +611,20 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   const OutputWriter<TO, DV, KT::kHeadDimVO> out{p, rng, kv_head, writes_partial(p, rng),
                                                  int(vo_slice) * DV};
   if constexpr (KT::kWarpsKV == 1) {
-    out.rows(o, m, d, row_begin + wq * 16 * kMmaQ, g, t);
+    // The final output through the warp's own Q rows in shared memory (read by no other warp,
+    // and by this one no more): 16-byte stores of whole rows instead of 4-byte stores of a
+    // quad's 16 bytes per row (half of each 32-byte sector per instruction). H200, bf16, 32/8
+    // heads, backend="fa2", against the 4-byte stores in the same call: ragged causal 16 x 1024
+    // 576.7 vs 642.5 us, 64 x 256 290.3 vs 346.0, paged 8 x 2048 1023.2 vs 1066.1, single
+    // 16384 6559 vs 6696 (benchmarks/notes/fa2-batches.md). Partial states (float32), outputs
+    // of another width than q's rows, and unaligned outputs keep the 4-byte stores.
+    constexpr bool kStageO = sizeof(TO) == 2 && DV == D && KT::kVoSlices == 1;
+    bool staged = false;
+    if constexpr (kStageO) {
+      staged = !out.partial && rows_aligned16(p.o, p.o_stride_n, p.o_stride_h);
+      if (staged) store_o_staged<KT>(p, out, rng, kv_head, o, m, d, q_smem, wq * 16 * kMmaQ, lane);
+    }
+    if (!staged) out.rows(o, m, d, row_begin + wq * 16 * kMmaQ, g, t);
   } else {
     // Groups merge through shared memory (over the K/V stages, all drained above).
     __syncthreads();
