@@ -27,6 +27,11 @@
 #ifndef FLASHINFER_ATTENTION_CTA0_STAGES
 #define FLASHINFER_ATTENTION_CTA0_STAGES 2
 #endif
+// fp8 K/V on the decode shapes (KernelTraits::kRegKV): 1 = converted in registers from the
+// staged bytes, 0 = converted into a DTypeQ tile in shared memory (as the prefill shapes do).
+#ifndef FLASHINFER_ATTENTION_FP8_REGS
+#define FLASHINFER_ATTENTION_FP8_REGS 1
+#endif
 // CTAs per SM the decode shapes (one warp of rows) are compiled for: their registers (~220 per
 // thread at head_dim 128) allow two 128-thread CTAs per SM; asking for three caps them at 168
 // and spills.
