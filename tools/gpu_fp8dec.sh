@@ -2,13 +2,14 @@
 # One device call for the fp8 decode work (issue 21): the fp8 decode variants compiled side by
 # side while the GPU tests run (four processes, JIT builds in parallel), then the variants timed
 # on a quiet GPU (benchmarks/tuning/fp8_decode.py). Everything to $OUT.
+#   run from .gpu/fp8dec (the wheels in ../wheels, or WHEELS=DIR)
 #   env: BUDGET (s, default 340), TESTS (pytest groups, ';'-separated), VARIANTS (names, ','-sep.)
 set -uo pipefail
 T0=$(date +%s); BUDGET=${BUDGET:-340}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/log.txt; }
 export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHEELS:-../wheels}/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader >> $OUT/log.txt
 IFS=',' read -ra V <<< "${VARIANTS:-}"
