@@ -45,7 +45,8 @@ constexpr int gcd_int(int a, int b) { return b == 0 ? a : gcd_int(b, a % b); }
  * @brief Everything that is fixed at compile time for one attention kernel.
  * @tparam DTypeQ_ q element type (__half or __nv_bfloat16), the type of the MMAs
  * @tparam DTypeKV_ k and v element type: DTypeQ_, or __nv_fp8_e4m3 / __nv_fp8_e5m2 (converted
- *   to DTypeQ_ in shared memory: kConvertKV)
+ *   in registers on the 16-row shapes at head_dim 128, kRegKV; to DTypeQ_ in shared memory
+ *   elsewhere, kConvertKV)
  * @tparam DTypeO_ output element type
  * @tparam HEAD_DIM_ q and k head dim: 64, 128, 192, 256 or 512 (QK loads and MMAs)
  * @tparam HEAD_DIM_VO_ v and output head dim (PV and the output): HEAD_DIM_, or 128 at 192
@@ -88,17 +89,17 @@ struct KernelTraits {
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
   // Tiles in flight per key stream (loads issued kAhead tiles ahead); wider heads keep two for
   // shared memory. fp8 K/V keep the same count: twice the tiles ahead on the fp8 decode shapes
-  // (as many bytes in flight as bf16) measured no faster (H200, 64 x 4096: 206.1 us against
-  // 206.6 at one tile ahead, 57% of the read ceiling either way), so bytes in flight are not
-  // what limits fp8 decode (benchmarks/notes/attention-fp8-kv.md).
+  // measured no faster (H200, 64 x 4096: converted in shared memory 206.1 us against 206.6 at
+  // one tile ahead; converted in registers, 32-key steps, 134.8 against 134.0 us), so bytes in
+  // flight are not what limits fp8 decode (benchmarks/notes/attention-fp8-kv.md).
   static constexpr int kStages = HEAD_DIM_ <= 128 && kVoTile <= 128 ? STAGES_ : 2;
   static constexpr int kAhead = kStages - 1;
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
   // fp8 K/V: the cp.async copies move fp8 bytes (16 per chunk) into a staging area of kStages
-  // tiles per stream; after its wait each thread converts the chunks it copied itself (no extra
-  // barrier) into one DTypeQ K and one V tile per stream, which the MMAs read as they read the
-  // half tiles. A tile is rewritten only after every warp of its group has passed the barrier
+  // tiles per stream. Where kRegKV (below) does not apply, after its wait each thread converts
+  // the chunks it copied itself (no extra barrier) into one DTypeQ K and one V tile per stream,
+  // which the MMAs read as they read the half tiles. A tile is rewritten only after every warp of its group has passed the barrier
   // that follows its last read (the next tile's K or V wait), so one of each suffices.
   static constexpr bool kConvertKV = !std::is_same_v<DTypeKV, DTypeQ>;
   // The type of O += P V: q's, except over fp8 V, which is converted to half whatever q is (one
@@ -119,9 +120,11 @@ struct KernelTraits {
   // two values): K's channels and V's output columns are permuted so that a lane's bytes are
   // contiguous (fp8_qk_regs, fp8_pv_regs), Q's fragments are loaded in the same channel order
   // and S = Q K^T runs in fp16 (a bfloat16 q is scaled by a power of two into fp16's range).
-  static constexpr bool kRegKV = kConvertKV && FLASHINFER_ATTENTION_FP8_REGS && WARPS_Q_ == 1 &&
-                                 MMA_Q_ == 1 && WARPS_KV_ > 1 && HEAD_DIM_ == 128 &&
-                                 HEAD_DIM_VO_ == 128 && POS_ != PosEncoding::kRopeLlama;
+  // H200, 64 x 4096 (bf16 q, e4m3, 16-key steps): 159.3 us against 208.4 converting into
+  // shared memory (benchmarks/notes/attention-fp8-kv.md).
+  static constexpr bool kRegKV = kConvertKV && WARPS_Q_ == 1 && MMA_Q_ == 1 && WARPS_KV_ > 1 &&
+                                 HEAD_DIM_ == 128 && HEAD_DIM_VO_ == 128 &&
+                                 POS_ != PosEncoding::kRopeLlama;
   // DTypeQ K/V tiles per stream
   static constexpr int kHalfTiles = kConvertKV ? (kRegKV ? 0 : 1) : kStages;
   static constexpr size_t kStageSmem = kConvertKV ? size_t(kWarpsKV) * kStages * kTileKV *
