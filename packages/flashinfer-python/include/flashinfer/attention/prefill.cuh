@@ -148,6 +148,9 @@ struct KernelTraits {
                                         ? kMergeSmem + kClusterSmem
                                         : kKVSmem0;
   static constexpr size_t kSmemBytes = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
+  // A CTA takes at most 227 KB (sm_90): a tuning build past it would only fail at launch
+  // (fp8 decode in 64-key steps on shape 5: 8 streams x 2 stages x 64 keys x 256 B = 256 KB).
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per CTA");
   static constexpr bool kClusterMerge = kWarpsQ == 1 && kWarpsKV > 1 && kVoSlices == 1 &&
                                         kMergeSmem + kClusterSmem <= kKVSmem;
 
