@@ -291,6 +291,35 @@ def test_batch_decode_fp8(q_dtype, kv_dtype, head_dim, group, decode_shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("q_dtype, kv_dtype, q_mult", [
+    (torch.bfloat16, E4M3, 3e4), (torch.bfloat16, E5M2, 1e-3), (torch.float16, E4M3, 1.0)])
+@pytest.mark.parametrize("kv_lens", [[9000], [0, 1, 16, 17, 4111], [33, 33, 33]])
+def test_fp8_decode_converted_in_registers(q_dtype, kv_dtype, q_mult, kv_lens, decode_shape):
+    """The decode shapes at head_dim 128 convert fp8 K/V in registers and compute S in fp16: a
+    bfloat16 q past fp16's range (|q| up to ~1e5, scaled into it by a power of two) or tiny,
+    batch 1 (split KV and its merge), empty and one-key requests, lengths at page edges."""
+    gen = torch.Generator().manual_seed(len(kv_lens) + int(q_mult > 1))
+    hkv, group, d, page = 2, 4, 128, 16
+    cache, indptr, indices, last, seqs = _fp8_paged(kv_lens, page, hkv, d, kv_dtype, gen=gen)
+    sm_scale = 1.0 / (q_mult * math.sqrt(d))
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD", use_tensor_cores=True)
+    w.plan(indptr, indices, last, hkv * group, hkv, d, page, q_data_type=q_dtype,
+           kv_data_type=kv_dtype, sm_scale=sm_scale)
+    q = (torch.randn(len(kv_lens), hkv * group, d, generator=gen) * q_mult).to(q_dtype).cuda()
+    assert q.abs().max().item() > 65504 or q_mult <= 1
+    o, lse = w.run(q, cache, return_lse=True)
+    assert torch.isfinite(o).all()
+    tol = TOL[q_dtype]
+    for b, (k, v) in enumerate(seqs):
+        if not kv_lens[b]:
+            assert torch.all(o[b] == 0) and torch.all(lse[b] == float("-inf"))
+            continue
+        ro, rl = attention_ref(q[b:b + 1], k, v, sm_scale=sm_scale)
+        torch.testing.assert_close(o[b:b + 1].double(), ro, **tol)
+        torch.testing.assert_close(lse[b:b + 1].double(), rl, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("layout, tuple_form", [("NHD", True), ("HND", False)])
 @pytest.mark.parametrize("opts", [dict(), dict(window_left=40), dict(logits_soft_cap=5.0)])
 def test_batch_decode_fp8_options(layout, tuple_form, opts):

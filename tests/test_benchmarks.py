@@ -145,6 +145,20 @@ def test_index_takes_the_newest_benchmark_record_of_each_case(tmp_path):
     assert "| a | 1.50 | 90.0% of copy |" in text and "def5678" in text and "0000000" not in text
 
 
+def test_headlines_keep_the_newest_ratio_measured_against_the_peer():
+    """A later run of ours alone (its ratio against a published figure, maybe of another GPU)
+    does not replace a ratio measured in one call; the plain index still shows the newest."""
+    def rec(date, **ratio):
+        return {"kind": "benchmark", "date": date,
+                "cases": [{"group": "attention", "name": "decode", **ratio}]}
+
+    records = [(Path("a.json"), rec("2026-11-20", speedup_vs_peer=1.02)),
+               (Path("b.json"), rec("2026-11-25", speedup_vs_published=1.39))]
+    assert index.current_cases(records)[("attention", "decode")][0].name == "b.json"
+    assert index.current_cases(records, measured_first=True)[("attention", "decode")][0].name \
+        == "a.json"
+
+
 def test_cited_benchmark_paths_exist():
     """Docs, notes, benchmark scripts, tests and tools name benchmark files by their path; every
     such path exists (the scripts moved into tuning/ and probes/ once)."""

@@ -16,7 +16,8 @@ from .core import SM80_AND_NEWER, JitSpec
 
 DTYPE_CODES = {"float16": 0, "bfloat16": 1}
 DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16"}
-# K/V may also be fp8 (converted to q's dtype in the kernel's shared memory).
+# K/V may also be fp8 (converted in the kernel: in registers on the decode shapes at head_dim
+# 128, to q's dtype in shared memory elsewhere).
 KV_DTYPE_CODES = {**DTYPE_CODES, "float8_e4m3fn": 2, "float8_e5m2": 3}
 KV_DTYPE_SHORT = {**DTYPE_SHORT, "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 MASK_MODES = {"none": 0, "causal": 1, "custom": 2}

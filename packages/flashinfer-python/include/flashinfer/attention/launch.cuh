@@ -96,7 +96,13 @@ struct AttentionLaunch {
                               WQ, WKV, MQ, MKV, STAGES>;
 
   static constexpr int kCta0WarpsKV = kHeadDim <= 256 ? FLASHINFER_ATTENTION_CTA0_WARPS_KV : 2;
-  using Cta0 = Traits<1, kCta0WarpsKV, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
+  // The 16-row shapes (0, 4, 5) over fp8 K/V converted in registers (head_dim 128, no in-kernel
+  // RoPE: KernelTraits::kRegKV) take 32-key steps (tuning.cuh); the others 16.
+  static constexpr bool kRegKV = !std::is_same_v<DTypeQ, DTypeKV> && kHeadDim == 128 &&
+                                 kHeadDimVO == 128 && kPos != PosEncoding::kRopeLlama;
+  static constexpr int kCta0MmaKV =
+      kRegKV ? FLASHINFER_ATTENTION_CTA0_MMA_KV_FP8 : FLASHINFER_ATTENTION_CTA0_MMA_KV;
+  using Cta0 = Traits<1, kCta0WarpsKV, 1, kCta0MmaKV,
                       FLASHINFER_ATTENTION_CTA0_STAGES>;
   using Cta1 = Traits<4, 1, 1, FLASHINFER_ATTENTION_CTA1_MMA_KV>;
   using Cta2 = Traits<FLASHINFER_ATTENTION_CTA2_WARPS_Q, 1, FLASHINFER_ATTENTION_CTA2_MMA_Q,
@@ -104,15 +110,17 @@ struct AttentionLaunch {
   // Half the warps of shape 0, so four CTAs per SM fit the registers: a decode batch of 2-4
   // CTAs per SM runs in one wave instead of two (H100, 64 x 4096 at 8 KV heads: 348.9 vs 351.2
   // us; it loses on larger and split batches, whose shape stays 0: benchmarks/NOTES.md).
-  using Cta4 = Traits<1, 2, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV, FLASHINFER_ATTENTION_CTA0_STAGES>;
+  using Cta4 = Traits<1, 2, 1, kCta0MmaKV, FLASHINFER_ATTENTION_CTA0_STAGES>;
   // Twice the warps, one CTA per SM (registers; 195 KB of shared memory at head_dim 128): twice
   // the bytes in flight per CTA for batches that fill at most one CTA per SM, split or not
   // (H100, against shape 0 at two per SM: 1 x 32768 55.0 vs 56.3 us, 1 x 131072 183.6 vs 186.2,
   // 16 x 4096 95.3 vs 97.7, 4 x 16384 equal; benchmarks/NOTES.md). head_dim 256 needs twice
   // the shared memory: there Cta5 names shape 4 as a stand-in that is never launched.
   static constexpr bool kHasCta5 = kHeadDim <= 128;
-  using Cta5 = Traits<1, kHasCta5 ? 8 : 2, 1, FLASHINFER_ATTENTION_CTA0_MMA_KV,
+  using Cta5 = Traits<1, kHasCta5 ? 8 : 2, 1, kCta0MmaKV,
                       FLASHINFER_ATTENTION_CTA0_STAGES>;
+  static_assert(Cta0::kRegKV == kRegKV && Cta4::kRegKV == kRegKV && Cta5::kRegKV == kRegKV,
+                "the 16-row shapes convert fp8 K/V in registers exactly where kRegKV says");
   // The Hopper kernel: head_dim 64/128, no in-kernel RoPE (it rotates K in shared memory, which
   // only the FA2 kernel does), K/V of q's type: its TMA copies land in wgmma's operand layout,
   // and wgmma takes fp8 only with fp8 on both sides, so a half q over an fp8 cache would need a

@@ -45,7 +45,8 @@ constexpr int gcd_int(int a, int b) { return b == 0 ? a : gcd_int(b, a % b); }
  * @brief Everything that is fixed at compile time for one attention kernel.
  * @tparam DTypeQ_ q element type (__half or __nv_bfloat16), the type of the MMAs
  * @tparam DTypeKV_ k and v element type: DTypeQ_, or __nv_fp8_e4m3 / __nv_fp8_e5m2 (converted
- *   to DTypeQ_ in shared memory: kConvertKV)
+ *   in registers on the 16-row shapes at head_dim 128, kRegKV; to DTypeQ_ in shared memory
+ *   elsewhere, kConvertKV)
  * @tparam DTypeO_ output element type
  * @tparam HEAD_DIM_ q and k head dim: 64, 128, 192, 256 or 512 (QK loads and MMAs)
  * @tparam HEAD_DIM_VO_ v and output head dim (PV and the output): HEAD_DIM_, or 128 at 192
@@ -88,17 +89,17 @@ struct KernelTraits {
   static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
   // Tiles in flight per key stream (loads issued kAhead tiles ahead); wider heads keep two for
   // shared memory. fp8 K/V keep the same count: twice the tiles ahead on the fp8 decode shapes
-  // (as many bytes in flight as bf16) measured no faster (H200, 64 x 4096: 206.1 us against
-  // 206.6 at one tile ahead, 57% of the read ceiling either way), so bytes in flight are not
-  // what limits fp8 decode (benchmarks/notes/attention-fp8-kv.md).
+  // measured no faster (H200, 64 x 4096: converted in shared memory 206.1 us against 206.6 at
+  // one tile ahead; converted in registers, 32-key steps, 134.8 against 134.0 us), so bytes in
+  // flight are not what limits fp8 decode (benchmarks/notes/attention-fp8-kv.md).
   static constexpr int kStages = HEAD_DIM_ <= 128 && kVoTile <= 128 ? STAGES_ : 2;
   static constexpr int kAhead = kStages - 1;
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
   // fp8 K/V: the cp.async copies move fp8 bytes (16 per chunk) into a staging area of kStages
-  // tiles per stream; after its wait each thread converts the chunks it copied itself (no extra
-  // barrier) into one DTypeQ K and one V tile per stream, which the MMAs read as they read the
-  // half tiles. A tile is rewritten only after every warp of its group has passed the barrier
+  // tiles per stream. Where kRegKV (below) does not apply, after its wait each thread converts
+  // the chunks it copied itself (no extra barrier) into one DTypeQ K and one V tile per stream,
+  // which the MMAs read as they read the half tiles. A tile is rewritten only after every warp of its group has passed the barrier
   // that follows its last read (the next tile's K or V wait), so one of each suffices.
   static constexpr bool kConvertKV = !std::is_same_v<DTypeKV, DTypeQ>;
   // The type of O += P V: q's, except over fp8 V, which is converted to half whatever q is (one
@@ -113,24 +114,43 @@ struct KernelTraits {
   static constexpr int kLoadElems = 16 / int(sizeof(DTypeKV));  // elements per 16-byte copy
   static constexpr int kLoadChunks = HEAD_DIM_ / kLoadElems;    // copies per K row
   static constexpr int kLoadChunksVO = kVoTile / kLoadElems;    // copies per V row (of a slice)
-  static constexpr int kHalfTiles = kConvertKV ? 1 : kStages;   // DTypeQ K/V tiles per stream
+  // fp8 K/V on the decode shapes at head_dim 128 (one warp of 16 rows per key stream, several
+  // streams, no in-kernel RoPE): no DTypeQ tiles at all. Each lane reads the staged fp8 bytes
+  // it needs for the MMAs with 16-byte shared loads and converts them in registers (one cvt per
+  // two values): K's channels and V's output columns are permuted so that a lane's bytes are
+  // contiguous (fp8_qk_regs, fp8_pv_regs), Q's fragments are loaded in the same channel order
+  // and S = Q K^T runs in fp16 (a bfloat16 q is scaled by a power of two into fp16's range).
+  // H200, 64 x 4096 (bf16 q, e4m3, 16-key steps): 159.3 us against 208.4 converting into
+  // shared memory (benchmarks/notes/attention-fp8-kv.md).
+  static constexpr bool kRegKV = kConvertKV && WARPS_Q_ == 1 && MMA_Q_ == 1 && WARPS_KV_ > 1 &&
+                                 HEAD_DIM_ == 128 && HEAD_DIM_VO_ == 128 &&
+                                 POS_ != PosEncoding::kRopeLlama;
+  // DTypeQ K/V tiles per stream
+  static constexpr int kHalfTiles = kConvertKV ? (kRegKV ? 0 : 1) : kStages;
   static constexpr size_t kStageSmem = kConvertKV ? size_t(kWarpsKV) * kStages * kTileKV *
                                                         (HEAD_DIM_ + kVoTile) * sizeof(DTypeKV)
                                                   : 0;
 
   static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
-  // Per key stream and DTypeQ tile: a K tile [kTileKV][HEAD_DIM_], then a V tile
-  // [kTileKV][kVoTile].
-  static constexpr size_t kKVSmem = size_t(kWarpsKV) * kHalfTiles * kTileKV *
-                                        (HEAD_DIM_ + kVoTile) * sizeof(DTypeQ) +
-                                    kStageSmem;
   static constexpr size_t kMergeSmem =
       kWarpsKV > 1 ? size_t(kWarpsKV) * kTileQ * (kVoTile + 2) * sizeof(float) : 0;
-  static constexpr size_t kSmemBytes = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
   // The decode shapes can merge split KV within a cluster (cluster_merge): the CTA's final
   // partial state, [kTileQ][kVoTile] then [kTileQ] floats, after the key streams' merge area.
   // Not where CTAs split the output columns (their chunks are merged by the merge kernel).
   static constexpr size_t kClusterSmem = size_t(kTileQ) * (kVoTile + 1) * sizeof(float);
+  // Per key stream and DTypeQ tile: a K tile [kTileKV][HEAD_DIM_], then a V tile
+  // [kTileKV][kVoTile]; then the fp8 staging tiles. kRegKV's staging alone may be smaller than
+  // the merge areas: it is padded to them (the cluster merge stays available).
+  static constexpr size_t kKVSmem0 = size_t(kWarpsKV) * kHalfTiles * kTileKV *
+                                         (HEAD_DIM_ + kVoTile) * sizeof(DTypeQ) +
+                                     kStageSmem;
+  static constexpr size_t kKVSmem = kRegKV && kKVSmem0 < kMergeSmem + kClusterSmem
+                                        ? kMergeSmem + kClusterSmem
+                                        : kKVSmem0;
+  static constexpr size_t kSmemBytes = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
+  // A CTA takes at most 227 KB (sm_90): a tuning build past it would only fail at launch
+  // (fp8 decode in 64-key steps on shape 5: 8 streams x 2 stages x 64 keys x 256 B = 256 KB).
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per CTA");
   static constexpr bool kClusterMerge = kWarpsQ == 1 && kWarpsKV > 1 && kVoSlices == 1 &&
                                         kMergeSmem + kClusterSmem <= kKVSmem;
 
@@ -270,6 +290,78 @@ __device__ __forceinline__ void store_o_staged(const AttentionParams& p, const O
   }
 }
 
+/// kRegKV: byte offset of 16-byte chunk `chunk` of row `row` in an fp8 staging tile of 128-byte
+/// rows; the chunk index is XORed with row % 8, so that the 16-byte loads of fp8_qk_regs (eight
+/// lanes: rows g, g + 1, chunks 2t ^ g) and fp8_pv_regs (rows 2t, chunk g ^ 2t) are free of bank
+/// conflicts.
+__device__ __forceinline__ int fp8_stage_offset(int row, int chunk) {
+  return row * 128 + ((chunk ^ (row % 8)) * 16);
+}
+
+/*!
+ * @brief kRegKV: S += Q K^T over one staged fp8 K tile of 16 * kMmaKV keys (head_dim 128), K
+ *   converted in registers. MMA k index 2t + e of channel step kk is channel 32t + 4kk + e, and
+ *   2t + 8 + e is 32t + 4kk + 2 + e (e = 0, 1): lane (g, t) reads its 32 contiguous bytes of
+ *   keys 8n + g with two 16-byte loads, and every 4-byte word is one step's b0 (its low half)
+ *   and b1 (its high half). `qf` holds Q in the same channel order, in fp16.
+ */
+template <class KT>
+__device__ __forceinline__ void fp8_qk_regs(float (&s)[2 * KT::kMmaKV][4],
+                                            const uint32_t (&qf)[KT::kHeadDim / 16][4],
+                                            const uint8_t* tile, int g, int t) {
+  using TKV = typename KT::DTypeKV;
+#pragma unroll
+  for (int n = 0; n < 2 * KT::kMmaKV; ++n) {
+    const uint8_t* row = tile + (n * 8 + g) * 128;  // (n * 8 + g) % 8 == g
+    const uint4 lo = *reinterpret_cast<const uint4*>(row + ((2 * t) ^ g) * 16);
+    const uint4 hi = *reinterpret_cast<const uint4*>(row + ((2 * t + 1) ^ g) * 16);
+    const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      mma_16816<__half>(s[n], qf[kk], fp8x2_to<__half, TKV>(w[kk]),
+                        fp8x2_to<__half, TKV>(w[kk] >> 16));
+  }
+}
+
+/*!
+ * @brief kRegKV: O += P V over one staged fp8 V tile of 16 * kMmaKV keys (head_dim 128), V
+ *   converted in registers. Output column n of MMA block i is column 16 n + i: lane (g, t)
+ *   reads 16 contiguous bytes (columns 16 g .. 16 g + 15) of its four keys 2t, 2t + 1, 2t + 8,
+ *   2t + 9 of each 16-key step, and one byte permute pairs two keys of one column (b0 of
+ *   blocks i and i + 1 in one word). Its accumulators o[i] then hold columns 32t + i (o[i][0],
+ *   o[i][2]) and 32t + 16 + i (o[i][1], o[i][3]).
+ */
+template <class KT>
+__device__ __forceinline__ void fp8_pv_regs(float (&o)[KT::kVoTile / 8][4],
+                                            const float (&s)[1][2 * KT::kMmaKV][4],
+                                            const uint8_t* tile, int g, int t) {
+  using TKV = typename KT::DTypeKV;
+#pragma unroll
+  for (int kk = 0; kk < KT::kMmaKV; ++kk) {
+    uint32_t pa[4];
+    pack_p<__half>(pa, s, 0, kk);
+    const int r = kk * 16 + 2 * t;
+    const uint4 v0 = *reinterpret_cast<const uint4*>(tile + fp8_stage_offset(r, g));
+    const uint4 v1 = *reinterpret_cast<const uint4*>(tile + fp8_stage_offset(r + 1, g));
+    const uint4 v8 = *reinterpret_cast<const uint4*>(tile + fp8_stage_offset(r + 8, g));
+    const uint4 v9 = *reinterpret_cast<const uint4*>(tile + fp8_stage_offset(r + 9, g));
+    const uint32_t a[4] = {v0.x, v0.y, v0.z, v0.w}, b[4] = {v1.x, v1.y, v1.z, v1.w};
+    const uint32_t c[4] = {v8.x, v8.y, v8.z, v8.w}, d[4] = {v9.x, v9.y, v9.z, v9.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // bytes 2h, 2h + 1 of the words: blocks 4q + 2h, + 1
+        const uint32_t sel = h ? 0x7362u : 0x5140u;
+        const uint32_t k01 = __byte_perm(a[q], b[q], sel), k89 = __byte_perm(c[q], d[q], sel);
+        mma_16816<__half>(o[4 * q + 2 * h], pa, fp8x2_to<__half, TKV>(k01),
+                          fp8x2_to<__half, TKV>(k89));
+        mma_16816<__half>(o[4 * q + 2 * h + 1], pa, fp8x2_to<__half, TKV>(k01 >> 16),
+                          fp8x2_to<__half, TKV>(k89 >> 16));
+      }
+    }
+  }
+}
+
 /// `vo_slice`: which kVoTile output columns of the item this CTA computes (kVoSlices > 1).
 template <class KT>
 __device__ __forceinline__ void attention_item(const AttentionParams& p, const ItemIds& ids,
@@ -401,7 +493,9 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       for (int c = 0; c < kCopies; ++c) {
         const int chunk = my_chunk + c * kRowThreads;
         const TKV* src = src0 + off + c * kRowThreads * KT::kLoadElems;
-        if constexpr (KT::kConvertKV) {
+        if constexpr (KT::kRegKV) {
+          cp_async_16(stage_tile(stage, is_v) + fp8_stage_offset(row, chunk), src, tok < kv_hi);
+        } else if constexpr (KT::kConvertKV) {
           cp_async_16(stage_tile(stage, is_v) + (row * KT::kLoadChunks + chunk) * 16, src,
                       tok < kv_hi);
         } else {
@@ -415,7 +509,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   // publishes it.
   // (fp8 K/V: K and V of one width, D == DV: Tile is VTile and kCopiesK is kCopiesV.)
   auto convert = [&](int stage, auto is_v_c) {
-    if constexpr (KT::kConvertKV) {
+    if constexpr (KT::kConvertKV && !KT::kRegKV) {
       constexpr bool is_v = decltype(is_v_c)::value;
       constexpr int kCopies = kCopiesK;
       T* dst = is_v ? v_tile(stage) : k_tile(stage);
@@ -490,7 +584,43 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   auto load_q_frag = [&](uint32_t a[4], uint32_t q_off, int mq, int kk) {
     ldmatrix_x4(a, q_smem + (q_row0 + (q_off ^ (16 * kk)) + mq * 16 * D));
   };
-  if constexpr (KT::kQInRegs) {
+  // kRegKV: S is computed in fp16 with Q's channels in fp8_qk_regs's order; a bfloat16 q is
+  // multiplied by 2^-sh (sh >= 0, the smallest that puts the warp's largest |q| below 2^15:
+  // exact, but for values below 2^(sh - 14), which become fp16 subnormals) and S by q_unscale.
+  [[maybe_unused]] float q_unscale = 1.f;
+  if constexpr (KT::kRegKV) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)  // rows g (e even) and g + 8, channels 32t + 4kk + 2(e / 2)
+        q_frag[0][kk][e] = *reinterpret_cast<const uint32_t*>(
+            q_smem + Tile::elem(g + 8 * (e % 2), 32 * t + 4 * kk + 2 * (e / 2)));
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      float mx = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&q_frag[0][kk][e]));
+          mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+#pragma unroll
+      for (int w = 16; w >= 1; w /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, w));
+      int ex = 0;
+      frexpf(mx, &ex);  // mx < 2^ex
+      const int sh = ex > 15 ? ex - 15 : 0;
+      const float down = ldexpf(1.f, -sh);
+      q_unscale = ldexpf(1.f, sh);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&q_frag[0][kk][e]));
+          const __half2 h = __floats2half2_rn(f.x * down, f.y * down);
+          q_frag[0][kk][e] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+    }
+  } else if constexpr (KT::kQInRegs) {
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
@@ -536,6 +666,17 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       for (int n = 0; n < 2 * kMmaKV; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mq][n][e] = 0.f;
+    if constexpr (KT::kRegKV) {
+      if constexpr (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE) {
+        fp8_qk_regs<KT>(s[0], q_frag[0], stage_tile(stage, false), g, t);
+        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+          for (int n = 0; n < 2 * kMmaKV; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[0][n][e] *= q_unscale;
+        }
+      }
+    } else
 #pragma unroll 1
     for (int kk0 = 0; kk0 < D / 16; kk0 += kQKStep)
 #pragma unroll
@@ -584,6 +725,10 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     group_sync<KT>(wkv);
     T* vs = v_tile(stage);
     // O += P V
+    if constexpr (KT::kRegKV) {
+      if constexpr (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE)
+        fp8_pv_regs<KT>(o[0], s, stage_tile(stage, true), g, t);
+    } else
 #pragma unroll
     for (int kk = 0; kk < (FLASHINFER_ATTENTION_PROBE_NO_COMPUTE ? 0 : kMmaKV); ++kk) {
       uint32_t pa[kMmaQ][4];
@@ -638,10 +783,22 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       for (int r = 0; r < 2; ++r) {
         const int row = wq * 16 * kMmaQ + mq * 16 + g + 8 * r;
         float* dst = mo + (wkv * kTileQ + row) * DV;
+        if constexpr (KT::kRegKV) {  // columns 32t + i and 32t + 16 + i (fp8_pv_regs)
 #pragma unroll
-        for (int n = 0; n < DV / 8; ++n)
-          *reinterpret_cast<float2*>(dst + n * 8 + 2 * t) =
-              make_float2(o[mq][n][2 * r], o[mq][n][2 * r + 1]);
+          for (int i = 0; i < 16; i += 4) {
+            *reinterpret_cast<float4*>(dst + 32 * t + i) =
+                make_float4(o[mq][i][2 * r], o[mq][i + 1][2 * r], o[mq][i + 2][2 * r],
+                            o[mq][i + 3][2 * r]);
+            *reinterpret_cast<float4*>(dst + 32 * t + 16 + i) =
+                make_float4(o[mq][i][2 * r + 1], o[mq][i + 1][2 * r + 1],
+                            o[mq][i + 2][2 * r + 1], o[mq][i + 3][2 * r + 1]);
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < DV / 8; ++n)
+            *reinterpret_cast<float2*>(dst + n * 8 + 2 * t) =
+                make_float2(o[mq][n][2 * r], o[mq][n][2 * r + 1]);
+        }
         if (t == 0) mm[wkv * kTileQ + row] = m[mq][r], md[wkv * kTileQ + row] = d[mq][r];
       }
     __syncthreads();

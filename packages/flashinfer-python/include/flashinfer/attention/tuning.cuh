@@ -27,6 +27,15 @@
 #ifndef FLASHINFER_ATTENTION_CTA0_STAGES
 #define FLASHINFER_ATTENTION_CTA0_STAGES 2
 #endif
+// fp8 K/V on the decode shapes at head_dim 128 (converted in registers: KernelTraits::kRegKV):
+// 16-key MMA tiles per step. H200, bf16 q, fp8-e4m3 cache, 64 x 4096, 32/8 heads, page 16 (read
+// ceiling 4491 GB/s): 2 (32 keys) 134.0 us (89.4% of the read ceiling) against 1 (16 keys)
+// 159.3 us; 128 x 8192 565.4 vs 635.9 us, 1 x 32768 28.5 vs 32.3 us; three stages on top of
+// 32 keys 134.8 us; 4 (64 keys) does not fit shape 5's shared memory (256 KB of staging)
+// (benchmarks/notes/attention-fp8-kv.md).
+#ifndef FLASHINFER_ATTENTION_CTA0_MMA_KV_FP8
+#define FLASHINFER_ATTENTION_CTA0_MMA_KV_FP8 2
+#endif
 // CTAs per SM the decode shapes (one warp of rows) are compiled for: their registers (~220 per
 // thread at head_dim 128) allow two 128-thread CTAs per SM; asking for three caps them at 168
 // and spills.

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device call for the fp8 decode work (issue 21): the decode variants of
+# benchmarks/tuning/fp8_decode.py compiled while the GPU tests run (one process per test group,
+# JIT builds in parallel) and FlashInfer 0.7.2 (the peer) warms up, then on a quiet GPU the
+# variants timed, then ours and the peer on benchmarks/attention_vs_peer.py's cases. To $OUT.
+#   run from .gpu/fp8dec (wheels in ../wheels, the peer in ../peer)
+#   env: BUDGET (s, default 340), TESTS (pytest groups, ';'-separated), VARIANTS (names,
+#        ','-separated; default all), CASES / PEER_CASES (attention_vs_peer --cases for ours /
+#        the peer; no CASES: no comparison), COMMIT (for the merged record)
+set -uo pipefail
+T0=$(date +%s); BUDGET=${BUDGET:-340}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/log.txt; }
+export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHEELS:-../wheels}/*.whl || exit 1
+OURS=/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests
+ours() { PYTHONPATH=$OURS FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws "$@"; }
+peer() { PYTHONPATH=/tmp/peer:/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws "$@"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader >> $OUT/log.txt
+CASES=${CASES:-}; PEER_CASES=${PEER_CASES:-$CASES}
+if [ -n "$CASES" ]; then
+  mkdir -p /tmp/peer && tar -xJf ../peer/flashinfer-peer.tar.xz -C /tmp/peer
+  ( peer nice -n 5 python3 benchmarks/attention_vs_peer.py warmup --cases "$PEER_CASES" > /tmp/peer-warm.log 2>&1; echo done > /tmp/peer-ready ) &
+fi
+IFS=',' read -ra V <<< "${VARIANTS:-}"
+( ours python3 benchmarks/tuning/fp8_decode.py --build "${V[@]}" > /tmp/build.log 2>&1; echo "build exit $?" >> /tmp/build.log ) &
+pids=($!)
+IFS=';' read -ra G <<< "${TESTS:-tests/test_attention_fp8.py -k decode;tests/test_attention_fp8.py -k 'not decode';tests/test_decode.py}"
+i=0
+for g in "${G[@]}"; do
+  ( eval ours timeout $(( $(left) - ${BENCH_S:-150} )) python3 -m pytest -q -p no:cacheprovider --maxfail=20 -rfE $g > /tmp/pytest-$i.log 2>&1; echo "exit $?" >> /tmp/pytest-$i.log ) &
+  pids+=($!); i=$((i+1))
+done
+wait "${pids[@]}"
+for f in /tmp/pytest-*.log; do log "$f: $(tail -2 $f | tr '\n' ' ')"; grep -E "^(FAILED|ERROR)" $f | head -8 | tee -a $OUT/log.txt; done
+log "$(tail -2 /tmp/build.log | tr '\n' ' ')"
+log "sweep"
+ours timeout $(( $(left) - ${AFTER_SWEEP_S:-10} )) python3 benchmarks/tuning/fp8_decode.py $OUT/fp8-sweep.json "${V[@]}" > /tmp/sweep.log 2>&1
+log "sweep exit $?"; grep -E "^(  |==|check|ceilings)" /tmp/sweep.log | cut -c1-110 >> $OUT/log.txt
+if [ -n "$CASES" ]; then
+  log "attention ours"; ours timeout $(( $(left) - 60 )) python3 benchmarks/attention_vs_peer.py measure --label ours --cases "$CASES" /tmp/a-ours.json > /tmp/a.log 2>&1
+  while [ ! -f /tmp/peer-ready ] && [ $(left) -gt 45 ]; do sleep 2; done
+  log "attention peer (ready: $(cat /tmp/peer-ready 2>/dev/null))"; peer timeout $(( $(left) - 6 )) python3 benchmarks/attention_vs_peer.py measure --label peer --cases "$PEER_CASES" /tmp/a-peer.json >> /tmp/a.log 2>&1
+  ours python3 benchmarks/attention_vs_peer.py merge $OUT/attention.json --ours /tmp/a-ours.json --peer /tmp/a-peer.json --commit ${COMMIT:-?} >> $OUT/log.txt 2>&1 || tail -20 /tmp/a.log >> $OUT/log.txt
+  cp /tmp/a-*.json $OUT/ 2>/dev/null
+fi
+tar -czf $OUT/logs.tgz /tmp/pytest-*.log /tmp/build.log /tmp/sweep.log /tmp/a.log /tmp/peer-warm.log 2>/dev/null
+log "done"
