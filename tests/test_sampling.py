@@ -304,6 +304,103 @@ def test_five_million_draws_one_row():
     _assert_freq(s, probs[0].cpu())
 
 
+# ---------------------------------------------------------------------------------------------
+# Plain sampling without indices: the streaming kernel (sampling_stream.cuh, 4096-column tiles)
+
+
+def _tiled_row(v: int) -> torch.Tensor:
+    """An unnormalized float32 row whose mass sits in several tiles with different exponents:
+    negatives and -0 (weight 0); v = 12305: a partial last tile; v = 16384: a last tile 2^-21
+    below the max's, holding an element of weight 0 (2^-80)."""
+    row = torch.zeros(v, dtype=torch.float64)
+    row[5], row[4100], row[8191], row[8192] = 3.0, 2.25, 0.375, 1.5
+    row[9000:9100] = 0.01
+    row[4000:4010] = -1.0
+    if v == 16384:
+        row[12400:12500] = 2.0**-20
+        row[3 * 4096 + 7] = 2.0**-80  # below 2^-40 of its tile's max: weight 0, never drawn
+    else:
+        row[v - 1] = 0.75
+    row = row.float()
+    row[4010] = -0.0
+    return row
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("v", [12305, 16384])
+def test_plain_sampling_frequencies_across_tiles(v):
+    """2^20 rows that all alias one row (stride 0), each drawing with its own Philox subsequence."""
+    row = _tiled_row(v)
+    probs = row.cuda()[None].expand(N_DRAWS, v)
+    s = sampling.sampling_from_probs(probs, seed=77, offset=0)
+    assert s.dtype == torch.int32 and s.shape == (N_DRAWS,)
+    w = row.double().clamp(min=0)
+    if v == 16384:
+        w[3 * 4096 + 7] = 0
+    _assert_freq(s, w / w.sum())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b, v", [(1, 128256), (1024, 1000), (16, 256000), (33, 1), (7, 3),
+                                  (5, 4097), (3, 4096), (2, 819200)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_plain_sampling_shapes(b, v, dtype):
+    """Samples land on positive entries; reproducible; 16-byte and scalar loads agree."""
+    probs = _probs(b, v, dtype=dtype, seed=v)
+    probs[:, 1::3] = 0  # a third of the columns can never be drawn
+    s, valid = sampling.sampling_from_probs(probs, seed=3, offset=8, return_valid=True)
+    assert valid.all() and s.dtype == torch.int32
+    assert (probs.gather(1, s.long()[:, None]) > 0).all()
+    assert torch.equal(s, sampling.sampling_from_probs(probs, seed=3, offset=8))
+    # the same rows at an odd element offset: unaligned rows take scalar loads
+    buf = torch.zeros(b * (v + 1) + 1, dtype=dtype, device="cuda")
+    odd = buf[1:].view(b, v + 1)[:, :v]
+    odd.copy_(probs)
+    assert torch.equal(sampling.sampling_from_probs(odd, seed=3, offset=8), s)
+    if b >= 16:  # different offsets draw differently
+        assert not torch.equal(sampling.sampling_from_probs(probs, seed=3, offset=12), s)
+
+
+@pytest.mark.gpu
+def test_plain_sampling_special_rows():
+    """NaN row: 0 and invalid; all-zero or all-negative row: 0 and valid; a single positive entry
+    in the last tile is always drawn; denormal-only rows still draw from their support."""
+    v = 10000
+    probs = torch.zeros(6, v, device="cuda")
+    probs[0] = torch.rand(v, device="cuda")
+    probs[0, 1234] = float("nan")
+    probs[2] = -1.0
+    probs[3, v - 2] = 0.5
+    probs[4, 4096:4200] = 1e-42  # denormals
+    probs[5] = torch.rand(v, device="cuda")
+    s, valid = sampling.sampling_from_probs(probs, seed=1, offset=0, return_valid=True)
+    assert valid.tolist() == [False, True, True, True, True, True]
+    assert s[:4].tolist() == [0, 0, 0, v - 2]
+    assert 4096 <= s[4].item() < 4200
+
+
+@pytest.mark.gpu
+def test_plain_sampling_graph_replay():
+    probs = _probs(64, 50000)
+    seed = torch.tensor([9], dtype=torch.int64, device="cuda")
+    offset = torch.tensor([0], dtype=torch.int64, device="cuda")
+    eager = sampling.sampling_from_probs(probs, seed=seed, offset=offset)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        sampling.sampling_from_probs(probs, seed=seed, offset=offset)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sampling.sampling_from_probs(probs, seed=seed, offset=offset)
+    for _ in range(3):  # the per-row counters start from zero on every replay
+        graph.replay()
+        assert torch.equal(out, eager)
+    offset.fill_(4)
+    graph.replay()
+    assert not torch.equal(out, eager)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("v", [1000, 128256, 256000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

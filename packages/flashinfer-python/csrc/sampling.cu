@@ -3,6 +3,7 @@
 // mask) and chain_speculative. One translation unit: three kernels per input dtype and one chain
 // kernel, so the first-call build is one nvcc run.
 #include <flashinfer/sampling.cuh>
+#include <flashinfer/sampling_stream.cuh>
 
 #include "tvm_ffi_utils.h"
 
@@ -266,6 +267,57 @@ void chain_speculative(TensorView out, TensorView accepted, TensorView emitted, 
   check_launch(ChainSpeculative(p, b, sc, enable_pdl, stream), "chain_speculative_sampling");
 }
 
+/// Plain sampling from probabilities, one streaming pass (sampling_stream.cuh): out[i] from row
+/// i. workspace: int64 zeros, at least B * (2 * tiles + 1) (tiles = ceil(V / 8192)): the tiles'
+/// partials, then a counter per row.
+void sample_stream(TensorView out, Optional<TensorView> valid, TensorView input,
+                   Optional<TensorView> seed_arr, Optional<TensorView> offset_arr, int64_t seed,
+                   int64_t offset, TensorView workspace, bool enable_pdl) {
+  // 1. Validate inputs.
+  check_rows(input, "probs");
+  const int64_t rows = input.size(0), tiles = stream_tiles(input.size(1));
+  check_same_device(input, "probs", out, "out");
+  check_ndim(out, "out", 1);
+  check_contiguous(out, "out");
+  check_size(out, "out", 0, rows);
+  TVM_FFI_CHECK(is_dtype(out.dtype(), kDLInt, 32), TypeError)
+      << "out must be int32, got " << dtype_name(out.dtype());
+  StreamParams p;
+  p.out = data_ptr<int32_t>(out);
+  p.valid = nullptr;
+  if (valid.has_value()) {
+    const TensorView& v = valid.value();
+    check_same_device(input, "probs", v, "valid");
+    check_ndim(v, "valid", 1);
+    check_size(v, "valid", 0, rows);
+    TVM_FFI_CHECK(is_dtype(v.dtype(), kDLBool, 8), TypeError)
+        << "valid must be bool, got " << dtype_name(v.dtype());
+    p.valid = data_ptr<bool>(v);
+  }
+  check_same_device(input, "probs", workspace, "workspace");
+  check_ndim(workspace, "workspace", 1);
+  check_contiguous(workspace, "workspace");
+  TVM_FFI_CHECK(is_dtype(workspace.dtype(), kDLInt, 64), TypeError)
+      << "workspace must be int64, got " << dtype_name(workspace.dtype());
+  TVM_FFI_CHECK(workspace.size(0) >= rows * (2 * tiles + 1), ValueError)
+      << "workspace must hold at least " << rows * (2 * tiles + 1) << " int64, got "
+      << workspace.size(0);
+  p.partials = data_ptr<TilePartial>(workspace);
+  p.counters = reinterpret_cast<unsigned long long*>(data_ptr<int64_t>(workspace) + rows * 2 * tiles);
+  p.rng = rng_args(input, seed_arr, offset_arr, seed, offset, rows);
+  // 2. Device guard and stream.
+  tvm::ffi::CUDADeviceGuard guard(input.device().device_id);
+  cudaStream_t stream = get_stream(input.device());
+  // 3. Dispatch on dtype and launch.
+  dispatch_float_types(input.dtype(), "probs", [&](auto t) {
+    using T = decltype(t);
+    check_launch(SampleStream<T>(data_ptr<T>(input), input.stride(0), rows, input.size(1), p,
+                                 enable_pdl, stream),
+                 "sampling");
+  });
+}
+
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(sample, sample);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(sample_stream, sample_stream);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(transform, transform);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(chain_speculative, chain_speculative);

@@ -1,7 +1,9 @@
 """``flashinfer.sampling``: sampling from probabilities and logits with top-p / top-k / min-p
 filters, the filters' renormalizations, softmax and chain speculative sampling.
 
-Each row is handled by a thread-block cluster that reads it from HBM once into shared memory;
+``sampling_from_probs`` without ``indices`` streams: every 4096-column tile of every row is a CTA
+that sums its tile, and the row's last CTA draws (one read of the probabilities, any GPU).
+Otherwise each row is handled by a thread-block cluster that reads it from HBM once into shared memory;
 thresholds come from an exact radix select (top-p sampling first tries candidates drawn from the
 whole row, kept when inside the top-p set) and the draw from 64-bit fixed-point masses, so every
 op is deterministic (``deterministic`` / ``is_deterministic`` may be False; results are the same).
@@ -51,6 +53,8 @@ _SOFTMAX, _TOP_P_RENORM, _TOP_K_RENORM, _TOP_K_MASK = range(4)
 #: Largest vocabulary: 16 CTAs of 200 KB of float32 each.
 MAX_VOCAB = 16 * 200 * 1024 // 4
 _INT32_MAX = 2**31 - 1
+#: Columns per tile of the streaming plain-sampling kernel (kStreamTile in sampling_stream.cuh).
+_STREAM_TILE = 4096
 
 Param = Union[float, int, torch.Tensor]
 
@@ -228,6 +232,14 @@ def _sample(probs, indices, filter_, logits, increment_per_row, generator, check
     out = torch.empty(batch, dtype=indices.dtype if indices is not None else torch.int32,
                       device=device)
     valid = torch.empty(batch, dtype=torch.bool, device=device) if return_valid else None
+    if filter_ == _NO_FILTER and not logits and indices is None:
+        # One streaming pass (sampling_stream.cuh), on every architecture: per-tile partials and
+        # a per-row counter in a zeroed workspace.
+        tiles = -(-probs.shape[1] // _STREAM_TILE)
+        workspace = torch.zeros(batch * (2 * tiles + 1), dtype=torch.int64, device=device)
+        get_sampling_module().sample_stream(out, valid, probs, s_t, o_t, s, o, workspace,
+                                            resolve_pdl(None, device))
+        return (out, valid) if return_valid else out
     get_sampling_module().sample(
         out, valid, probs, indices, filter_, logits, top_p_t, float(top_p_v), top_k_t, top_k_v,
         min_p_t, float(min_p_v), s_t, o_t, s, o, _scratch(device, batch, probs.shape[1]),

@@ -1,0 +1,268 @@
+// Plain sampling from probabilities as one streaming pass (sampling_from_probs without indices).
+//
+// Why. The cluster kernels of sampling.cuh hold a row on chip and run several serial phases per
+// row (load, max, a cluster barrier, the draw's prefix, another barrier, the locate); at 128 x
+// 128256 float32 that is 2.6 waves of CTAs that load and then compute with HBM idle (55 us on an
+// H200 where one read of the probabilities takes ~15 us). A plain draw needs far less: one sum
+// per tile of the row, then the draw resolved inside the one tile that holds it.
+//
+// How. A row is cut into fixed tiles of kStreamTile columns (independent of the GPU and the
+// grid, so every path gives the same samples); CTA (row, tile) reads its tile once with 16-byte
+// loads (all in flight at once), finds the tile's max and sums the tile's fixed-point masses
+// relative to it (below), and publishes (mass, exponent, NaN) to global memory. The last CTA
+// of the row to finish (an atomic counter per row) combines the row's tiles, draws the tile that
+// holds the target, re-reads that tile (from L2: 16 KB) and locates the column. HBM is read
+// once; the grid (rows x tiles CTAs, 4096 at 128 x 128256) streams all rows at once. (16
+// columns per thread: 32 spilled at the 64 registers that give 4 CTAs per SM.)
+//
+// Exactness. Element weights are fixed point relative to the tile's max: with 2^e <= max(tile)
+// < 2^(e+1), w(x) = floor(x * 2^(40 - e)), computed from the float's bits (no scale constant, so
+// denormal tiles cannot overflow it). A tile's mass M_t = sum w (< 2^53) is exact and order-free.
+// At the row, tile t weighs W_t = floor(M_t / 2^(E - e_t)) (E the largest tile exponent; a tile
+// 2^64 below it weighs 0), K = sum W_t, and the draw takes target = floor(u K / 2^32) for the
+// row's 32-bit uniform u (Philox output 0 of the row, as every other draw), the tile whose
+// running W holds the target, the local target (target - before) * 2^(E - e_t) < M_t, and the
+// first column of the tile whose running w exceeds it. An element's probability differs from
+// x / sum(x) by at most 2^-40 of the row's max (the same resolution as the cluster draw);
+// elements of weight 0 (negatives, zeros) are never drawn. The result depends only on the row,
+// u and the tile size: the one-CTA path (SM80/89) runs this same kernel.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "launch.cuh"
+#include "sampling_common.cuh"
+#include "vec.cuh"
+
+namespace flashinfer {
+namespace sampling {
+
+inline constexpr int kStreamThreads = 256;
+inline constexpr int kStreamPerThread = 16;
+/// Columns per tile: 4096 (16 KB of float32 per CTA).
+inline constexpr int64_t kStreamTile = kStreamThreads * kStreamPerThread;
+/// Tiles a row may have (the last CTA of a row gives each tile one thread).
+inline constexpr int64_t kStreamMaxTiles = kStreamThreads;
+
+/// A tile's result: its fixed-point mass, the biased exponent of its max (0: all zero) and
+/// whether it held a NaN.
+struct TilePartial {
+  unsigned long long mass;
+  int exp;
+  int nan;
+};
+
+struct StreamParams {
+  RngArgs rng;
+  int32_t* out;
+  bool* valid;
+  TilePartial* partials;          ///< rows x tiles
+  unsigned long long* counters;   ///< rows, zero before the launch
+  int tiles;
+};
+
+/// floor(x * 2^(40 - (e - 127))) for x >= 0 (sign bit clear) and e the biased exponent of a
+/// value >= x (denormals count as biased exponent 1): the 24-bit significand shifted.
+__device__ __forceinline__ unsigned long long tile_weight(float x, int e) {
+  const uint32_t u = __float_as_uint(x);
+  const int eb = static_cast<int>(u >> 23);
+  const unsigned long long mant = (u & 0x7fffffu) | (eb ? 0x800000u : 0u);
+  const int sh = max(eb, 1) + 17 - e;  // <= 17: the max gets [2^40, 2^41)
+  return sh >= 0 ? mant << sh : (sh > -24 ? mant >> -sh : 0ull);
+}
+
+/// Probabilities: negatives, -0 and NaN weigh 0 (NaN is reported separately).
+__device__ __forceinline__ float clamp_prob(float x) { return x > 0.f ? x : 0.f; }
+
+/// Load this thread's kStreamPerThread elements of a tile of n columns at src as float (columns
+/// at and past n read 0). kCoalesced: vectors tid, tid + 256, ... (phase 1: order-free, every
+/// warp access contiguous); else the thread's 32 contiguous columns tid * 32 + k (the locate,
+/// which walks them in column order). `vec`: 16-byte loads (src 16-byte aligned).
+template <typename T, bool kCoalesced>
+__device__ __forceinline__ void load_tile(const T* __restrict__ src, int n, bool vec,
+                                          float (&x)[kStreamPerThread]) {
+  constexpr int N = 16 / sizeof(T);
+  constexpr int U = kStreamPerThread / N;
+  const int tid = threadIdx.x;
+  auto first = [&](int j) { return kCoalesced ? (j * kStreamThreads + tid) * N : tid * kStreamPerThread + j * N; };
+  if (vec) {
+    Vec<T, N> v[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j)
+      if (first(j) + N <= n) v[j] = Vec<T, N>::load(src + first(j));
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int i0 = first(j);
+#pragma unroll
+      for (int q = 0; q < N; ++q)
+        x[j * N + q] = i0 + N <= n ? to_float(v[j][q]) : (i0 + q < n ? to_float(src[i0 + q]) : 0.f);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+#pragma unroll
+      for (int q = 0; q < N; ++q) {
+        const int i = first(j) + q;
+        x[j * N + q] = i < n ? to_float(src[i]) : 0.f;
+      }
+    }
+  }
+}
+
+/// Block-wide inclusive scan of a u64 (256 threads); *total receives the sum.
+__device__ __forceinline__ unsigned long long stream_scan(unsigned long long v,
+                                                          unsigned long long* warp_tot,
+                                                          unsigned long long* total) {
+  constexpr int nw = kStreamThreads / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_scan_u(v);
+  if (lane == 31) warp_tot[warp] = v;
+  __syncthreads();
+  unsigned long long before = 0, all = 0;
+#pragma unroll
+  for (int w = 0; w < nw; ++w) {
+    if (w < warp) before += warp_tot[w];
+    all += warp_tot[w];
+  }
+  *total = all;
+  __syncthreads();  // warp_tot is rewritten by the next call
+  return v + before;
+}
+
+/// CTA (row, tile): the tile's partial; the row's last CTA draws. Grid: rows * tiles CTAs.
+template <typename T>
+__global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T* __restrict__ in,
+                                                                     int64_t stride, int64_t vocab,
+                                                                     bool vec, StreamParams p) {
+  __shared__ unsigned long long warp_tot[kStreamThreads / 32];
+  __shared__ uint32_t warp_max[kStreamThreads / 32];
+  __shared__ int pick_tile, pick_exp, is_last;
+  __shared__ unsigned long long pick_local;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t row = blockIdx.x / p.tiles;
+  const int tile = static_cast<int>(blockIdx.x % p.tiles);
+  pdl_wait();
+
+  // Phase 1: the tile's max, NaN and mass.
+  {
+    const int64_t t0 = tile * kStreamTile;
+    const int n = static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
+    float x[kStreamPerThread];
+    load_tile<T, true>(in + row * stride + t0, n, vec, x);
+    pdl_launch_dependents();
+    bool nan = false;
+    uint32_t mx = 0;  // non-negative floats order as their bits
+#pragma unroll
+    for (int k = 0; k < kStreamPerThread; ++k) {
+      nan |= isnan(x[k]);
+      x[k] = clamp_prob(x[k]);
+      mx = max(mx, __float_as_uint(x[k]));
+    }
+    mx = __reduce_max_sync(0xffffffffu, mx);
+    if (lane == 0) warp_max[warp] = mx;
+    nan = __syncthreads_or(nan);
+#pragma unroll
+    for (int w = 0; w < kStreamThreads / 32; ++w) mx = max(mx, warp_max[w]);
+    const int e = mx ? max(static_cast<int>(mx >> 23), 1) : 0;
+    unsigned long long m = 0;
+    if (e) {
+#pragma unroll
+      for (int k = 0; k < kStreamPerThread; ++k) m += tile_weight(x[k], e);
+    }
+    m = warp_sum_u(m);
+    if (lane == 0) warp_tot[warp] = m;
+    __syncthreads();
+    if (tid == 0) {
+      unsigned long long sum = 0;
+      for (int w = 0; w < kStreamThreads / 32; ++w) sum += warp_tot[w];
+      TilePartial* slot = p.partials + row * p.tiles + tile;
+      slot->mass = sum;
+      slot->exp = e;
+      slot->nan = nan;
+      __threadfence();  // the partial is visible before the count says so
+      is_last = atomicAdd(p.counters + row, 1ull) == static_cast<unsigned long long>(p.tiles - 1);
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+  }
+
+  // Phase 2 (the row's last CTA): combine the tiles, pick one, locate the column in it.
+  TilePartial tp{0, 0, 0};
+  if (tid < p.tiles) {
+    const TilePartial* slot = p.partials + row * p.tiles + tid;
+    tp.mass = __ldcg(&slot->mass);
+    tp.exp = __ldcg(&slot->exp);
+    tp.nan = __ldcg(&slot->nan);
+  }
+  const bool any_nan = __syncthreads_or(tp.nan != 0);
+  uint32_t E = static_cast<uint32_t>(tp.mass ? tp.exp : 0);
+  E = __reduce_max_sync(0xffffffffu, E);
+  if (lane == 0) warp_max[warp] = E;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kStreamThreads / 32; ++w) E = max(E, warp_max[w]);
+  const int shift = static_cast<int>(E) - tp.exp;
+  const unsigned long long W = tp.mass && shift < 64 ? tp.mass >> shift : 0ull;
+  unsigned long long K;
+  if (tid == 0) pick_tile = 0, pick_exp = 0, pick_local = 0;  // (always overwritten below)
+  const unsigned long long incl = stream_scan(W, warp_tot, &K);
+  if (any_nan || K == 0) {  // a NaN row: sample 0, invalid; nothing to draw from: sample 0
+    if (tid == 0) {
+      p.out[row] = 0;
+      if (p.valid) p.valid[row] = !any_nan;
+    }
+    return;
+  }
+  Philox rng = p.rng.make(row);
+  const unsigned long long target = __umul64hi(K, static_cast<unsigned long long>(rng.next()) << 32);
+  if (W && target >= incl - W && target < incl) {
+    pick_tile = tid;
+    pick_exp = tp.exp;
+    pick_local = (target - (incl - W)) << shift;  // < M_t
+  }
+  __syncthreads();
+  const int c = pick_tile, e = pick_exp;
+  const unsigned long long local = pick_local;
+  const int64_t t0 = c * kStreamTile;
+  const int n = static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
+  float x[kStreamPerThread];
+  load_tile<T, false>(in + row * stride + t0, n, vec, x);
+  unsigned long long m = 0;
+#pragma unroll
+  for (int k = 0; k < kStreamPerThread; ++k) m += tile_weight(clamp_prob(x[k]), e);
+  unsigned long long total;
+  const unsigned long long mine_incl = stream_scan(m, warp_tot, &total);
+  unsigned long long acc = mine_incl - m;
+  if (m && local >= acc && local < mine_incl) {
+#pragma unroll 1
+    for (int k = 0; k < kStreamPerThread; ++k) {
+      acc += tile_weight(clamp_prob(x[k]), e);
+      if (acc > local) {
+        p.out[row] = static_cast<int32_t>(t0 + tid * kStreamPerThread + k);
+        if (p.valid) p.valid[row] = true;
+        break;
+      }
+    }
+  }
+}
+
+/// Tiles per row of `vocab` columns.
+inline int64_t stream_tiles(int64_t vocab) { return ceil_div(vocab, kStreamTile); }
+
+/// Plain sampling of `rows` rows: out[i] from row i. `partials` holds rows * stream_tiles(vocab)
+/// TilePartials, `counters` rows zeros.
+template <typename T>
+cudaError_t SampleStream(const T* in, int64_t stride, int64_t rows, int64_t vocab,
+                         StreamParams params, bool enable_pdl, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  params.tiles = static_cast<int>(stream_tiles(vocab));
+  if (params.tiles > kStreamMaxTiles) return cudaErrorInvalidValue;
+  const bool vec = is_aligned(in, 16) && (stride * sizeof(T)) % 16 == 0;  // tiles start aligned
+  return launch_kernel(SampleStreamKernel<T>, dim3(rows * params.tiles), dim3(kStreamThreads), 0,
+                       stream, enable_pdl, in, stride, vocab, vec, params);
+}
+
+}  // namespace sampling
+}  // namespace flashinfer
