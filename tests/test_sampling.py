@@ -338,6 +338,9 @@ def test_plain_sampling_frequencies_across_tiles(v):
     if v == 16384:
         w[3 * 4096 + 7] = 0
     _assert_freq(s, w / w.sum())
+    # min-p 0.5 of the max 3.0: keeps 3.0, 2.25 and 1.5 (equal to the threshold)
+    s = sampling.min_p_sampling_from_probs(probs, 0.5, seed=78, offset=0)
+    _assert_freq(s, renorm(w[None], w[None] >= 1.5)[0])
 
 
 @pytest.mark.gpu
@@ -359,6 +362,11 @@ def test_plain_sampling_shapes(b, v, dtype):
     assert torch.equal(sampling.sampling_from_probs(odd, seed=3, offset=8), s)
     if b >= 16:  # different offsets draw differently
         assert not torch.equal(sampling.sampling_from_probs(probs, seed=3, offset=12), s)
+    mp = torch.rand(b, device="cuda") * 0.5
+    m = sampling.min_p_sampling_from_probs(probs, mp, seed=4, offset=0)
+    f = probs.float()
+    assert (f.gather(1, m.long()[:, None])[:, 0] >= mp * f.max(1).values).all()
+    assert torch.equal(sampling.min_p_sampling_from_probs(odd, mp, seed=4, offset=0), m)
 
 
 @pytest.mark.gpu

@@ -267,10 +267,11 @@ void chain_speculative(TensorView out, TensorView accepted, TensorView emitted, 
   check_launch(ChainSpeculative(p, b, sc, enable_pdl, stream), "chain_speculative_sampling");
 }
 
-/// Plain sampling from probabilities, one streaming pass (sampling_stream.cuh): out[i] from row
-/// i. workspace: int64 zeros, at least B * (2 * tiles + 1) (tiles = ceil(V / 8192)): the tiles'
-/// partials, then a counter per row.
+/// Plain or min-p (`use_min_p`) sampling from probabilities by streaming passes
+/// (sampling_stream.cuh): out[i] from row i. workspace: int64 zeros, at least B * (2 * tiles + 2)
+/// (tiles = ceil(V / 4096)): the tiles' partials, a counter per row, a max per row.
 void sample_stream(TensorView out, Optional<TensorView> valid, TensorView input,
+                   bool use_min_p, Optional<TensorView> min_p_arr, double min_p,
                    Optional<TensorView> seed_arr, Optional<TensorView> offset_arr, int64_t seed,
                    int64_t offset, TensorView workspace, bool enable_pdl) {
   // 1. Validate inputs.
@@ -299,11 +300,15 @@ void sample_stream(TensorView out, Optional<TensorView> valid, TensorView input,
   check_contiguous(workspace, "workspace");
   TVM_FFI_CHECK(is_dtype(workspace.dtype(), kDLInt, 64), TypeError)
       << "workspace must be int64, got " << dtype_name(workspace.dtype());
-  TVM_FFI_CHECK(workspace.size(0) >= rows * (2 * tiles + 1), ValueError)
-      << "workspace must hold at least " << rows * (2 * tiles + 1) << " int64, got "
+  TVM_FFI_CHECK(workspace.size(0) >= rows * (2 * tiles + 2), ValueError)
+      << "workspace must hold at least " << rows * (2 * tiles + 2) << " int64, got "
       << workspace.size(0);
-  p.partials = data_ptr<TilePartial>(workspace);
-  p.counters = reinterpret_cast<unsigned long long*>(data_ptr<int64_t>(workspace) + rows * 2 * tiles);
+  int64_t* ws = data_ptr<int64_t>(workspace);
+  p.partials = reinterpret_cast<TilePartial*>(ws);
+  p.counters = reinterpret_cast<unsigned long long*>(ws + rows * 2 * tiles);
+  unsigned long long* row_max =
+      use_min_p ? reinterpret_cast<unsigned long long*>(ws + rows * (2 * tiles + 1)) : nullptr;
+  p.min_p = row_param<float>(input, min_p_arr, static_cast<float>(min_p), rows, "min_p", kDLFloat);
   p.rng = rng_args(input, seed_arr, offset_arr, seed, offset, rows);
   // 2. Device guard and stream.
   tvm::ffi::CUDADeviceGuard guard(input.device().device_id);
@@ -312,7 +317,7 @@ void sample_stream(TensorView out, Optional<TensorView> valid, TensorView input,
   dispatch_float_types(input.dtype(), "probs", [&](auto t) {
     using T = decltype(t);
     check_launch(SampleStream<T>(data_ptr<T>(input), input.stride(0), rows, input.size(1), p,
-                                 enable_pdl, stream),
+                                 row_max, enable_pdl, stream),
                  "sampling");
   });
 }

@@ -1,8 +1,9 @@
 """``flashinfer.sampling``: sampling from probabilities and logits with top-p / top-k / min-p
 filters, the filters' renormalizations, softmax and chain speculative sampling.
 
-``sampling_from_probs`` without ``indices`` streams: every 4096-column tile of every row is a CTA
-that sums its tile, and the row's last CTA draws (one read of the probabilities, any GPU).
+``sampling_from_probs`` and ``min_p_sampling_from_probs`` without ``indices`` stream: every
+4096-column tile of every row is a CTA that sums its tile, and the row's last CTA draws (one read
+of the probabilities, two for min-p, which finds the row max first; any GPU).
 Otherwise each row is handled by a thread-block cluster that reads it from HBM once into shared memory;
 thresholds come from an exact radix select (top-p sampling first tries candidates drawn from the
 whole row, kept when inside the top-p set) and the draw from 64-bit fixed-point masses, so every
@@ -232,12 +233,13 @@ def _sample(probs, indices, filter_, logits, increment_per_row, generator, check
     out = torch.empty(batch, dtype=indices.dtype if indices is not None else torch.int32,
                       device=device)
     valid = torch.empty(batch, dtype=torch.bool, device=device) if return_valid else None
-    if filter_ == _NO_FILTER and not logits and indices is None:
-        # One streaming pass (sampling_stream.cuh), on every architecture: per-tile partials and
-        # a per-row counter in a zeroed workspace.
+    if filter_ in (_NO_FILTER, _MIN_P) and not logits and indices is None:
+        # Streaming passes (sampling_stream.cuh), on every architecture: per-tile partials, a
+        # per-row counter and (min-p) a per-row max in a zeroed workspace.
         tiles = -(-probs.shape[1] // _STREAM_TILE)
-        workspace = torch.zeros(batch * (2 * tiles + 1), dtype=torch.int64, device=device)
-        get_sampling_module().sample_stream(out, valid, probs, s_t, o_t, s, o, workspace,
+        workspace = torch.zeros(batch * (2 * tiles + 2), dtype=torch.int64, device=device)
+        get_sampling_module().sample_stream(out, valid, probs, filter_ == _MIN_P, min_p_t,
+                                            float(min_p_v), s_t, o_t, s, o, workspace,
                                             resolve_pdl(None, device))
         return (out, valid) if return_valid else out
     get_sampling_module().sample(

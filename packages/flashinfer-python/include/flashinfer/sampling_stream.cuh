@@ -55,6 +55,10 @@ struct TilePartial {
 
 struct StreamParams {
   RngArgs rng;
+  /// Min-p: keep x >= min_p * max(row), the row maxima (as float bits) from RowMaxKernel;
+  /// nullptr: keep every x.
+  const unsigned long long* row_max;
+  RowParam<float> min_p;
   int32_t* out;
   bool* valid;
   TilePartial* partials;          ///< rows x tiles
@@ -110,6 +114,12 @@ __device__ __forceinline__ void load_tile(const T* __restrict__ src, int n, bool
   }
 }
 
+/// The weight-bearing value of input x in a row whose kept values are >= thr (0: all).
+__device__ __forceinline__ float kept_prob(float x, float thr) {
+  x = clamp_prob(x);
+  return x >= thr ? x : 0.f;
+}
+
 /// Block-wide inclusive scan of a u64 (256 threads); *total receives the sum.
 __device__ __forceinline__ unsigned long long stream_scan(unsigned long long v,
                                                           unsigned long long* warp_tot,
@@ -143,6 +153,7 @@ __global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T*
   const int64_t row = blockIdx.x / p.tiles;
   const int tile = static_cast<int>(blockIdx.x % p.tiles);
   pdl_wait();
+  const float thr = p.row_max ? p.min_p(row) * __uint_as_float(static_cast<uint32_t>(p.row_max[row])) : 0.f;
 
   // Phase 1: the tile's max, NaN and mass.
   {
@@ -156,7 +167,7 @@ __global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T*
 #pragma unroll
     for (int k = 0; k < kStreamPerThread; ++k) {
       nan |= isnan(x[k]);
-      x[k] = clamp_prob(x[k]);
+      x[k] = kept_prob(x[k], thr);
       mx = max(mx, __float_as_uint(x[k]));
     }
     mx = __reduce_max_sync(0xffffffffu, mx);
@@ -231,14 +242,14 @@ __global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T*
   load_tile<T, false>(in + row * stride + t0, n, vec, x);
   unsigned long long m = 0;
 #pragma unroll
-  for (int k = 0; k < kStreamPerThread; ++k) m += tile_weight(clamp_prob(x[k]), e);
+  for (int k = 0; k < kStreamPerThread; ++k) m += tile_weight(kept_prob(x[k], thr), e);
   unsigned long long total;
   const unsigned long long mine_incl = stream_scan(m, warp_tot, &total);
   unsigned long long acc = mine_incl - m;
   if (m && local >= acc && local < mine_incl) {
 #pragma unroll 1
     for (int k = 0; k < kStreamPerThread; ++k) {
-      acc += tile_weight(clamp_prob(x[k]), e);
+      acc += tile_weight(kept_prob(x[k], thr), e);
       if (acc > local) {
         p.out[row] = static_cast<int32_t>(t0 + tid * kStreamPerThread + k);
         if (p.valid) p.valid[row] = true;
@@ -248,20 +259,57 @@ __global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T*
   }
 }
 
+/// Min-p's first pass: row_max[row] = the bits of the row's largest clamped value (atomicMax;
+/// zero before the launch). Rows in reverse order, so that the sampling pass, which starts from
+/// row 0, finds the rows read last still in L2.
+template <typename T>
+__global__ void __launch_bounds__(kStreamThreads, 4) RowMaxKernel(const T* __restrict__ in,
+                                                                  int64_t stride, int64_t vocab,
+                                                                  bool vec, int tiles, int64_t rows,
+                                                                  unsigned long long* row_max) {
+  __shared__ uint32_t warp_max[kStreamThreads / 32];
+  const int64_t row = rows - 1 - blockIdx.x / tiles;
+  const int tile = static_cast<int>(blockIdx.x % tiles);
+  pdl_wait();
+  const int64_t t0 = tile * kStreamTile;
+  const int n = static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
+  float x[kStreamPerThread];
+  load_tile<T, true>(in + row * stride + t0, n, vec, x);
+  uint32_t mx = 0;
+#pragma unroll
+  for (int k = 0; k < kStreamPerThread; ++k) mx = max(mx, __float_as_uint(clamp_prob(x[k])));
+  mx = __reduce_max_sync(0xffffffffu, mx);
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = mx;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kStreamThreads / 32; ++w) mx = max(mx, warp_max[w]);
+    if (mx) atomicMax(row_max + row, static_cast<unsigned long long>(mx));
+  }
+}
+
 /// Tiles per row of `vocab` columns.
 inline int64_t stream_tiles(int64_t vocab) { return ceil_div(vocab, kStreamTile); }
 
-/// Plain sampling of `rows` rows: out[i] from row i. `partials` holds rows * stream_tiles(vocab)
-/// TilePartials, `counters` rows zeros.
+/// Plain (row_max nullptr) or min-p sampling of `rows` rows: out[i] from row i. `partials`
+/// holds rows * stream_tiles(vocab) TilePartials, `counters` rows zeros; min-p: `row_max` rows
+/// zeros (RowMaxKernel fills them first).
 template <typename T>
 cudaError_t SampleStream(const T* in, int64_t stride, int64_t rows, int64_t vocab,
-                         StreamParams params, bool enable_pdl, cudaStream_t stream) {
+                         StreamParams params, unsigned long long* row_max, bool enable_pdl,
+                         cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   params.tiles = static_cast<int>(stream_tiles(vocab));
   if (params.tiles > kStreamMaxTiles) return cudaErrorInvalidValue;
   const bool vec = is_aligned(in, 16) && (stride * sizeof(T)) % 16 == 0;  // tiles start aligned
-  return launch_kernel(SampleStreamKernel<T>, dim3(rows * params.tiles), dim3(kStreamThreads), 0,
-                       stream, enable_pdl, in, stride, vocab, vec, params);
+  const dim3 grid(rows * params.tiles), block(kStreamThreads);
+  params.row_max = row_max;
+  if (row_max) {
+    const cudaError_t e = launch_kernel(RowMaxKernel<T>, grid, block, 0, stream, enable_pdl, in,
+                                        stride, vocab, vec, params.tiles, rows, row_max);
+    if (e != cudaSuccess) return e;
+  }
+  return launch_kernel(SampleStreamKernel<T>, grid, block, 0, stream, enable_pdl, in, stride,
+                       vocab, vec, params);
 }
 
 }  // namespace sampling
