@@ -264,9 +264,11 @@ def test_top_p_frequencies_ties_at_boundary(top_p):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("force_one_cta", [False, True])
-def test_top_p_fallback_tiny_acceptance(force_one_cta):
+@pytest.mark.parametrize("via", ["indices", "rows"])
+def test_top_p_fallback_tiny_acceptance(force_one_cta, via):
     """p = 0.008 on a flat-ish row: the top-p set (5 tokens, 0.9% of the mass) accepts ~1% of the
-    candidates, so most draws reject all 8 and take the exact radix fallback."""
+    candidates, so most draws reject all 8 and take the exact radix fallback. via "rows": 2^20
+    rows aliasing one row, no indices (the streaming candidate and counting passes)."""
     from flashinfer import knobs
 
     w = torch.ones(1000, dtype=torch.float64)
@@ -277,11 +279,13 @@ def test_top_p_fallback_tiny_acceptance(force_one_cta):
     idx = torch.zeros(N_DRAWS, dtype=torch.int64, device="cuda")
     with knobs.sampling.scope():
         knobs.sampling.no_cluster = force_one_cta
+        if via == "rows":
+            probs, idx = probs.expand(N_DRAWS, 1000), None
         s = sampling.top_p_sampling_from_probs(probs, 0.008, indices=idx, seed=5, offset=0)
         again = sampling.top_p_sampling_from_probs(probs, 0.008, indices=idx, seed=5, offset=0)
     assert torch.equal(s, again)
-    assert keep[0, s.cpu()].all()
-    _assert_freq(s, renorm(probs.cpu(), keep)[0])
+    assert keep[0, s.long().cpu()].all()
+    _assert_freq(s, renorm(probs[:1].cpu(), keep)[0])
 
 
 @pytest.mark.gpu
@@ -341,6 +345,9 @@ def test_plain_sampling_frequencies_across_tiles(v):
     # min-p 0.5 of the max 3.0: keeps 3.0, 2.25 and 1.5 (equal to the threshold)
     s = sampling.min_p_sampling_from_probs(probs, 0.5, seed=78, offset=0)
     _assert_freq(s, renorm(w[None], w[None] >= 1.5)[0])
+    for top_p in (0.5, 0.9):  # the oracle's sets: {3.0, 2.25}; ties at 0.01 kept
+        s = sampling.top_p_sampling_from_probs(probs, top_p, seed=79, offset=0)
+        _assert_freq(s, renorm(w[None], ref_top_p_keep(w[None], top_p))[0])
 
 
 @pytest.mark.gpu

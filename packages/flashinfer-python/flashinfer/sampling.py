@@ -56,6 +56,8 @@ MAX_VOCAB = 16 * 200 * 1024 // 4
 _INT32_MAX = 2**31 - 1
 #: Columns per tile of the streaming plain-sampling kernel (kStreamTile in sampling_stream.cuh).
 _STREAM_TILE = 4096
+#: Filters the streaming kernels serve (without indices) and their modes there.
+_STREAM_MODES = {_NO_FILTER: 0, _MIN_P: 1, _TOP_P: 2}
 
 Param = Union[float, int, torch.Tensor]
 
@@ -233,14 +235,16 @@ def _sample(probs, indices, filter_, logits, increment_per_row, generator, check
     out = torch.empty(batch, dtype=indices.dtype if indices is not None else torch.int32,
                       device=device)
     valid = torch.empty(batch, dtype=torch.bool, device=device) if return_valid else None
-    if filter_ in (_NO_FILTER, _MIN_P) and not logits and indices is None:
-        # Streaming passes (sampling_stream.cuh), on every architecture: per-tile partials, a
-        # per-row counter and (min-p) a per-row max in a zeroed workspace.
+    if filter_ in _STREAM_MODES and not logits and indices is None:
+        # Streaming passes (sampling_stream.cuh): per-tile partials and per-row counters, maxima,
+        # top-p's candidates and sums in a zeroed workspace.
         tiles = -(-probs.shape[1] // _STREAM_TILE)
-        workspace = torch.zeros(batch * (2 * tiles + 2), dtype=torch.int64, device=device)
-        get_sampling_module().sample_stream(out, valid, probs, filter_ == _MIN_P, min_p_t,
-                                            float(min_p_v), s_t, o_t, s, o, workspace,
-                                            resolve_pdl(None, device))
+        workspace = torch.zeros(batch * (2 * tiles + 29), dtype=torch.int64, device=device)
+        arr, val = (top_p_t, top_p_v) if filter_ == _TOP_P else (min_p_t, min_p_v)
+        get_sampling_module().sample_stream(
+            out, valid, probs, _STREAM_MODES[filter_], arr, float(val), s_t, o_t, s, o, workspace,
+            _scratch(device, batch, probs.shape[1]) if filter_ == _TOP_P else None,
+            resolve_pdl(None, device))
         return (out, valid) if return_valid else out
     get_sampling_module().sample(
         out, valid, probs, indices, filter_, logits, top_p_t, float(top_p_v), top_k_t, top_k_v,

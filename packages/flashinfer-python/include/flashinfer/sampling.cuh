@@ -108,6 +108,9 @@ struct SampleParams {
   void* out;
   bool out_64;
   bool* valid;
+  /// Set: top-p's streaming passes (sampling_stream.cuh) ran first; only rows in state 2 (every
+  /// candidate rejected) are sampled here, by the exact search alone.
+  const int64_t* state;
 };
 
 /// Sums over the row's group of this CTA's arr[j], j < kTopPCandidates, into s->cand_sum (every
@@ -256,7 +259,7 @@ __device__ __forceinline__ void sample_row(RowCtx& ctx, const T* __restrict__ in
     }
     ctx.scale = fixed_scale(mx);
     const int f = p.filter;
-    if (f == kTopP && top_p_rejection(ctx, p.top_p(out_row), p.rng, out_row, &col)) {
+    if (f == kTopP && !p.state && top_p_rejection(ctx, p.top_p(out_row), p.rng, out_row, &col)) {
       if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, true);
       return;
     }
@@ -310,7 +313,9 @@ __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict_
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_wait();
   RowCtx ctx = row_ctx(smem, g, vocab, chunk, false);
-  sample_row<T>(ctx, in, stride, vocab, vec, p, row_of(g, ctx));
+  const int64_t row = row_of(g, ctx);
+  if (p.state && p.state[row] != 2) return;  // the whole group returns: no barrier waits
+  sample_row<T>(ctx, in, stride, vocab, vec, p, row);
   row_sync(ctx);  // peers may still read this CTA's shared memory
 }
 

@@ -45,13 +45,33 @@ inline constexpr int64_t kStreamTile = kStreamThreads * kStreamPerThread;
 /// Tiles a row may have (the last CTA of a row gives each tile one thread).
 inline constexpr int64_t kStreamMaxTiles = kStreamThreads;
 
-/// A tile's result: its fixed-point mass, the biased exponent of its max (0: all zero) and
-/// whether it held a NaN.
+/// A tile's result: its fixed-point mass, the bits of its (clamped) max and whether it held a
+/// NaN.
 struct TilePartial {
   unsigned long long mass;
-  int exp;
+  uint32_t max_bits;
   int nan;
 };
+
+/// Biased exponent of a tile max (denormals as 1; 0: the tile is all zero).
+__device__ __forceinline__ int tile_exp(uint32_t max_bits) {
+  return max_bits ? max(static_cast<int>(max_bits >> 23), 1) : 0;
+}
+
+/// Top-p by rejection over streaming passes (see TopPCountKernel): per row, the candidates
+/// drawn by SampleStreamKernel and what decides them.
+struct TopPStream {
+  int64_t* cols;                ///< rows x kTopPStreamCandidates
+  unsigned long long* keys;     ///< rows x kTopPStreamCandidates: the candidates' value bits
+  unsigned long long* sums;     ///< rows x (kTopPStreamCandidates + 1), zero: masses above, K
+  unsigned long long* row_max;  ///< rows: the row max's bits
+  unsigned long long* counters; ///< rows, zero
+  int64_t* state;               ///< rows, zero: 0 undecided, 1 written, 2 needs the exact search
+  RowParam<float> top_p;
+};
+
+/// Candidates a top-p row draws in one streaming pass: the cluster path's 2 passes of 4.
+inline constexpr int kTopPStreamCandidates = kTopPCandidates * kTopPPasses;
 
 struct StreamParams {
   RngArgs rng;
@@ -59,6 +79,10 @@ struct StreamParams {
   /// nullptr: keep every x.
   const unsigned long long* row_max;
   RowParam<float> min_p;
+  /// Top-p: draw kTopPStreamCandidates candidates into topp (out and valid untouched but for
+  /// rows with a NaN or no mass); else one sample into out.
+  bool top_p;
+  TopPStream topp;
   int32_t* out;
   bool* valid;
   TilePartial* partials;          ///< rows x tiles
@@ -79,25 +103,24 @@ __device__ __forceinline__ unsigned long long tile_weight(float x, int e) {
 /// Probabilities: negatives, -0 and NaN weigh 0 (NaN is reported separately).
 __device__ __forceinline__ float clamp_prob(float x) { return x > 0.f ? x : 0.f; }
 
-/// Load this thread's kStreamPerThread elements of a tile of n columns at src as float (columns
-/// at and past n read 0). kCoalesced: vectors tid, tid + 256, ... (phase 1: order-free, every
-/// warp access contiguous); else the thread's 32 contiguous columns tid * 32 + k (the locate,
-/// which walks them in column order). `vec`: 16-byte loads (src 16-byte aligned).
-template <typename T, bool kCoalesced>
-__device__ __forceinline__ void load_tile(const T* __restrict__ src, int n, bool vec,
-                                          float (&x)[kStreamPerThread]) {
+/// Load kStreamPerThread elements of a tile of n columns at src as float, in vectors of N =
+/// 16 / sizeof(T): vector j holds columns base + j * vstride + [0, N) (columns at and past n read
+/// 0). Phase 1 passes base = tid * N, vstride = 256 N (every warp access contiguous; order-free);
+/// a locate passes vstride = N (16 contiguous columns). `vec`: 16-byte loads (src and base
+/// 16-byte aligned).
+template <typename T>
+__device__ __forceinline__ void load_tile(const T* __restrict__ src, int n, bool vec, int base,
+                                          int vstride, float (&x)[kStreamPerThread]) {
   constexpr int N = 16 / sizeof(T);
   constexpr int U = kStreamPerThread / N;
-  const int tid = threadIdx.x;
-  auto first = [&](int j) { return kCoalesced ? (j * kStreamThreads + tid) * N : tid * kStreamPerThread + j * N; };
   if (vec) {
     Vec<T, N> v[U];
 #pragma unroll
     for (int j = 0; j < U; ++j)
-      if (first(j) + N <= n) v[j] = Vec<T, N>::load(src + first(j));
+      if (base + j * vstride + N <= n) v[j] = Vec<T, N>::load(src + base + j * vstride);
 #pragma unroll
     for (int j = 0; j < U; ++j) {
-      const int i0 = first(j);
+      const int i0 = base + j * vstride;
 #pragma unroll
       for (int q = 0; q < N; ++q)
         x[j * N + q] = i0 + N <= n ? to_float(v[j][q]) : (i0 + q < n ? to_float(src[i0 + q]) : 0.f);
@@ -107,7 +130,7 @@ __device__ __forceinline__ void load_tile(const T* __restrict__ src, int n, bool
     for (int j = 0; j < U; ++j) {
 #pragma unroll
       for (int q = 0; q < N; ++q) {
-        const int i = first(j) + q;
+        const int i = base + j * vstride + q;
         x[j * N + q] = i < n ? to_float(src[i]) : 0.f;
       }
     }
@@ -140,15 +163,54 @@ __device__ __forceinline__ unsigned long long stream_scan(unsigned long long v,
   return v + before;
 }
 
-/// CTA (row, tile): the tile's partial; the row's last CTA draws. Grid: rows * tiles CTAs.
+/// Warp-wide: the column of a tile (columns [0, n) at src, weights tile_weight(kept_prob(x,
+/// thr), e)) whose running weight, in column order, first exceeds `local` (< the tile's mass);
+/// lane l holds columns [128 l, 128 l + 128). Returns the column (and *bits, the value's bits) on
+/// the lane that finds it, -1 elsewhere.
+template <typename T>
+__device__ __forceinline__ int locate_in_tile(const T* __restrict__ src, int n, bool vec, int e,
+                                              float thr, unsigned long long local,
+                                              uint32_t* bits) {
+  constexpr int kLaneCols = kStreamTile / 32;
+  const int lane = threadIdx.x & 31;
+  float x[kStreamPerThread];
+  unsigned long long m = 0;
+#pragma unroll 1
+  for (int c = 0; c < kLaneCols; c += kStreamPerThread) {
+    load_tile<T>(src, n, vec, lane * kLaneCols + c, 16 / sizeof(T), x);
+#pragma unroll
+    for (int k = 0; k < kStreamPerThread; ++k) m += tile_weight(kept_prob(x[k], thr), e);
+  }
+  const unsigned long long incl = warp_scan_u(m);
+  unsigned long long acc = incl - m;
+  if (!(m && local >= acc && local < incl)) return -1;
+#pragma unroll 1
+  for (int c = 0; c < kLaneCols; c += kStreamPerThread) {
+    load_tile<T>(src, n, vec, lane * kLaneCols + c, 16 / sizeof(T), x);
+#pragma unroll 1
+    for (int k = 0; k < kStreamPerThread; ++k) {
+      const float v = kept_prob(x[k], thr);
+      acc += tile_weight(v, e);
+      if (acc > local) {
+        *bits = __float_as_uint(v);
+        return lane * kLaneCols + c + k;
+      }
+    }
+  }
+  return -1;  // unreachable: the lane's mass exceeds local
+}
+
+/// CTA (row, tile): the tile's partial; the row's last CTA draws (warp j locates draw j: the
+/// sample, or top-p's candidates). Grid: rows * tiles CTAs.
 template <typename T>
 __global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T* __restrict__ in,
                                                                      int64_t stride, int64_t vocab,
                                                                      bool vec, StreamParams p) {
+  static_assert(kTopPStreamCandidates <= kStreamThreads / 32, "a warp per candidate");
   __shared__ unsigned long long warp_tot[kStreamThreads / 32];
   __shared__ uint32_t warp_max[kStreamThreads / 32];
-  __shared__ int pick_tile, pick_exp, is_last;
-  __shared__ unsigned long long pick_local;
+  __shared__ int pick_tile[kTopPStreamCandidates], pick_exp[kTopPStreamCandidates], is_last;
+  __shared__ unsigned long long pick_local[kTopPStreamCandidates];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t row = blockIdx.x / p.tiles;
   const int tile = static_cast<int>(blockIdx.x % p.tiles);
@@ -159,8 +221,9 @@ __global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T*
   {
     const int64_t t0 = tile * kStreamTile;
     const int n = static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
+    constexpr int N = 16 / sizeof(T);
     float x[kStreamPerThread];
-    load_tile<T, true>(in + row * stride + t0, n, vec, x);
+    load_tile<T>(in + row * stride + t0, n, vec, tid * N, kStreamThreads * N, x);
     pdl_launch_dependents();
     bool nan = false;
     uint32_t mx = 0;  // non-negative floats order as their bits
@@ -175,7 +238,7 @@ __global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T*
     nan = __syncthreads_or(nan);
 #pragma unroll
     for (int w = 0; w < kStreamThreads / 32; ++w) mx = max(mx, warp_max[w]);
-    const int e = mx ? max(static_cast<int>(mx >> 23), 1) : 0;
+    const int e = tile_exp(mx);
     unsigned long long m = 0;
     if (e) {
 #pragma unroll
@@ -189,7 +252,7 @@ __global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T*
       for (int w = 0; w < kStreamThreads / 32; ++w) sum += warp_tot[w];
       TilePartial* slot = p.partials + row * p.tiles + tile;
       slot->mass = sum;
-      slot->exp = e;
+      slot->max_bits = mx;
       slot->nan = nan;
       __threadfence();  // the partial is visible before the count says so
       is_last = atomicAdd(p.counters + row, 1ull) == static_cast<unsigned long long>(p.tiles - 1);
@@ -199,64 +262,146 @@ __global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T*
     __threadfence();
   }
 
-  // Phase 2 (the row's last CTA): combine the tiles, pick one, locate the column in it.
+  // Phase 2 (the row's last CTA): combine the tiles, pick the tile of each draw, locate.
   TilePartial tp{0, 0, 0};
   if (tid < p.tiles) {
     const TilePartial* slot = p.partials + row * p.tiles + tid;
     tp.mass = __ldcg(&slot->mass);
-    tp.exp = __ldcg(&slot->exp);
+    tp.max_bits = __ldcg(&slot->max_bits);
     tp.nan = __ldcg(&slot->nan);
   }
+  const int te = tile_exp(tp.max_bits);
   const bool any_nan = __syncthreads_or(tp.nan != 0);
-  uint32_t E = static_cast<uint32_t>(tp.mass ? tp.exp : 0);
-  E = __reduce_max_sync(0xffffffffu, E);
-  if (lane == 0) warp_max[warp] = E;
+  uint32_t rmax = __reduce_max_sync(0xffffffffu, tp.max_bits);
+  if (lane == 0) warp_max[warp] = rmax;
   __syncthreads();
 #pragma unroll
-  for (int w = 0; w < kStreamThreads / 32; ++w) E = max(E, warp_max[w]);
-  const int shift = static_cast<int>(E) - tp.exp;
+  for (int w = 0; w < kStreamThreads / 32; ++w) rmax = max(rmax, warp_max[w]);
+  const int shift = tile_exp(rmax) - te;
   const unsigned long long W = tp.mass && shift < 64 ? tp.mass >> shift : 0ull;
+  if (tid < kTopPStreamCandidates) pick_tile[tid] = 0, pick_exp[tid] = 0, pick_local[tid] = 0;
   unsigned long long K;
-  if (tid == 0) pick_tile = 0, pick_exp = 0, pick_local = 0;  // (always overwritten below)
-  const unsigned long long incl = stream_scan(W, warp_tot, &K);
+  const unsigned long long incl = stream_scan(W, warp_tot, &K);  // (its barriers order the above)
   if (any_nan || K == 0) {  // a NaN row: sample 0, invalid; nothing to draw from: sample 0
     if (tid == 0) {
       p.out[row] = 0;
       if (p.valid) p.valid[row] = !any_nan;
+      if (p.top_p) p.topp.state[row] = 1;
     }
     return;
   }
-  Philox rng = p.rng.make(row);
-  const unsigned long long target = __umul64hi(K, static_cast<unsigned long long>(rng.next()) << 32);
-  if (W && target >= incl - W && target < incl) {
-    pick_tile = tid;
-    pick_exp = tp.exp;
-    pick_local = (target - (incl - W)) << shift;  // < M_t
-  }
-  __syncthreads();
-  const int c = pick_tile, e = pick_exp;
-  const unsigned long long local = pick_local;
-  const int64_t t0 = c * kStreamTile;
-  const int n = static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
-  float x[kStreamPerThread];
-  load_tile<T, false>(in + row * stride + t0, n, vec, x);
-  unsigned long long m = 0;
-#pragma unroll
-  for (int k = 0; k < kStreamPerThread; ++k) m += tile_weight(kept_prob(x[k], thr), e);
-  unsigned long long total;
-  const unsigned long long mine_incl = stream_scan(m, warp_tot, &total);
-  unsigned long long acc = mine_incl - m;
-  if (m && local >= acc && local < mine_incl) {
-#pragma unroll 1
-    for (int k = 0; k < kStreamPerThread; ++k) {
-      acc += tile_weight(kept_prob(x[k], thr), e);
-      if (acc > local) {
-        p.out[row] = static_cast<int32_t>(t0 + tid * kStreamPerThread + k);
-        if (p.valid) p.valid[row] = true;
-        break;
+  const int draws = p.top_p ? kTopPStreamCandidates : 1;
+  {
+    Philox rng = p.rng.make(row);  // draw j: Philox output j of the row
+    for (int j = 0; j < draws; ++j) {
+      const unsigned long long target =
+          __umul64hi(K, static_cast<unsigned long long>(rng.next()) << 32);
+      if (W && target >= incl - W && target < incl) {
+        pick_tile[j] = tid;
+        pick_exp[j] = te;
+        pick_local[j] = (target - (incl - W)) << shift;  // < the tile's mass
       }
     }
   }
+  if (p.top_p && tid == 0) p.topp.row_max[row] = rmax;
+  __syncthreads();
+  if (warp >= draws) return;
+  const int64_t t0 = pick_tile[warp] * kStreamTile;
+  const int n = static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
+  uint32_t bits = 0;
+  const int c = locate_in_tile<T>(in + row * stride + t0, n, vec, pick_exp[warp], thr,
+                                  pick_local[warp], &bits);
+  if (c < 0) return;
+  if (!p.top_p) {
+    p.out[row] = static_cast<int32_t>(t0 + c);
+    if (p.valid) p.valid[row] = true;
+    return;
+  }
+  p.topp.cols[row * kTopPStreamCandidates + warp] = t0 + c;
+  p.topp.keys[row * kTopPStreamCandidates + warp] = bits;
+}
+
+/*!
+ * @brief Top-p's counting pass. CTA (row, tile), rows in reverse order (the candidate pass
+ *   read them last: L2): the tile's masses above each candidate, A(x_j), and its total, in the
+ *   cluster path's row weights fixed(x) = floor(x * fixed_scale(max)), added to the row's sums
+ *   (integers: order-free). The row's last CTA keeps the first candidate, in draw order, with
+ *   A(x_j) <= floor(p K): exactly the set radix_search keeps (see top_p_rejection in
+ *   sampling.cuh); a row that rejects all is left to SampleKernel's exact search (state 2).
+ */
+template <typename T>
+__global__ void __launch_bounds__(kStreamThreads, 4) TopPCountKernel(const T* __restrict__ in,
+                                                                     int64_t stride, int64_t vocab,
+                                                                     bool vec, int tiles,
+                                                                     int64_t rows, TopPStream p,
+                                                                     int32_t* out, bool* valid) {
+  constexpr int C = kTopPStreamCandidates;
+  __shared__ unsigned long long warp_sums[kStreamThreads / 32][C + 1];
+  __shared__ int is_last;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t row = rows - 1 - blockIdx.x / tiles;
+  const int tile = static_cast<int>(blockIdx.x % tiles);
+  pdl_wait();
+  if (p.state[row] != 0) return;  // decided by the candidate pass (NaN, no mass)
+  const float scale = fixed_scale(__uint_as_float(static_cast<uint32_t>(p.row_max[row])));
+  uint32_t key[C], lowest = 0xffffffffu;
+#pragma unroll
+  for (int j = 0; j < C; ++j) {
+    key[j] = static_cast<uint32_t>(p.keys[row * C + j]);
+    lowest = min(lowest, key[j]);
+  }
+  const int64_t t0 = tile * kStreamTile;
+  const int n = static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
+  constexpr int N = 16 / sizeof(T);
+  float x[kStreamPerThread];
+  load_tile<T>(in + row * stride + t0, n, vec, tid * N, kStreamThreads * N, x);
+  pdl_launch_dependents();
+  unsigned long long above[C + 1];
+#pragma unroll
+  for (int j = 0; j <= C; ++j) above[j] = 0;
+#pragma unroll
+  for (int k = 0; k < kStreamPerThread; ++k) {
+    const float v = clamp_prob(x[k]);
+    const unsigned long long w = __float2ull_rz(v * scale);
+    above[C] += w;
+    const uint32_t b = __float_as_uint(v);
+    if (b > lowest) {  // most of a peaked row is below every candidate
+#pragma unroll
+      for (int j = 0; j < C; ++j)
+        if (b > key[j]) above[j] += w;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j <= C; ++j) {
+    const unsigned long long a = warp_sum_u(above[j]);
+    if (lane == 0) warp_sums[warp][j] = a;
+  }
+  __syncthreads();
+  if (tid <= C) {
+    unsigned long long a = 0;
+    for (int w = 0; w < kStreamThreads / 32; ++w) a += warp_sums[w][tid];
+    atomicAdd(p.sums + row * (C + 1) + tid, a);
+  }
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    is_last = atomicAdd(p.counters + row, 1ull) == static_cast<unsigned long long>(tiles - 1);
+  }
+  __syncthreads();
+  if (!is_last || tid != 0) return;
+  __threadfence();
+  const unsigned long long K = __ldcg(p.sums + row * (C + 1) + C);
+  const unsigned long long limit = static_cast<unsigned long long>(
+      floor(static_cast<double>(p.top_p(row)) * static_cast<double>(K)));
+  for (int j = 0; j < C; ++j) {
+    if (__ldcg(p.sums + row * (C + 1) + j) <= limit) {
+      out[row] = static_cast<int32_t>(p.cols[row * C + j]);
+      if (valid) valid[row] = true;
+      p.state[row] = 1;
+      return;
+    }
+  }
+  p.state[row] = 2;
 }
 
 /// Min-p's first pass: row_max[row] = the bits of the row's largest clamped value (atomicMax;
@@ -273,8 +418,9 @@ __global__ void __launch_bounds__(kStreamThreads, 4) RowMaxKernel(const T* __res
   pdl_wait();
   const int64_t t0 = tile * kStreamTile;
   const int n = static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
+  constexpr int N = 16 / sizeof(T);
   float x[kStreamPerThread];
-  load_tile<T, true>(in + row * stride + t0, n, vec, x);
+  load_tile<T>(in + row * stride + t0, n, vec, threadIdx.x * N, kStreamThreads * N, x);
   uint32_t mx = 0;
 #pragma unroll
   for (int k = 0; k < kStreamPerThread; ++k) mx = max(mx, __float_as_uint(clamp_prob(x[k])));
@@ -290,9 +436,10 @@ __global__ void __launch_bounds__(kStreamThreads, 4) RowMaxKernel(const T* __res
 /// Tiles per row of `vocab` columns.
 inline int64_t stream_tiles(int64_t vocab) { return ceil_div(vocab, kStreamTile); }
 
-/// Plain (row_max nullptr) or min-p sampling of `rows` rows: out[i] from row i. `partials`
-/// holds rows * stream_tiles(vocab) TilePartials, `counters` rows zeros; min-p: `row_max` rows
-/// zeros (RowMaxKernel fills them first).
+/// Plain (row_max nullptr), min-p or top-p (params.top_p) sampling of `rows` rows: out[i] from
+/// row i. `partials` holds rows * stream_tiles(vocab) TilePartials, `counters` rows zeros;
+/// min-p: `row_max` rows zeros (RowMaxKernel fills them first); top-p: params.topp (zeros), and
+/// the rows left in state 2 then go to SampleKernel's exact search (the caller launches it).
 template <typename T>
 cudaError_t SampleStream(const T* in, int64_t stride, int64_t rows, int64_t vocab,
                          StreamParams params, unsigned long long* row_max, bool enable_pdl,
@@ -308,8 +455,11 @@ cudaError_t SampleStream(const T* in, int64_t stride, int64_t rows, int64_t voca
                                         stride, vocab, vec, params.tiles, rows, row_max);
     if (e != cudaSuccess) return e;
   }
-  return launch_kernel(SampleStreamKernel<T>, grid, block, 0, stream, enable_pdl, in, stride,
-                       vocab, vec, params);
+  cudaError_t e = launch_kernel(SampleStreamKernel<T>, grid, block, 0, stream, enable_pdl, in,
+                                stride, vocab, vec, params);
+  if (e != cudaSuccess || !params.top_p) return e;
+  return launch_kernel(TopPCountKernel<T>, grid, block, 0, stream, enable_pdl, in, stride, vocab,
+                       vec, params.tiles, rows, params.topp, params.out, params.valid);
 }
 
 }  // namespace sampling
