@@ -271,7 +271,7 @@ void chain_speculative(TensorView out, TensorView accepted, TensorView emitted, 
 /// Plain (mode 0), min-p (1, param = min_p) or top-p (2, param = top_p) sampling from
 /// probabilities by streaming passes (sampling_stream.cuh): out[i] from row i; top-p's rows that
 /// reject every candidate then take SampleKernel's exact search (`scratch`: its one-CTA path).
-/// workspace: int64 zeros, at least B * (2 * tiles + 29) (tiles = ceil(V / 4096)).
+/// workspace: int64 zeros, at least B * (34 * tiles + 29) (tiles = ceil(V / 8192)).
 void sample_stream(TensorView out, Optional<TensorView> valid, TensorView input, int64_t mode,
                    Optional<TensorView> param_arr, double param, Optional<TensorView> seed_arr,
                    Optional<TensorView> offset_arr, int64_t seed, int64_t offset,
@@ -304,15 +304,17 @@ void sample_stream(TensorView out, Optional<TensorView> valid, TensorView input,
   check_contiguous(workspace, "workspace");
   TVM_FFI_CHECK(is_dtype(workspace.dtype(), kDLInt, 64), TypeError)
       << "workspace must be int64, got " << dtype_name(workspace.dtype());
-  const int64_t need = rows * (2 * tiles + 5 + 3 * C);
+  const int64_t need = rows * ((2 + kSubs) * tiles + 5 + 3 * C);
   TVM_FFI_CHECK(workspace.size(0) >= need, ValueError)
       << "workspace must hold at least " << need << " int64, got " << workspace.size(0);
-  // Layout (int64 units): partials (2 per tile), then per row: the candidate pass's counter, the
-  // row max, the state, the counting pass's counter, C + 1 sums, C columns, C keys.
+  // Layout (int64 units): partials (2 per tile), sub-block masses (kSubs per tile), then per row:
+  // the candidate pass's counter, the row max, the state, the counting pass's counter, C + 1
+  // sums, C columns, C keys.
   int64_t* ws = data_ptr<int64_t>(workspace);
   auto u64 = [](int64_t* q) { return reinterpret_cast<unsigned long long*>(q); };
-  int64_t* per_row = ws + rows * 2 * tiles;
+  int64_t* per_row = ws + rows * (2 + kSubs) * tiles;
   p.partials = reinterpret_cast<TilePartial*>(ws);
+  p.subs = u64(ws + rows * 2 * tiles);
   p.counters = u64(per_row);
   unsigned long long* row_max = u64(per_row + rows);
   p.min_p = row_param<float>(input, param_arr, static_cast<float>(param), rows, "min_p", kDLFloat);

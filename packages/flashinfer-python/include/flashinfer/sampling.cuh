@@ -312,10 +312,15 @@ __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict_
                                                     RowGrid g, SampleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_wait();
+  if (p.state) {  // only rows whose candidates were all rejected; the whole group returns
+    int csize = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (!g.scratch) csize = static_cast<int>(cg::this_cluster().num_blocks());
+#endif
+    if (p.state[g.row0 + blockIdx.x / csize] != 2) return;
+  }
   RowCtx ctx = row_ctx(smem, g, vocab, chunk, false);
-  const int64_t row = row_of(g, ctx);
-  if (p.state && p.state[row] != 2) return;  // the whole group returns: no barrier waits
-  sample_row<T>(ctx, in, stride, vocab, vec, p, row);
+  sample_row<T>(ctx, in, stride, vocab, vec, p, row_of(g, ctx));
   row_sync(ctx);  // peers may still read this CTA's shared memory
 }
 

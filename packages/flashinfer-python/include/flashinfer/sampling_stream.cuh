@@ -1,31 +1,39 @@
-// Plain sampling from probabilities as one streaming pass (sampling_from_probs without indices).
+// Plain, min-p and top-p sampling from probabilities as streaming passes (the sampling ops'
+// probs path without indices).
 //
 // Why. The cluster kernels of sampling.cuh hold a row on chip and run several serial phases per
 // row (load, max, a cluster barrier, the draw's prefix, another barrier, the locate); at 128 x
 // 128256 float32 that is 2.6 waves of CTAs that load and then compute with HBM idle (55 us on an
-// H200 where one read of the probabilities takes ~15 us). A plain draw needs far less: one sum
-// per tile of the row, then the draw resolved inside the one tile that holds it.
+// H200 where one read of the probabilities takes ~15 us). A draw needs far less: one sum per
+// tile of the row, then the draw resolved inside the one tile that holds it.
 //
 // How. A row is cut into fixed tiles of kStreamTile columns (independent of the GPU and the
-// grid, so every path gives the same samples); CTA (row, tile) reads its tile once with 16-byte
-// loads (all in flight at once), finds the tile's max and sums the tile's fixed-point masses
-// relative to it (below), and publishes (mass, exponent, NaN) to global memory. The last CTA
-// of the row to finish (an atomic counter per row) combines the row's tiles, draws the tile that
-// holds the target, re-reads that tile (from L2: 16 KB) and locates the column. HBM is read
-// once; the grid (rows x tiles CTAs, 4096 at 128 x 128256) streams all rows at once. (16
-// columns per thread: 32 spilled at the 64 registers that give 4 CTAs per SM.)
+// grid, so every path gives the same samples); CTA (row, tile) copies its tile into shared
+// memory with cp.async (32 KB of float32 in flight per CTA without registers, 6 CTAs per SM),
+// finds the tile's max, sums the fixed-point masses (below) of each 256-column sub-block and
+// publishes (mass, max, NaN) and the 32 sub-block masses to global memory. The last CTA of the
+// row to finish (an atomic counter per row) combines the row's tiles and, one warp per draw,
+// finds the tile, the sub-block (32 masses: one L2 read) and the column (the sub-block's 256
+// values: one L2 read). HBM is read once; the grid (rows x tiles CTAs) streams all rows at once.
+// (A first version held 16 values per thread in registers, 4 CTAs of 16 KB per SM, and located
+// a draw by re-reading its whole tile: measured slower than the cluster kernels on an H200,
+// sampling 65.9 vs 55 us at 128 x 128256.)
 //
 // Exactness. Element weights are fixed point relative to the tile's max: with 2^e <= max(tile)
 // < 2^(e+1), w(x) = floor(x * 2^(40 - e)), computed from the float's bits (no scale constant, so
-// denormal tiles cannot overflow it). A tile's mass M_t = sum w (< 2^53) is exact and order-free.
+// denormal tiles cannot overflow it). A tile's mass M_t = sum w (< 2^54) is exact and order-free.
 // At the row, tile t weighs W_t = floor(M_t / 2^(E - e_t)) (E the largest tile exponent; a tile
-// 2^64 below it weighs 0), K = sum W_t, and the draw takes target = floor(u K / 2^32) for the
-// row's 32-bit uniform u (Philox output 0 of the row, as every other draw), the tile whose
-// running W holds the target, the local target (target - before) * 2^(E - e_t) < M_t, and the
-// first column of the tile whose running w exceeds it. An element's probability differs from
-// x / sum(x) by at most 2^-40 of the row's max (the same resolution as the cluster draw);
-// elements of weight 0 (negatives, zeros) are never drawn. The result depends only on the row,
-// u and the tile size: the one-CTA path (SM80/89) runs this same kernel.
+// 2^64 below it weighs 0), K = sum W_t, and draw j takes target = floor(u_j K / 2^32) for the
+// row's Philox output j, the tile whose running W holds the target, the local target (target -
+// before) * 2^(E - e_t) < M_t, and the first column of the tile whose running w exceeds it. An
+// element's probability differs from x / sum(x) by at most 2^-40 of the row's max (the
+// resolution of the cluster draw); elements of weight 0 (negatives, zeros) are never drawn. The
+// result depends only on the row, u and the tile size: SM80/89 run these same kernels.
+//
+// Min-p first finds the row maxima (RowMaxKernel, a second read, rows in reverse order so the
+// sampling pass starts on rows still in L2). Top-p draws kTopPStreamCandidates candidates in the
+// sampling pass, counts the masses above them in TopPCountKernel (a second read) and leaves the
+// rows that reject all to SampleKernel's exact search.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -39,9 +47,16 @@ namespace flashinfer {
 namespace sampling {
 
 inline constexpr int kStreamThreads = 256;
-inline constexpr int kStreamPerThread = 16;
-/// Columns per tile: 4096 (16 KB of float32 per CTA).
-inline constexpr int64_t kStreamTile = kStreamThreads * kStreamPerThread;
+/// Columns per tile: 8192 (32 KB of float32 per CTA, in shared memory).
+inline constexpr int kStreamTile = 8192;
+/// Columns per sub-block (a warp's 8 per lane when locating) and sub-blocks per tile (one per lane).
+inline constexpr int kSubCols = 256;
+inline constexpr int kSubs = kStreamTile / kSubCols;
+static_assert(kSubs == 32, "a lane per sub-block");
+/// CTAs per SM the kernels are built for: 5 x 33 KB of shared memory (160 KB of tiles in flight;
+/// 6 spilled 96 bytes at 40 registers; SampleStreamKernel, 46 registers unbounded, spilled at
+/// the bound of 5 and gets 5 anyway).
+inline constexpr int kStreamCtas = 5;
 /// Tiles a row may have (the last CTA of a row gives each tile one thread).
 inline constexpr int64_t kStreamMaxTiles = kStreamThreads;
 
@@ -86,6 +101,7 @@ struct StreamParams {
   int32_t* out;
   bool* valid;
   TilePartial* partials;          ///< rows x tiles
+  unsigned long long* subs;       ///< rows x tiles x kSubs: the sub-blocks' masses
   unsigned long long* counters;   ///< rows, zero before the launch
   int tiles;
 };
@@ -103,38 +119,28 @@ __device__ __forceinline__ unsigned long long tile_weight(float x, int e) {
 /// Probabilities: negatives, -0 and NaN weigh 0 (NaN is reported separately).
 __device__ __forceinline__ float clamp_prob(float x) { return x > 0.f ? x : 0.f; }
 
-/// Load kStreamPerThread elements of a tile of n columns at src as float, in vectors of N =
-/// 16 / sizeof(T): vector j holds columns base + j * vstride + [0, N) (columns at and past n read
-/// 0). Phase 1 passes base = tid * N, vstride = 256 N (every warp access contiguous; order-free);
-/// a locate passes vstride = N (16 contiguous columns). `vec`: 16-byte loads (src and base
-/// 16-byte aligned).
+/// Copy a tile (columns [0, n) at src) into shared memory `dst` as T: cp.async 16-byte copies
+/// when `vec` (src 16-byte aligned; all in flight at once, no registers), else plain loads.
+/// Block-wide; ends with a barrier.
 template <typename T>
-__device__ __forceinline__ void load_tile(const T* __restrict__ src, int n, bool vec, int base,
-                                          int vstride, float (&x)[kStreamPerThread]) {
+__device__ __forceinline__ void load_tile(const T* __restrict__ src, int n, bool vec, T* dst) {
   constexpr int N = 16 / sizeof(T);
-  constexpr int U = kStreamPerThread / N;
+  int done = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (vec) {
-    Vec<T, N> v[U];
-#pragma unroll
-    for (int j = 0; j < U; ++j)
-      if (base + j * vstride + N <= n) v[j] = Vec<T, N>::load(src + base + j * vstride);
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int i0 = base + j * vstride;
-#pragma unroll
-      for (int q = 0; q < N; ++q)
-        x[j * N + q] = i0 + N <= n ? to_float(v[j][q]) : (i0 + q < n ? to_float(src[i0 + q]) : 0.f);
+    const int nv = n / N;
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    for (int g = threadIdx.x; g < nv; g += kStreamThreads) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + g * 16),
+                   "l"(src + g * N)
+                   : "memory");
     }
-  } else {
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-#pragma unroll
-      for (int q = 0; q < N; ++q) {
-        const int i = base + j * vstride + q;
-        x[j * N + q] = i < n ? to_float(src[i]) : 0.f;
-      }
-    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    done = nv * N;
   }
+#endif
+  for (int i = done + threadIdx.x; i < n; i += kStreamThreads) dst[i] = src[i];
+  __syncthreads();
 }
 
 /// The weight-bearing value of input x in a row whose kept values are >= thr (0: all).
@@ -163,38 +169,63 @@ __device__ __forceinline__ unsigned long long stream_scan(unsigned long long v,
   return v + before;
 }
 
-/// Warp-wide: the column of a tile (columns [0, n) at src, weights tile_weight(kept_prob(x,
-/// thr), e)) whose running weight, in column order, first exceeds `local` (< the tile's mass);
-/// lane l holds columns [128 l, 128 l + 128). Returns the column (and *bits, the value's bits) on
-/// the lane that finds it, -1 elsewhere.
-template <typename T>
-__device__ __forceinline__ int locate_in_tile(const T* __restrict__ src, int n, bool vec, int e,
-                                              float thr, unsigned long long local,
-                                              uint32_t* bits) {
-  constexpr int kLaneCols = kStreamTile / 32;
-  const int lane = threadIdx.x & 31;
-  float x[kStreamPerThread];
-  unsigned long long m = 0;
-#pragma unroll 1
-  for (int c = 0; c < kLaneCols; c += kStreamPerThread) {
-    load_tile<T>(src, n, vec, lane * kLaneCols + c, 16 / sizeof(T), x);
+/// Shared memory of the streaming kernels: the tile (as T) and small exchange slots.
+struct StreamShared {
+  alignas(16) unsigned char tile[kStreamTile * sizeof(float)];
+  unsigned long long warp_tot[kStreamThreads / 32][kTopPStreamCandidates + 1];
+  uint32_t warp_max[kStreamThreads / 32];
+  unsigned long long subs[kSubs];
+  int pick_tile[kTopPStreamCandidates], pick_exp[kTopPStreamCandidates], is_last;
+  unsigned long long pick_local[kTopPStreamCandidates];
+};
+
+/// Block-wide max of non-negative float bits; every thread receives it.
+__device__ __forceinline__ uint32_t stream_max(uint32_t v, StreamShared& sh) {
+  v = __reduce_max_sync(0xffffffffu, v);
+  if ((threadIdx.x & 31) == 0) sh.warp_max[threadIdx.x >> 5] = v;
+  __syncthreads();
 #pragma unroll
-    for (int k = 0; k < kStreamPerThread; ++k) m += tile_weight(kept_prob(x[k], thr), e);
-  }
+  for (int w = 0; w < kStreamThreads / 32; ++w) v = max(v, sh.warp_max[w]);
+  __syncthreads();  // warp_max is rewritten by the next call
+  return v;
+}
+
+/// Columns [t0, t0 + n) of the row: n = min(kStreamTile, vocab - t0).
+__device__ __forceinline__ int tile_cols(int64_t vocab, int64_t t0) {
+  return static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
+}
+
+/// Warp-wide: the column (relative to the tile) whose running weight, in column order, first
+/// exceeds `local` (< the tile's mass), from the tile's sub-block masses `subs` and its values at
+/// src (n columns; weights tile_weight(kept_prob(x, thr), e)): the sub-block from one read of
+/// the 32 masses (a lane each), then the column from one read of its 256 values (8 per lane).
+/// Returns the column (and *bits, the value's bits) on the lane that finds it, -1 elsewhere.
+template <typename T>
+__device__ __forceinline__ int locate_in_tile(const T* __restrict__ src, int n,
+                                              const unsigned long long* subs, int e, float thr,
+                                              unsigned long long local, uint32_t* bits) {
+  const int lane = threadIdx.x & 31;
+  const unsigned long long sm = __ldcg(subs + lane);
+  const unsigned long long sincl = warp_scan_u(sm);
+  const int sb = __ffs(__ballot_sync(0xffffffffu, sincl > local)) - 1;  // local < the total
+  local -= __shfl_sync(0xffffffffu, sincl - sm, sb);
+  constexpr int kPer = kSubCols / 32;
+  const int c0 = sb * kSubCols + lane * kPer;
+  float x[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) x[k] = c0 + k < n ? kept_prob(to_float(src[c0 + k]), thr) : 0.f;
+  unsigned long long m = 0;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) m += tile_weight(x[k], e);
   const unsigned long long incl = warp_scan_u(m);
   unsigned long long acc = incl - m;
   if (!(m && local >= acc && local < incl)) return -1;
-#pragma unroll 1
-  for (int c = 0; c < kLaneCols; c += kStreamPerThread) {
-    load_tile<T>(src, n, vec, lane * kLaneCols + c, 16 / sizeof(T), x);
-#pragma unroll 1
-    for (int k = 0; k < kStreamPerThread; ++k) {
-      const float v = kept_prob(x[k], thr);
-      acc += tile_weight(v, e);
-      if (acc > local) {
-        *bits = __float_as_uint(v);
-        return lane * kLaneCols + c + k;
-      }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    acc += tile_weight(x[k], e);
+    if (acc > local) {
+      *bits = __float_as_uint(x[k]);
+      return c0 + k;
     }
   }
   return -1;  // unreachable: the lane's mass exceeds local
@@ -203,62 +234,58 @@ __device__ __forceinline__ int locate_in_tile(const T* __restrict__ src, int n, 
 /// CTA (row, tile): the tile's partial; the row's last CTA draws (warp j locates draw j: the
 /// sample, or top-p's candidates). Grid: rows * tiles CTAs.
 template <typename T>
-__global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T* __restrict__ in,
+__global__ void __launch_bounds__(kStreamThreads) SampleStreamKernel(const T* __restrict__ in,
                                                                      int64_t stride, int64_t vocab,
                                                                      bool vec, StreamParams p) {
   static_assert(kTopPStreamCandidates <= kStreamThreads / 32, "a warp per candidate");
-  __shared__ unsigned long long warp_tot[kStreamThreads / 32];
-  __shared__ uint32_t warp_max[kStreamThreads / 32];
-  __shared__ int pick_tile[kTopPStreamCandidates], pick_exp[kTopPStreamCandidates], is_last;
-  __shared__ unsigned long long pick_local[kTopPStreamCandidates];
+  __shared__ StreamShared sh;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t row = blockIdx.x / p.tiles;
   const int tile = static_cast<int>(blockIdx.x % p.tiles);
   pdl_wait();
   const float thr = p.row_max ? p.min_p(row) * __uint_as_float(static_cast<uint32_t>(p.row_max[row])) : 0.f;
 
-  // Phase 1: the tile's max, NaN and mass.
+  // Phase 1: the tile's max, NaN, sub-block masses and mass.
   {
-    const int64_t t0 = tile * kStreamTile;
-    const int n = static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
-    constexpr int N = 16 / sizeof(T);
-    float x[kStreamPerThread];
-    load_tile<T>(in + row * stride + t0, n, vec, tid * N, kStreamThreads * N, x);
+    const int64_t t0 = int64_t{tile} * kStreamTile;
+    const int n = tile_cols(vocab, t0);
+    const T* vals = reinterpret_cast<const T*>(sh.tile);
+    load_tile<T>(in + row * stride + t0, n, vec, reinterpret_cast<T*>(sh.tile));
     pdl_launch_dependents();
     bool nan = false;
     uint32_t mx = 0;  // non-negative floats order as their bits
-#pragma unroll
-    for (int k = 0; k < kStreamPerThread; ++k) {
-      nan |= isnan(x[k]);
-      x[k] = kept_prob(x[k], thr);
-      mx = max(mx, __float_as_uint(x[k]));
+    for (int i = tid; i < n; i += kStreamThreads) {
+      const float x = to_float(vals[i]);
+      nan |= isnan(x);
+      mx = max(mx, __float_as_uint(kept_prob(x, thr)));
     }
-    mx = __reduce_max_sync(0xffffffffu, mx);
-    if (lane == 0) warp_max[warp] = mx;
     nan = __syncthreads_or(nan);
-#pragma unroll
-    for (int w = 0; w < kStreamThreads / 32; ++w) mx = max(mx, warp_max[w]);
+    mx = stream_max(mx, sh);
     const int e = tile_exp(mx);
-    unsigned long long m = 0;
-    if (e) {
+    // Warp w sums sub-blocks w, w + 8, ...: lane l its columns 8l..8l+7 (the locate's layout).
+    for (int sb = warp; sb < kSubs; sb += kStreamThreads / 32) {
+      unsigned long long m = 0;
+      const int c0 = sb * kSubCols + lane * (kSubCols / 32);
 #pragma unroll
-      for (int k = 0; k < kStreamPerThread; ++k) m += tile_weight(x[k], e);
+      for (int k = 0; k < kSubCols / 32; ++k)
+        if (c0 + k < n) m += tile_weight(kept_prob(to_float(vals[c0 + k]), thr), e);
+      m = warp_sum_u(m);
+      if (lane == 0) sh.subs[sb] = m;
     }
-    m = warp_sum_u(m);
-    if (lane == 0) warp_tot[warp] = m;
     __syncthreads();
+    const int64_t slot = row * p.tiles + tile;
+    if (tid < kSubs) p.subs[slot * kSubs + tid] = sh.subs[tid];
     if (tid == 0) {
       unsigned long long sum = 0;
-      for (int w = 0; w < kStreamThreads / 32; ++w) sum += warp_tot[w];
-      TilePartial* slot = p.partials + row * p.tiles + tile;
-      slot->mass = sum;
-      slot->max_bits = mx;
-      slot->nan = nan;
-      __threadfence();  // the partial is visible before the count says so
-      is_last = atomicAdd(p.counters + row, 1ull) == static_cast<unsigned long long>(p.tiles - 1);
+      for (int sb = 0; sb < kSubs; ++sb) sum += sh.subs[sb];
+      p.partials[slot] = TilePartial{sum, mx, nan};
     }
+    __threadfence();  // every thread's writes are visible before the count says so
     __syncthreads();
-    if (!is_last) return;
+    if (tid == 0)
+      sh.is_last = atomicAdd(p.counters + row, 1ull) == static_cast<unsigned long long>(p.tiles - 1);
+    __syncthreads();
+    if (!sh.is_last) return;
     __threadfence();
   }
 
@@ -272,16 +299,12 @@ __global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T*
   }
   const int te = tile_exp(tp.max_bits);
   const bool any_nan = __syncthreads_or(tp.nan != 0);
-  uint32_t rmax = __reduce_max_sync(0xffffffffu, tp.max_bits);
-  if (lane == 0) warp_max[warp] = rmax;
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kStreamThreads / 32; ++w) rmax = max(rmax, warp_max[w]);
+  const uint32_t rmax = stream_max(tp.max_bits, sh);
   const int shift = tile_exp(rmax) - te;
   const unsigned long long W = tp.mass && shift < 64 ? tp.mass >> shift : 0ull;
-  if (tid < kTopPStreamCandidates) pick_tile[tid] = 0, pick_exp[tid] = 0, pick_local[tid] = 0;
+  if (tid < kTopPStreamCandidates) sh.pick_tile[tid] = 0, sh.pick_exp[tid] = 0, sh.pick_local[tid] = 0;
   unsigned long long K;
-  const unsigned long long incl = stream_scan(W, warp_tot, &K);  // (its barriers order the above)
+  const unsigned long long incl = stream_scan(W, &sh.warp_tot[0][0], &K);  // (barriers order it)
   if (any_nan || K == 0) {  // a NaN row: sample 0, invalid; nothing to draw from: sample 0
     if (tid == 0) {
       p.out[row] = 0;
@@ -297,27 +320,28 @@ __global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T*
       const unsigned long long target =
           __umul64hi(K, static_cast<unsigned long long>(rng.next()) << 32);
       if (W && target >= incl - W && target < incl) {
-        pick_tile[j] = tid;
-        pick_exp[j] = te;
-        pick_local[j] = (target - (incl - W)) << shift;  // < the tile's mass
+        sh.pick_tile[j] = tid;
+        sh.pick_exp[j] = te;
+        sh.pick_local[j] = (target - (incl - W)) << shift;  // < the tile's mass
       }
     }
   }
   if (p.top_p && tid == 0) p.topp.row_max[row] = rmax;
   __syncthreads();
   if (warp >= draws) return;
-  const int64_t t0 = pick_tile[warp] * kStreamTile;
-  const int n = static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
+  const int c = sh.pick_tile[warp];
+  const int64_t t0 = int64_t{c} * kStreamTile;
   uint32_t bits = 0;
-  const int c = locate_in_tile<T>(in + row * stride + t0, n, vec, pick_exp[warp], thr,
-                                  pick_local[warp], &bits);
-  if (c < 0) return;
+  const int col = locate_in_tile<T>(in + row * stride + t0, tile_cols(vocab, t0),
+                                    p.subs + (row * p.tiles + c) * kSubs, sh.pick_exp[warp], thr,
+                                    sh.pick_local[warp], &bits);
+  if (col < 0) return;
   if (!p.top_p) {
-    p.out[row] = static_cast<int32_t>(t0 + c);
+    p.out[row] = static_cast<int32_t>(t0 + col);
     if (p.valid) p.valid[row] = true;
     return;
   }
-  p.topp.cols[row * kTopPStreamCandidates + warp] = t0 + c;
+  p.topp.cols[row * kTopPStreamCandidates + warp] = t0 + col;
   p.topp.keys[row * kTopPStreamCandidates + warp] = bits;
 }
 
@@ -330,19 +354,23 @@ __global__ void __launch_bounds__(kStreamThreads, 4) SampleStreamKernel(const T*
  *   sampling.cuh); a row that rejects all is left to SampleKernel's exact search (state 2).
  */
 template <typename T>
-__global__ void __launch_bounds__(kStreamThreads, 4) TopPCountKernel(const T* __restrict__ in,
-                                                                     int64_t stride, int64_t vocab,
-                                                                     bool vec, int tiles,
-                                                                     int64_t rows, TopPStream p,
-                                                                     int32_t* out, bool* valid) {
+__global__ void __launch_bounds__(kStreamThreads, kStreamCtas) TopPCountKernel(const T* __restrict__ in,
+                                                                  int64_t stride, int64_t vocab,
+                                                                  bool vec, int tiles,
+                                                                  int64_t rows, TopPStream p,
+                                                                  int32_t* out, bool* valid) {
   constexpr int C = kTopPStreamCandidates;
-  __shared__ unsigned long long warp_sums[kStreamThreads / 32][C + 1];
-  __shared__ int is_last;
+  __shared__ StreamShared sh;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t row = rows - 1 - blockIdx.x / tiles;
   const int tile = static_cast<int>(blockIdx.x % tiles);
   pdl_wait();
   if (p.state[row] != 0) return;  // decided by the candidate pass (NaN, no mass)
+  const int64_t t0 = int64_t{tile} * kStreamTile;
+  const int n = tile_cols(vocab, t0);
+  const T* vals = reinterpret_cast<const T*>(sh.tile);
+  load_tile<T>(in + row * stride + t0, n, vec, reinterpret_cast<T*>(sh.tile));
+  pdl_launch_dependents();
   const float scale = fixed_scale(__uint_as_float(static_cast<uint32_t>(p.row_max[row])));
   uint32_t key[C], lowest = 0xffffffffu;
 #pragma unroll
@@ -350,18 +378,11 @@ __global__ void __launch_bounds__(kStreamThreads, 4) TopPCountKernel(const T* __
     key[j] = static_cast<uint32_t>(p.keys[row * C + j]);
     lowest = min(lowest, key[j]);
   }
-  const int64_t t0 = tile * kStreamTile;
-  const int n = static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
-  constexpr int N = 16 / sizeof(T);
-  float x[kStreamPerThread];
-  load_tile<T>(in + row * stride + t0, n, vec, tid * N, kStreamThreads * N, x);
-  pdl_launch_dependents();
   unsigned long long above[C + 1];
 #pragma unroll
   for (int j = 0; j <= C; ++j) above[j] = 0;
-#pragma unroll
-  for (int k = 0; k < kStreamPerThread; ++k) {
-    const float v = clamp_prob(x[k]);
+  for (int i = tid; i < n; i += kStreamThreads) {
+    const float v = clamp_prob(to_float(vals[i]));
     const unsigned long long w = __float2ull_rz(v * scale);
     above[C] += w;
     const uint32_t b = __float_as_uint(v);
@@ -374,21 +395,20 @@ __global__ void __launch_bounds__(kStreamThreads, 4) TopPCountKernel(const T* __
 #pragma unroll
   for (int j = 0; j <= C; ++j) {
     const unsigned long long a = warp_sum_u(above[j]);
-    if (lane == 0) warp_sums[warp][j] = a;
+    if (lane == 0) sh.warp_tot[warp][j] = a;
   }
   __syncthreads();
   if (tid <= C) {
     unsigned long long a = 0;
-    for (int w = 0; w < kStreamThreads / 32; ++w) a += warp_sums[w][tid];
+    for (int w = 0; w < kStreamThreads / 32; ++w) a += sh.warp_tot[w][tid];
     atomicAdd(p.sums + row * (C + 1) + tid, a);
   }
+  __threadfence();
   __syncthreads();
-  if (tid == 0) {
-    __threadfence();
-    is_last = atomicAdd(p.counters + row, 1ull) == static_cast<unsigned long long>(tiles - 1);
-  }
+  if (tid == 0)
+    sh.is_last = atomicAdd(p.counters + row, 1ull) == static_cast<unsigned long long>(tiles - 1);
   __syncthreads();
-  if (!is_last || tid != 0) return;
+  if (!sh.is_last || tid != 0) return;
   __threadfence();
   const unsigned long long K = __ldcg(p.sums + row * (C + 1) + C);
   const unsigned long long limit = static_cast<unsigned long long>(
@@ -408,38 +428,33 @@ __global__ void __launch_bounds__(kStreamThreads, 4) TopPCountKernel(const T* __
 /// zero before the launch). Rows in reverse order, so that the sampling pass, which starts from
 /// row 0, finds the rows read last still in L2.
 template <typename T>
-__global__ void __launch_bounds__(kStreamThreads, 4) RowMaxKernel(const T* __restrict__ in,
-                                                                  int64_t stride, int64_t vocab,
-                                                                  bool vec, int tiles, int64_t rows,
-                                                                  unsigned long long* row_max) {
-  __shared__ uint32_t warp_max[kStreamThreads / 32];
+__global__ void __launch_bounds__(kStreamThreads, kStreamCtas) RowMaxKernel(const T* __restrict__ in,
+                                                               int64_t stride, int64_t vocab,
+                                                               bool vec, int tiles, int64_t rows,
+                                                               unsigned long long* row_max) {
+  __shared__ StreamShared sh;
   const int64_t row = rows - 1 - blockIdx.x / tiles;
   const int tile = static_cast<int>(blockIdx.x % tiles);
   pdl_wait();
-  const int64_t t0 = tile * kStreamTile;
-  const int n = static_cast<int>(vocab - t0 < kStreamTile ? vocab - t0 : kStreamTile);
-  constexpr int N = 16 / sizeof(T);
-  float x[kStreamPerThread];
-  load_tile<T>(in + row * stride + t0, n, vec, threadIdx.x * N, kStreamThreads * N, x);
+  const int64_t t0 = int64_t{tile} * kStreamTile;
+  const int n = tile_cols(vocab, t0);
+  const T* vals = reinterpret_cast<const T*>(sh.tile);
+  load_tile<T>(in + row * stride + t0, n, vec, reinterpret_cast<T*>(sh.tile));
   uint32_t mx = 0;
-#pragma unroll
-  for (int k = 0; k < kStreamPerThread; ++k) mx = max(mx, __float_as_uint(clamp_prob(x[k])));
-  mx = __reduce_max_sync(0xffffffffu, mx);
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = mx;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 0; w < kStreamThreads / 32; ++w) mx = max(mx, warp_max[w]);
-    if (mx) atomicMax(row_max + row, static_cast<unsigned long long>(mx));
-  }
+  for (int i = threadIdx.x; i < n; i += kStreamThreads)
+    mx = max(mx, __float_as_uint(clamp_prob(to_float(vals[i]))));
+  mx = stream_max(mx, sh);
+  if (threadIdx.x == 0 && mx) atomicMax(row_max + row, static_cast<unsigned long long>(mx));
 }
 
 /// Tiles per row of `vocab` columns.
 inline int64_t stream_tiles(int64_t vocab) { return ceil_div(vocab, kStreamTile); }
 
 /// Plain (row_max nullptr), min-p or top-p (params.top_p) sampling of `rows` rows: out[i] from
-/// row i. `partials` holds rows * stream_tiles(vocab) TilePartials, `counters` rows zeros;
-/// min-p: `row_max` rows zeros (RowMaxKernel fills them first); top-p: params.topp (zeros), and
-/// the rows left in state 2 then go to SampleKernel's exact search (the caller launches it).
+/// row i. `partials` holds rows * stream_tiles(vocab) TilePartials, `subs` kSubs times as many
+/// u64, `counters` rows zeros; min-p: `row_max` rows zeros (RowMaxKernel fills them first);
+/// top-p: params.topp (zeros), and the rows left in state 2 then go to SampleKernel's exact
+/// search (the caller launches it).
 template <typename T>
 cudaError_t SampleStream(const T* in, int64_t stride, int64_t rows, int64_t vocab,
                          StreamParams params, unsigned long long* row_max, bool enable_pdl,
@@ -450,6 +465,14 @@ cudaError_t SampleStream(const T* in, int64_t stride, int64_t rows, int64_t voca
   const bool vec = is_aligned(in, 16) && (stride * sizeof(T)) % 16 == 0;  // tiles start aligned
   const dim3 grid(rows * params.tiles), block(kStreamThreads);
   params.row_max = row_max;
+  // All of the unified L1/shared memory as shared memory: kStreamCtas tiles per SM.
+  for (const void* k : {reinterpret_cast<const void*>(RowMaxKernel<T>),
+                        reinterpret_cast<const void*>(SampleStreamKernel<T>),
+                        reinterpret_cast<const void*>(TopPCountKernel<T>)}) {
+    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess) return e;
+  }
   if (row_max) {
     const cudaError_t e = launch_kernel(RowMaxKernel<T>, grid, block, 0, stream, enable_pdl, in,
                                         stride, vocab, vec, params.tiles, rows, row_max);
