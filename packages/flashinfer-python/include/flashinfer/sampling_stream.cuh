@@ -14,7 +14,7 @@
 // publishes (mass, max, NaN) and the 32 sub-block masses to global memory. The last CTA of the
 // row to finish (an atomic counter per row) combines the row's tiles and, one warp per draw,
 // finds the tile, the sub-block (32 masses: one L2 read) and the column (the sub-block's 256
-// values: one L2 read). HBM is read once; the grid (rows x tiles CTAs) streams all rows at once.
+// values: one L2 read, then 8 warp scans). HBM is read once; the grid (rows x tiles CTAs) streams all rows at once.
 // (A first version held 16 values per thread in registers, 4 CTAs of 16 KB per SM, and located
 // a draw by re-reading its whole tile: measured slower than the cluster kernels on an H200,
 // sampling 65.9 vs 55 us at 128 x 128256.)
@@ -198,8 +198,9 @@ __device__ __forceinline__ int tile_cols(int64_t vocab, int64_t t0) {
 /// Warp-wide: the column (relative to the tile) whose running weight, in column order, first
 /// exceeds `local` (< the tile's mass), from the tile's sub-block masses `subs` and its values at
 /// src (n columns; weights tile_weight(kept_prob(x, thr), e)): the sub-block from one read of
-/// the 32 masses (a lane each), then the column from one read of its 256 values (8 per lane).
-/// Returns the column (and *bits, the value's bits) on the lane that finds it, -1 elsewhere.
+/// the 32 masses (a lane each), then the column from one read of its 256 values (lane l holds
+/// columns l + 32 k: coalesced, and 8 warp scans in column order). Returns the column (and
+/// *bits, the value's bits) on the lane that finds it, -1 elsewhere.
 template <typename T>
 __device__ __forceinline__ int locate_in_tile(const T* __restrict__ src, int n,
                                               const unsigned long long* subs, int e, float thr,
@@ -209,26 +210,28 @@ __device__ __forceinline__ int locate_in_tile(const T* __restrict__ src, int n,
   const unsigned long long sincl = warp_scan_u(sm);
   const int sb = __ffs(__ballot_sync(0xffffffffu, sincl > local)) - 1;  // local < the total
   local -= __shfl_sync(0xffffffffu, sincl - sm, sb);
-  constexpr int kPer = kSubCols / 32;
-  const int c0 = sb * kSubCols + lane * kPer;
-  float x[kPer];
+  constexpr int kSteps = kSubCols / 32;
+  float x[kSteps];
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) x[k] = c0 + k < n ? kept_prob(to_float(src[c0 + k]), thr) : 0.f;
-  unsigned long long m = 0;
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) m += tile_weight(x[k], e);
-  const unsigned long long incl = warp_scan_u(m);
-  unsigned long long acc = incl - m;
-  if (!(m && local >= acc && local < incl)) return -1;
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    acc += tile_weight(x[k], e);
-    if (acc > local) {
-      *bits = __float_as_uint(x[k]);
-      return c0 + k;
-    }
+  for (int k = 0; k < kSteps; ++k) {
+    const int c = sb * kSubCols + 32 * k + lane;
+    x[k] = c < n ? kept_prob(to_float(src[c]), thr) : 0.f;
   }
-  return -1;  // unreachable: the lane's mass exceeds local
+  unsigned long long acc = 0;  // the sub-block's weight before step k
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) {
+    const unsigned long long w = tile_weight(x[k], e);
+    const unsigned long long incl = warp_scan_u(w);
+    const unsigned long long step = __shfl_sync(0xffffffffu, incl, 31);
+    if (local < acc + step) {
+      const int hit = __ffs(__ballot_sync(0xffffffffu, acc + incl > local)) - 1;
+      if (lane != hit) return -1;
+      *bits = __float_as_uint(x[k]);
+      return sb * kSubCols + 32 * k + lane;
+    }
+    acc += step;
+  }
+  return -1;  // unreachable: the sub-block's mass exceeds local
 }
 
 /// CTA (row, tile): the tile's partial; the row's last CTA draws (warp j locates draw j: the
@@ -262,13 +265,14 @@ __global__ void __launch_bounds__(kStreamThreads) SampleStreamKernel(const T* __
     nan = __syncthreads_or(nan);
     mx = stream_max(mx, sh);
     const int e = tile_exp(mx);
-    // Warp w sums sub-blocks w, w + 8, ...: lane l its columns 8l..8l+7 (the locate's layout).
+    // Warp w sums sub-blocks w, w + 8, ...: lane l its columns l + 32 k (conflict-free).
     for (int sb = warp; sb < kSubs; sb += kStreamThreads / 32) {
       unsigned long long m = 0;
-      const int c0 = sb * kSubCols + lane * (kSubCols / 32);
 #pragma unroll
-      for (int k = 0; k < kSubCols / 32; ++k)
-        if (c0 + k < n) m += tile_weight(kept_prob(to_float(vals[c0 + k]), thr), e);
+      for (int k = 0; k < kSubCols / 32; ++k) {
+        const int c = sb * kSubCols + 32 * k + lane;
+        if (c < n) m += tile_weight(kept_prob(to_float(vals[c]), thr), e);
+      }
       m = warp_sum_u(m);
       if (lane == 0) sh.subs[sb] = m;
     }
