@@ -314,8 +314,8 @@ def test_five_million_draws_one_row():
 
 def _tiled_row(v: int) -> torch.Tensor:
     """An unnormalized float32 row whose mass sits in several tiles with different exponents:
-    negatives and -0 (weight 0); v = 12305: a partial last tile; v = 16384: a last tile 2^-21
-    below the max's, holding an element of weight 0 (2^-80)."""
+    negatives and -0 (weight 0); v = 12305: a partial last tile; v = 16384: 2^-20s and an
+    element of weight 0 (2^-80, below 2^-40 of its tile's max)."""
     row = torch.zeros(v, dtype=torch.float64)
     row[5], row[4100], row[8191], row[8192] = 3.0, 2.25, 0.375, 1.5
     row[9000:9100] = 0.01
