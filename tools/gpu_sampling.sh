@@ -7,6 +7,8 @@
 # builds. Writes at most 8 files to $OUT (the device tool's limit).
 #   usage (device, from the checkout): GPU_DIR=<dir with wheels/ and peer/> \
 #     KEEP_DIR=<persistent dir> bash tools/gpu_sampling.sh COMMIT [pytest args]
+# Optional: SKIP_PEER_TOPK=1 (do not build the peer's top-k module), SKIP_ONE_CTA=1 (no one-CTA
+# path benchmark), TEST_TIMEOUT / OURS_TIMEOUT / RUN_TIMEOUT (seconds) to fit a shorter call.
 set -uo pipefail
 commit=${1:?commit}; shift
 root=$PWD
@@ -37,8 +39,6 @@ echo "pytest exit $? at ${SECONDS} s"; grep -E "^(FAILED|ERROR)|passed|failed" $
 # 3. Benchmarks: ours with the shared timer, the one-CTA path, the harness (ceilings), the peer.
 cd benchmarks
 timeout ${OURS_TIMEOUT:-70} python3 bench_sampling.py --standalone $OUT/ours.json >>$log 2>&1; echo "ours exit $? at ${SECONDS} s"
-[ -n "${AB_NO_STREAM:-}" ] && timeout 40 python3 bench_sampling.py --standalone $OUT/ours_no_stream.json --no-stream \
-  --only "top_p_sampling_from_probs,sampling_from_probs,min_p" >>$log 2>&1 && echo "A/B (cluster kernels) at ${SECONDS} s"
 [ -z "${SKIP_ONE_CTA:-}" ] && timeout 40 python3 bench_sampling.py --standalone /tmp/one_cta.json --no-cluster \
   --only "top_p_sampling_from_probs 128,sampling_from_probs,top_k_sampling,softmax" >>$log 2>&1
 echo "one-CTA path exit $? at ${SECONDS} s"

@@ -3,7 +3,6 @@
 // mask) and chain_speculative. One translation unit: three kernels per input dtype and one chain
 // kernel, so the first-call build is one nvcc run.
 #include <flashinfer/sampling.cuh>
-#include <flashinfer/sampling_stream.cuh>
 
 #include "tvm_ffi_utils.h"
 
@@ -109,7 +108,6 @@ void sample(TensorView out, Optional<TensorView> valid, TensorView input,
   SampleParams p;
   p.filter = static_cast<int>(filter);
   p.logits = logits;
-  p.state = nullptr;
   p.rows.num_in_rows = input.size(0);
   if (indices.has_value()) {
     const TensorView& idx = indices.value();
@@ -268,97 +266,6 @@ void chain_speculative(TensorView out, TensorView accepted, TensorView emitted, 
   check_launch(ChainSpeculative(p, b, sc, enable_pdl, stream), "chain_speculative_sampling");
 }
 
-/// Plain (mode 0), min-p (1, param = min_p) or top-p (2, param = top_p) sampling from
-/// probabilities by streaming passes (sampling_stream.cuh): out[i] from row i; top-p's rows that
-/// reject every candidate then take SampleKernel's exact search (`scratch`: its one-CTA path).
-/// workspace: int64 zeros, at least B * (34 * tiles + 29) (tiles = ceil(V / 8192)).
-void sample_stream(TensorView out, Optional<TensorView> valid, TensorView input, int64_t mode,
-                   Optional<TensorView> param_arr, double param, Optional<TensorView> seed_arr,
-                   Optional<TensorView> offset_arr, int64_t seed, int64_t offset,
-                   TensorView workspace, Optional<TensorView> scratch, bool enable_pdl) {
-  // 1. Validate inputs.
-  check_rows(input, "probs");
-  TVM_FFI_CHECK(mode >= 0 && mode <= 2, ValueError) << "mode must be in [0, 2], got " << mode;
-  const int64_t rows = input.size(0), tiles = stream_tiles(input.size(1));
-  constexpr int64_t C = kTopPStreamCandidates;
-  check_same_device(input, "probs", out, "out");
-  check_ndim(out, "out", 1);
-  check_contiguous(out, "out");
-  check_size(out, "out", 0, rows);
-  TVM_FFI_CHECK(is_dtype(out.dtype(), kDLInt, 32), TypeError)
-      << "out must be int32, got " << dtype_name(out.dtype());
-  StreamParams p;
-  p.out = data_ptr<int32_t>(out);
-  p.valid = nullptr;
-  if (valid.has_value()) {
-    const TensorView& v = valid.value();
-    check_same_device(input, "probs", v, "valid");
-    check_ndim(v, "valid", 1);
-    check_size(v, "valid", 0, rows);
-    TVM_FFI_CHECK(is_dtype(v.dtype(), kDLBool, 8), TypeError)
-        << "valid must be bool, got " << dtype_name(v.dtype());
-    p.valid = data_ptr<bool>(v);
-  }
-  check_same_device(input, "probs", workspace, "workspace");
-  check_ndim(workspace, "workspace", 1);
-  check_contiguous(workspace, "workspace");
-  TVM_FFI_CHECK(is_dtype(workspace.dtype(), kDLInt, 64), TypeError)
-      << "workspace must be int64, got " << dtype_name(workspace.dtype());
-  const int64_t need = rows * ((2 + kSubs) * tiles + 5 + 3 * C);
-  TVM_FFI_CHECK(workspace.size(0) >= need, ValueError)
-      << "workspace must hold at least " << need << " int64, got " << workspace.size(0);
-  // Layout (int64 units): partials (2 per tile), sub-block masses (kSubs per tile), then per row:
-  // the candidate pass's counter, the row max, the state, the counting pass's counter, C + 1
-  // sums, C columns, C keys.
-  int64_t* ws = data_ptr<int64_t>(workspace);
-  auto u64 = [](int64_t* q) { return reinterpret_cast<unsigned long long*>(q); };
-  int64_t* per_row = ws + rows * (2 + kSubs) * tiles;
-  p.partials = reinterpret_cast<TilePartial*>(ws);
-  p.subs = u64(ws + rows * 2 * tiles);
-  p.counters = u64(per_row);
-  unsigned long long* row_max = u64(per_row + rows);
-  p.min_p = row_param<float>(input, param_arr, static_cast<float>(param), rows, "min_p", kDLFloat);
-  p.top_p = mode == 2;
-  p.topp.row_max = row_max;
-  p.topp.state = per_row + 2 * rows;
-  p.topp.counters = u64(per_row + 3 * rows);
-  p.topp.sums = u64(per_row + 4 * rows);
-  p.topp.cols = per_row + (5 + C) * rows;
-  p.topp.keys = u64(per_row + (5 + 2 * C) * rows);
-  p.topp.top_p = row_param<float>(input, param_arr, static_cast<float>(param), rows, "top_p",
-                                  kDLFloat);
-  p.rng = rng_args(input, seed_arr, offset_arr, seed, offset, rows);
-  SampleParams fallback;
-  if (p.top_p) {
-    fallback.filter = kTopP;
-    fallback.logits = false;
-    fallback.top_p = p.topp.top_p;
-    fallback.rng = p.rng;
-    fallback.rows.num_in_rows = rows;
-    fallback.out = p.out;
-    fallback.out_64 = false;
-    fallback.valid = p.valid;
-    fallback.state = p.topp.state;
-  }
-  const Scratch sc = scratch_of(input, scratch, input.size(1));
-  // 2. Device guard and stream.
-  tvm::ffi::CUDADeviceGuard guard(input.device().device_id);
-  cudaStream_t stream = get_stream(input.device());
-  // 3. Dispatch on dtype and launch.
-  dispatch_float_types(input.dtype(), "probs", [&](auto t) {
-    using T = decltype(t);
-    check_launch(SampleStream<T>(data_ptr<T>(input), input.stride(0), rows, input.size(1), p,
-                                 mode == 1 ? row_max : nullptr, enable_pdl, stream),
-                 "sampling");
-    if (p.top_p) {
-      check_launch(Sample<T>(data_ptr<T>(input), input.stride(0), rows, input.size(1), fallback,
-                             sc, enable_pdl, stream),
-                   "top-p sampling (exact search)");
-    }
-  });
-}
-
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(sample, sample);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(sample_stream, sample_stream);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(transform, transform);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(chain_speculative, chain_speculative);

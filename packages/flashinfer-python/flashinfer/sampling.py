@@ -1,11 +1,7 @@
 """``flashinfer.sampling``: sampling from probabilities and logits with top-p / top-k / min-p
 filters, the filters' renormalizations, softmax and chain speculative sampling.
 
-``sampling_from_probs``, ``min_p_sampling_from_probs`` and ``top_p_sampling_from_probs`` without
-``indices`` stream: every 8192-column tile of every row is a CTA that sums its tile, and the row's
-last CTA draws (one read of the probabilities; two for min-p, which finds the row max first, and
-for top-p, which counts the mass above its candidates; any GPU).
-Otherwise each row is handled by a thread-block cluster that reads it from HBM once into shared memory;
+Each row is handled by a thread-block cluster that reads it from HBM once into shared memory;
 thresholds come from an exact radix select (top-p sampling first tries candidates drawn from the
 whole row, kept when inside the top-p set) and the draw from 64-bit fixed-point masses, so every
 op is deterministic (``deterministic`` / ``is_deterministic`` may be False; results are the same).
@@ -55,10 +51,6 @@ _SOFTMAX, _TOP_P_RENORM, _TOP_K_RENORM, _TOP_K_MASK = range(4)
 #: Largest vocabulary: 16 CTAs of 200 KB of float32 each.
 MAX_VOCAB = 16 * 200 * 1024 // 4
 _INT32_MAX = 2**31 - 1
-#: Columns per tile of the streaming plain-sampling kernel (kStreamTile in sampling_stream.cuh).
-_STREAM_TILE = 8192
-#: Filters the streaming kernels serve (without indices) and their modes there.
-_STREAM_MODES = {_NO_FILTER: 0, _MIN_P: 1, _TOP_P: 2}
 
 Param = Union[float, int, torch.Tensor]
 
@@ -236,17 +228,6 @@ def _sample(probs, indices, filter_, logits, increment_per_row, generator, check
     out = torch.empty(batch, dtype=indices.dtype if indices is not None else torch.int32,
                       device=device)
     valid = torch.empty(batch, dtype=torch.bool, device=device) if return_valid else None
-    if filter_ in _STREAM_MODES and not logits and indices is None:
-        # Streaming passes (sampling_stream.cuh): per-tile partials and per-row counters, maxima,
-        # top-p's candidates and sums in a zeroed workspace.
-        tiles = -(-probs.shape[1] // _STREAM_TILE)
-        workspace = torch.zeros(batch * (34 * tiles + 29), dtype=torch.int64, device=device)
-        arr, val = (top_p_t, top_p_v) if filter_ == _TOP_P else (min_p_t, min_p_v)
-        get_sampling_module().sample_stream(
-            out, valid, probs, _STREAM_MODES[filter_], arr, float(val), s_t, o_t, s, o, workspace,
-            _scratch(device, batch, probs.shape[1]) if filter_ == _TOP_P else None,
-            resolve_pdl(None, device))
-        return (out, valid) if return_valid else out
     get_sampling_module().sample(
         out, valid, probs, indices, filter_, logits, top_p_t, float(top_p_v), top_k_t, top_k_v,
         min_p_t, float(min_p_v), s_t, o_t, s, o, _scratch(device, batch, probs.shape[1]),

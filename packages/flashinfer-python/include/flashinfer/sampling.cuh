@@ -108,9 +108,6 @@ struct SampleParams {
   void* out;
   bool out_64;
   bool* valid;
-  /// Set: top-p's streaming passes (sampling_stream.cuh) ran first; only rows in state 2 (every
-  /// candidate rejected) are sampled here, by the exact search alone.
-  const int64_t* state;
 };
 
 /// Sums over the row's group of this CTA's arr[j], j < kTopPCandidates, into s->cand_sum (every
@@ -259,7 +256,7 @@ __device__ __forceinline__ void sample_row(RowCtx& ctx, const T* __restrict__ in
     }
     ctx.scale = fixed_scale(mx);
     const int f = p.filter;
-    if (f == kTopP && !p.state && top_p_rejection(ctx, p.top_p(out_row), p.rng, out_row, &col)) {
+    if (f == kTopP && top_p_rejection(ctx, p.top_p(out_row), p.rng, out_row, &col)) {
       if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, true);
       return;
     }
@@ -312,13 +309,6 @@ __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict_
                                                     RowGrid g, SampleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_wait();
-  if (p.state) {  // only rows whose candidates were all rejected; the whole group returns
-    int csize = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (!g.scratch) csize = static_cast<int>(cg::this_cluster().num_blocks());
-#endif
-    if (p.state[g.row0 + blockIdx.x / csize] != 2) return;
-  }
   RowCtx ctx = row_ctx(smem, g, vocab, chunk, false);
   sample_row<T>(ctx, in, stride, vocab, vec, p, row_of(g, ctx));
   row_sync(ctx);  // peers may still read this CTA's shared memory
