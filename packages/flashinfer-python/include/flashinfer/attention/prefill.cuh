@@ -242,7 +242,12 @@ __device__ __forceinline__ void store_o_staged(const AttentionParams& p, const O
   const int g = lane / 4, t = lane % 4, G = p.group_size;
   const int head0 = int(kv_head) * G;
   __syncwarp();  // the warp's last ldmatrix of its Q rows is behind every lane
-  // This thread's rows first + g + 8 i (i = 2 mq + h), walked 8 packed rows at a time.
+  // This thread's rows first + g + 8 i (i = 2 mq + h), walked 8 packed rows at a time. Their
+  // row % 8 is g (first is a multiple of 16), so chunk n of row first + g + 8 i sits at
+  // Tile::offset(first + g, 0) + 8 i D XOR 8 n (8 n < D, a power of two; + 2 t below bit 3):
+  // one LOP3 per 4-byte store instead of the swizzle's index arithmetic.
+  static_assert((KT::kHeadDim & (KT::kHeadDim - 1)) == 0, "the staged output's XOR offsets");
+  const uint32_t lane_off = Tile::offset(first + g, 0) + 2 * t;
   PackedRowWalk w(r.row_begin + first + g, 8, G);
 #pragma unroll
   for (int mq = 0; mq < MQ; ++mq)
@@ -255,9 +260,10 @@ __device__ __forceinline__ void store_o_staged(const AttentionParams& p, const O
         inv *= fold_sink(p, r, head0 + w.h, row_lse);
         if (t == 0) out.lse_at(w.qo, head0 + w.h, row_lse);
       }
+      const uint32_t row_off = lane_off + uint32_t(mq * 16 + 8 * h) * KT::kHeadDim;
 #pragma unroll
       for (int n = 0; n < NC; ++n)
-        *reinterpret_cast<uint32_t*>(stage + Tile::offset(row, n) + 2 * t) =
+        *reinterpret_cast<uint32_t*>(stage + (row_off ^ (8 * n))) =
             pack2<TO>(o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
     }
   __syncwarp();
