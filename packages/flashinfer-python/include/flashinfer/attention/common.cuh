@@ -79,6 +79,33 @@ __device__ __forceinline__ QoHead qo_head(int pr, uint32_t kv_head, int G) {
   return {pr / G, int(kv_head) * G + pr % G};
 }
 
+/// Packed rows pr0, pr0 + step, pr0 + 2 step, ... of a group of G query heads as (q row, head
+/// within the group) and, given a tensor's row and head strides, the element offset
+/// qo * stride_n + h * stride_h: two divisions by the run-time G when built, then adds and one
+/// compare per row (a 32-bit division by a run-time value is a ~20-instruction sequence, and
+/// the FA2 kernel's Q copies and output stores took one per 16-byte chunk).
+struct PackedRowWalk {
+  int qo, h;            // of the current row: pr / G, pr % G
+  int step_qo, step_h;  // step / G, step % G
+  int G;
+  int64_t off, off_step, off_wrap;  // the row's offset; its change per step; per carry of h
+
+  __device__ __forceinline__ PackedRowWalk(int pr0, int step, int group, int64_t stride_n = 0,
+                                           int64_t stride_h = 0)
+      : qo(pr0 / group), h(pr0 % group), step_qo(step / group), step_h(step % group),
+        G(group) {
+    off = qo * stride_n + h * stride_h;
+    off_step = step_qo * stride_n + step_h * stride_h;
+    off_wrap = stride_n - group * stride_h;
+  }
+  __device__ __forceinline__ void next() {
+    qo += step_qo;
+    h += step_h;  // < 2 G
+    off += off_step;
+    if (h >= G) h -= G, ++qo, off += off_wrap;
+  }
+};
+
 /// What the plan says of one work item: request, packed-row tile, KV chunk and merge slot, and
 /// the request's q rows and keys (AttentionParams::item_qo_begin).
 struct ItemIds {
@@ -375,6 +402,11 @@ struct OutputWriter {
   /// The base-2 lse of packed row pr.
   __device__ __forceinline__ void lse(int pr, float value) const {
     const auto [qo, head] = qo_head(pr, kv_head, p.group_size);
+    lse_at(qo, head, value);
+  }
+
+  /// The base-2 lse of q row qo (of the request), q head `head`.
+  __device__ __forceinline__ void lse_at(int qo, int head, float value) const {
     if (partial) {
       const int64_t part = p.merge_indptr[r.qo_begin + qo] + r.chunk;
       p.lse_part[part * p.num_qo_heads + head] = value;

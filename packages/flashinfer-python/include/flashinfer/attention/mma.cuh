@@ -34,18 +34,29 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-/// Four 8x8 b16 matrices; lane l gives the row address of matrix l/8, row l%8.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
+/// Four 8x8 b16 matrices; lane l gives the row address of matrix l/8, row l%8 (a shared-state
+/// space address: smem_addr).
+__device__ __forceinline__ void ldmatrix_x4_at(uint32_t r[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(smem)));
+               : "r"(addr));
 }
 
-/// As ldmatrix_x4, each matrix transposed (the B operand from a row-major [k][n] tile).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
+/// As ldmatrix_x4_at, each matrix transposed (the B operand from a row-major [k][n] tile).
+__device__ __forceinline__ void ldmatrix_x4_trans_at(uint32_t r[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(smem)));
+               : "r"(addr));
+}
+
+/// ldmatrix_x4_at of a generic pointer into shared memory.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
+  ldmatrix_x4_at(r, smem_addr(smem));
+}
+
+/// ldmatrix_x4_trans_at of a generic pointer into shared memory.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
+  ldmatrix_x4_trans_at(r, smem_addr(smem));
 }
 
 /// c += a * b for one m16n8k16 tile: a row-major 16x16, b "col" 16x8, c fp32 16x8.

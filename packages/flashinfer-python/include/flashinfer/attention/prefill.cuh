@@ -259,33 +259,49 @@ __device__ __forceinline__ void store_o_staged(const AttentionParams& p, const O
                                                typename KT::DTypeQ* stage, int first, int lane) {
   using TO = typename KT::DTypeO;
   using Tile = typename KT::Tile;
-  const int g = lane / 4, t = lane % 4;
+  const int g = lane / 4, t = lane % 4, G = p.group_size;
+  const int head0 = int(kv_head) * G;
   __syncwarp();  // the warp's last ldmatrix of its Q rows is behind every lane
+  // This thread's rows first + g + 8 i (i = 2 mq + h), walked 8 packed rows at a time. Their
+  // row % 8 is g (first is a multiple of 16), so chunk n of row first + g + 8 i sits at
+  // Tile::offset(first + g, 0) + 8 i D XOR 8 n (8 n < D, a power of two; + 2 t below bit 3):
+  // one LOP3 per 4-byte store instead of the swizzle's index arithmetic.
+  static_assert((KT::kHeadDim & (KT::kHeadDim - 1)) == 0, "the staged output's XOR offsets");
+  const uint32_t lane_off = Tile::offset(first + g, 0) + 2 * t;
+  PackedRowWalk w(r.row_begin + first + g, 8, G);
 #pragma unroll
   for (int mq = 0; mq < MQ; ++mq)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2; ++h, w.next()) {
       const int row = first + mq * 16 + g + 8 * h, pr = r.row_begin + row;
       float row_lse = d[mq][h] > 0.f ? m[mq][h] + log2f(d[mq][h]) : -INFINITY;
       float inv = d[mq][h] > 0.f ? p.o_scale / d[mq][h] : 0.f;
       if (pr < r.packed_len) {
-        inv *= out.sink(pr, row_lse);
-        if (t == 0) out.lse(pr, row_lse);
+        inv *= fold_sink(p, r, head0 + w.h, row_lse);
+        if (t == 0) out.lse_at(w.qo, head0 + w.h, row_lse);
       }
+      const uint32_t row_off = lane_off + uint32_t(mq * 16 + 8 * h) * KT::kHeadDim;
 #pragma unroll
       for (int n = 0; n < NC; ++n)
-        *reinterpret_cast<uint32_t*>(stage + Tile::offset(row, n) + 2 * t) =
+        *reinterpret_cast<uint32_t*>(stage + (row_off ^ (8 * n))) =
             pack2<TO>(o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
     }
   __syncwarp();
+  // Lane l stores chunk l % NC of rows first + l / NC + k (32 / NC): the chunk is fixed and
+  // the rows advance by a constant, so their (q row, head) are walked, not divided.
   constexpr int kRowChunks = NC, kRows = 16 * MQ;
+  static_assert(32 % kRowChunks == 0 && kRows % (32 / kRowChunks) == 0,
+                "a warp stores whole rows of the staged tile per instruction");
+  constexpr int kLaneRows = 32 / kRowChunks;
+  const int c = lane % kRowChunks, row0 = first + lane / kRowChunks;
+  PackedRowWalk wr(r.row_begin + row0, kLaneRows, G, p.o_stride_n, p.o_stride_h);
+  TO* const o_rows = static_cast<TO*>(p.o) + int64_t(r.qo_begin) * p.o_stride_n +
+                     int64_t(head0) * p.o_stride_h + c * 8;
 #pragma unroll 4
-  for (int i = lane; i < kRows * kRowChunks; i += 32) {
-    const int row = first + i / kRowChunks, c = i % kRowChunks, pr = r.row_begin + row;
-    if (pr >= r.packed_len) continue;
-    const auto [qo, head] = qo_head(pr, kv_head, p.group_size);
-    TO* dst = static_cast<TO*>(p.o) + (r.qo_begin + qo) * p.o_stride_n + head * p.o_stride_h;
-    *reinterpret_cast<uint4*>(dst + c * 8) =
+  for (int i = 0; i < kRows / kLaneRows; ++i, wr.next()) {
+    const int row = row0 + i * kLaneRows;
+    if (r.row_begin + row >= r.packed_len) break;  // rows only increase
+    *reinterpret_cast<uint4*>(o_rows + wr.off) =
         *reinterpret_cast<const uint4*>(stage + Tile::offset(row, c));
   }
 }
@@ -397,15 +413,20 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 
   using TKV = typename KT::DTypeKV;
   T* q_smem = reinterpret_cast<T*>(smem);
-  T* kv_smem = reinterpret_cast<T*>(smem + KT::kQSmem);
   constexpr int kStages = KT::kStages;
   constexpr int kHalfTiles = KT::kHalfTiles;
   // The DTypeQ tiles the MMAs read (with fp8 K/V one K and one V per stream, whatever the
   // stage): a K tile [kTileKV][D], then a V tile [kTileKV][DV].
-  auto k_tile = [&](int stage) {
-    return kv_smem + (wkv * kHalfTiles + (KT::kConvertKV ? 0 : stage)) * kTileKV * (D + DV);
+  // (k_tile_bytes, v_tile_bytes: their byte offsets in the CTA's shared memory.)
+  auto k_tile_bytes = [&](int stage) {
+    return uint32_t(KT::kQSmem) + uint32_t((wkv * kHalfTiles + (KT::kConvertKV ? 0 : stage)) *
+                                           kTileKV * (D + DV) * int(sizeof(T)));
   };
-  auto v_tile = [&](int stage) { return k_tile(stage) + kTileKV * D; };
+  auto v_tile_bytes = [&](int stage) {
+    return k_tile_bytes(stage) + uint32_t(kTileKV * D * int(sizeof(T)));
+  };
+  auto k_tile = [&](int stage) { return reinterpret_cast<T*>(smem + k_tile_bytes(stage)); };
+  auto v_tile = [&](int stage) { return reinterpret_cast<T*>(smem + v_tile_bytes(stage)); };
   // fp8 K/V: the staging tiles the copies land in, [kTileKV][D] bytes, unswizzled (each thread
   // reads back its own 16-byte chunks: a warp covers 512 contiguous bytes per row step).
   uint8_t* kv_stage = smem + KT::kQSmem + (KT::kKVSmem - KT::kStageSmem);
@@ -415,16 +436,34 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 
   // 2. Q tile -> shared memory (rows past the request are zeros).
   const T* q = static_cast<const T*>(p.q);
-  for (int i = tid; i < kTileQ * kChunks; i += KT::kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const int pr = row_begin + r;
-    const bool valid = pr < packed_len;
-    const T* src = q;
-    if (valid) {
-      const auto [qo, head] = qo_head(pr, kv_head, G);
-      src = q + (qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + c * 8;
+  if constexpr (KT::kThreads % kChunks == 0) {
+    // Thread tid copies chunk tid % kChunks of rows tid / kChunks + k kQRowStep: the chunk is
+    // fixed and the rows advance by a constant, so their (q row, head) are walked, not divided.
+    constexpr int kQRowStep = KT::kThreads / kChunks;
+    constexpr int kQCopies = (kTileQ + kQRowStep - 1) / kQRowStep;
+    const int c = tid % kChunks, r0 = tid / kChunks;
+    PackedRowWalk w(row_begin + r0, kQRowStep, G, p.q_stride_n, p.q_stride_h);
+    const T* const q_rows =
+        q + int64_t(qo_begin) * p.q_stride_n + int64_t(kv_head) * G * p.q_stride_h + c * 8;
+#pragma unroll 4
+    for (int i = 0; i < kQCopies; ++i, w.next()) {
+      const int r = r0 + i * kQRowStep;
+      if (kTileQ % kQRowStep != 0 && r >= kTileQ) break;  // (more threads than copies)
+      const bool valid = row_begin + r < packed_len;
+      cp_async_16(q_smem + Tile::offset(r, c), valid ? q_rows + w.off : q, valid);
     }
-    cp_async_16(q_smem + Tile::offset(r, c), src, valid);
+  } else {
+    for (int i = tid; i < kTileQ * kChunks; i += KT::kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const int pr = row_begin + r;
+      const bool valid = pr < packed_len;
+      const T* src = q;
+      if (valid) {
+        const auto [qo, head] = qo_head(pr, kv_head, G);
+        src = q + (qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + c * 8;
+      }
+      cp_async_16(q_smem + Tile::offset(r, c), src, valid);
+    }
   }
   cp_async_commit();
 
@@ -577,12 +616,21 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   const int q_row = wq * 16 * kMmaQ + lane % 16, k_row = lane % 8 + (lane / 16) * 8;
   const uint32_t q_row0 = kPow2D ? 0u : uint32_t(q_row * D);
   const uint32_t k_row0 = kPow2D ? 0u : uint32_t(k_row * D);
-  const uint32_t q_off0 = Tile::offset(q_row, lane / 16) - q_row0;
-  const uint32_t k_off0 = Tile::offset(k_row, (lane / 8) % 2) - k_row0;
-  const uint32_t v_off0 = VTile::offset(lane % 16, lane / 16);
+  // In bytes, and with the shared-state address of the CTA's shared memory (one register: the
+  // ldmatrix addresses below are smem_base + tile + row part + (offset ^ 32 j) + immediates).
+  // A shuffle makes each opaque to ptxas, which otherwise recomputes them from the thread
+  // index at every tile once registers are tight (~40 instructions per tile at 128 x 64 on
+  // sm_90a; ptxas sees through an empty asm).
+  const uint32_t smem_base = __shfl_sync(0xffffffffu, smem_addr(smem), 0);
+  const uint32_t q_off0 =
+      __shfl_sync(0xffffffffu, 2 * (Tile::offset(q_row, lane / 16) - q_row0), lane);
+  const uint32_t k_off0 =
+      __shfl_sync(0xffffffffu, 2 * (Tile::offset(k_row, (lane / 8) % 2) - k_row0), lane);
+  const uint32_t v_off0 =
+      __shfl_sync(0xffffffffu, 2 * VTile::offset(lane % 16, lane / 16), lane);
   uint32_t q_frag[KT::kQInRegs ? kMmaQ : 1][KT::kQInRegs ? D / 16 : 1][4];
   auto load_q_frag = [&](uint32_t a[4], uint32_t q_off, int mq, int kk) {
-    ldmatrix_x4(a, q_smem + (q_row0 + (q_off ^ (16 * kk)) + mq * 16 * D));
+    ldmatrix_x4_at(a, smem_base + 2 * q_row0 + (q_off ^ (32 * kk)) + mq * 32 * D);
   };
   // kRegKV: S is computed in fp16 with Q's channels in fp8_qk_regs's order; a bfloat16 q is
   // multiplied by 2^-sh (sh >= 0, the smallest that puts the warp's largest |q| below 2^15:
@@ -653,6 +701,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     uint32_t q_off = q_off0, k_off = k_off0, v_off = v_off0;
     asm volatile("" : "+r"(q_off), "+r"(k_off), "+r"(v_off));  // per tile (above)
     T* ks = k_tile(stage);
+    const uint32_t ks_at = smem_base + k_tile_bytes(stage);
     if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
       rope_tile<KT>(ks, kTileKV, [&](int r) { return base + r; }, gtid, KT::kGroupThreads, p);
       group_sync<KT>(wkv);
@@ -689,7 +738,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 #pragma unroll
       for (int n2 = 0; n2 < kMmaKV; ++n2) {
         uint32_t kb[4];
-        ldmatrix_x4(kb, ks + (k_row0 + (k_off ^ (16 * kk)) + n2 * 16 * D));
+        ldmatrix_x4_at(kb, ks_at + 2 * k_row0 + (k_off ^ (32 * kk)) + n2 * 32 * D);
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
           const uint32_t* a = KT::kQInRegs ? q_frag[KT::kQInRegs ? mq : 0][KT::kQInRegs ? kk : 0]
@@ -723,7 +772,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     cp_async_wait<2 * kAhead - 1>();  // V[j]
     convert(stage, std::true_type{});
     group_sync<KT>(wkv);
-    T* vs = v_tile(stage);
+    const uint32_t vs_at = smem_base + v_tile_bytes(stage);
     // O += P V
     if constexpr (KT::kRegKV) {
       if constexpr (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE)
@@ -737,7 +786,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 #pragma unroll
       for (int n2 = 0; n2 < DV / 16; ++n2) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, vs + ((v_off ^ (16 * n2)) + kk * 16 * DV));
+        ldmatrix_x4_trans_at(vb, vs_at + (v_off ^ (32 * n2)) + kk * 32 * DV);
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
           mma_16816<typename KT::DTypePV>(o[mq][2 * n2], pa[mq], vb[0], vb[1]);
