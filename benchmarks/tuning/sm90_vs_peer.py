@@ -48,8 +48,6 @@ VARIANTS = {
     # The wide heads' tiles (Sm90Traits): default 80 keys, one Q buffer at 256; 128 keys, one Q
     # buffer at 192 / 128.
     "hd256: 64-key tiles": (("SM90_TILE_KV=64",), ((256, 256),)),
-    "hd256: 2 Q buffers, 48-key tiles": (("SM90_TILE_KV=48", "SM90_Q_BUFFERS=2"),
-                                         ((256, 256),)),
     "192/128: 2 Q buffers, 96-key tiles": (("SM90_TILE_KV=96", "SM90_Q_BUFFERS=2"),
                                            ((192, 128),)),
     "192/128: 112-key tiles": (("SM90_TILE_KV=112",), ((192, 128),)),
