@@ -28,7 +28,7 @@ rm -f /tmp/peer-ready /tmp/aot-tests-done /tmp/aot-alt-done
 log "peer warmup (background)"
 groups=${PEER_GROUPS:-0,1,5,7,8 2,3,4,9 6}
 for group in $groups; do
-  ( peer nice -n 5 python3 benchmarks/tuning/sm90_vs_peer.py peer /dev/null --warmup --cases $group \
+  ( peer nice -n ${PEER_NICE:-5} python3 benchmarks/tuning/sm90_vs_peer.py peer /dev/null --warmup --cases $group \
       > /tmp/peer-warm-$group.log 2>&1; echo "$group exit $?" >> /tmp/peer-ready ) &
 done
 test_modules=${TEST_MODULES:-attention_ragged_bf16_obf16_d64_none_none,attention_paged_bf16_obf16_d64_causal_none,attention_ragged_f16_of16_d128_causal_none}
@@ -40,7 +40,12 @@ print(','.join(s.name for s in aot.registered_specs() if s.name.startswith('atte
 from flashinfer import aot
 from flashinfer.jit.attention import precompiled_variants
 print(','.join(v.name for v in precompiled_variants() if v.has_sm90))")
-( ours nice -n 5 python3 -m flashinfer.aot --jobs 12 --only "$test_modules" \
+# "wide": those at head_dim 256 and 192 / 128 (custom masks: fp16 ragged only).
+[ "$test_modules" = wide ] && test_modules=$(ours python3 -c "
+from flashinfer.jit.attention import precompiled_variants
+print(','.join(v.name for v in precompiled_variants() if v.has_sm90 and v.head_dim in (192, 256)
+               and (v.mask_mode != 'custom' or (v.dtype_q == 'float16' and not v.paged))))")
+( ours nice -n ${AOT_NICE:-5} python3 -m flashinfer.aot --jobs ${AOT_JOBS:-12} --only "$test_modules" \
     > /tmp/aot-tests.log 2>&1; echo done > /tmp/aot-tests-done ) &
 hopper_modules=attention_ragged_bf16_obf16_d64_causal_none,attention_ragged_bf16_obf16_d128_causal_none,attention_ragged_bf16_obf16_d128_none_none,attention_ragged_bf16_obf16_d64_none_none,attention_paged_bf16_obf16_d64_causal_none,attention_paged_bf16_obf16_d128_causal_none,attention_ragged_f16_of16_d128_causal_none
 if [ -n "${ALT_FLAGS:-}" ]; then
@@ -49,7 +54,7 @@ if [ -n "${ALT_FLAGS:-}" ]; then
 fi
 log "ours: build, check, time"
 t=$(( $(left) - 80 )); [ $t -gt ${SWEEP_TIMEOUT:-150} ] && t=${SWEEP_TIMEOUT:-150}
-ours timeout $t python3 benchmarks/tuning/sm90_vs_peer.py ours /tmp/ours.json "$@" \
+ours timeout $t nice -n ${SWEEP_NICE:-0} python3 benchmarks/tuning/sm90_vs_peer.py ours /tmp/ours.json "$@" \
   > $OUT/ours.log 2>&1
 log "ours exit $?"
 grep -E "^check|built|^== " $OUT/ours.log >> $OUT/log.txt
@@ -61,7 +66,8 @@ done
 run_tests() {  # $1: seconds to leave for what follows
   while [ ! -f /tmp/aot-tests-done ] && [ $(left) -gt 40 ]; do sleep 2; done
   log "tests"
-  ours timeout $(( $(left) - $1 )) python3 -m pytest ${TESTS:-tests/test_prefill.py -k hopper} \
+  local t=$(( $(left) - $1 )); [ $t -lt 20 ] && t=20
+  ours timeout $t python3 -m pytest ${TESTS:-tests/test_prefill.py -k hopper} \
     ${TESTS_K:+-k "$TESTS_K"} -q -p no:cacheprovider --maxfail=${MAXFAIL:-1} -rfEs \
     > $OUT/pytest.log 2>&1
   log "pytest exit $?: $(tail -1 $OUT/pytest.log)"
@@ -90,5 +96,5 @@ if [ -n "${ALT_FLAGS:-}" ]; then
     ${TESTS:-tests/test_prefill.py -k hopper} -q -p no:cacheprovider -x -rfEs > $OUT/pytest-alt.log 2>&1
   log "pytest (alt) exit $?: $(tail -1 $OUT/pytest-alt.log)"
 fi
-tail -3 /tmp/peer-warm-*.log > $OUT/peer-warm.txt 2>&1
+for f in /tmp/peer-warm-*.log; do echo "== $f"; tail -n 3 "$f"; done > $OUT/peer-warm.txt 2>&1
 log "done"

@@ -42,15 +42,16 @@ DT = torch.bfloat16
 # default build). "default" is the tree.
 VARIANTS = {
     "default": ((), None),
-    # setmaxnreg splits (default 88 / 208, 72 / 216 at head_dim 256; the consumers take the rest)
+    # setmaxnreg splits (default 88 / 208; the consumers take the rest)
     "producer 40 / consumers 232": (("SM90_PRODUCER_REGS=40",), None),
     "producer 56 / consumers 224": (("SM90_PRODUCER_REGS=56",), None),
-    # The wide heads' tiles (Sm90Traits): default 80 keys, one Q buffer at 256; 128 keys, one Q
-    # buffer at 192 / 128.
-    "hd256: 64-key tiles": (("SM90_TILE_KV=64",), ((256, 256),)),
-    "192/128: 2 Q buffers, 96-key tiles": (("SM90_TILE_KV=96", "SM90_Q_BUFFERS=2"),
+    # The wide heads' tiles (Sm90Traits): default 64 keys, one Q buffer at 256; 96 keys, two
+    # Q buffers at 192 / 128.
+    "hd256: 80-key tiles": (("SM90_TILE_KV=80", "SM90_PRODUCER_REGS=72"), ((256, 256),)),
+    "192/128: 1 Q buffer, 128-key tiles": (("SM90_TILE_KV=128", "SM90_Q_BUFFERS=1"),
                                            ((192, 128),)),
-    "192/128: 112-key tiles": (("SM90_TILE_KV=112",), ((192, 128),)),
+    "192/128: 1 Q buffer, 112-key tiles": (("SM90_TILE_KV=112", "SM90_Q_BUFFERS=1"),
+                                           ((192, 128),)),
 }
 
 

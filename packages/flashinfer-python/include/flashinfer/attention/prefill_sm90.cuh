@@ -10,8 +10,7 @@
 // free buffer ("empty", handed back by the consumers), never for data. It also writes each
 // item's bounds (ItemRange) into the slot of its Q buffer (one or two: Sm90Traits).
 // No CTA-wide barrier in the main loop: the three warpgroups run decoupled.
-// Registers move from the producer to the consumers with setmaxnreg (88 / 208 up to
-// head_dim 192, tuning.cuh).
+// Registers move from the producer (88 per thread) to the consumers (208) with setmaxnreg.
 //
 // Consumer loop, per KV tile j (FlashAttention-3's intra-warpgroup overlap): issue S_j = Q K_j^T
 // (wgmma, Q and K from shared memory) and O += P_{j-1} V_{j-1} (P from registers, V from shared
@@ -124,15 +123,19 @@ struct Sm90Maps {
  * @tparam POS_ kNone or kAlibi (in-kernel RoPE rotates K in shared memory: the FA2 kernel)
  *
  * Registers. A consumer thread holds O (HEAD_DIM_VO / 2 fp32), S (kTileKV / 2), P (kTileKV / 4)
- * and the row state. At head_dim 256 O alone is 128 registers, so the K/V tile narrows to 80
- * keys (S 40, P 20) and the consumers take more of the producer's registers (setmaxnreg).
+ * and the row state. At head_dim 256 O alone is 128 registers, so the K/V tile narrows to 64
+ * keys (S 32, P 16), which keeps the 88 / 208 register split (tuning.cuh) free of spills.
  * head_dim 512 is not built here: its O would be 256 registers per thread, past the 255 a
  * thread may have, with nothing left for S (the FA2 kernel splits its columns over two CTAs).
  * Shared memory (227 KB): Q [128 x D] in kQBuffers buffers, then kStages x (K [kTileKV x D] +
  * V [kTileKV x D_vo]): as many stages as fit, at most four. head_dim 128: 2 Q + 2 x 64 KB
- * = 192 KB; 64: 2 Q + 4 x 32 KB; 256: one Q buffer (64 KB) + 2 x 80 KB = 224 KB (two Q
- * buffers would leave 48-key tiles); 192 / 128: one Q buffer (48 KB) + 2 x 80 KB at 128
- * keys = 208 KB (two would leave 96-key tiles).
+ * = 192 KB; 64: 2 Q + 4 x 32 KB; 256: one Q buffer (64 KB) + 2 x 64 KB of 64-key tiles = 192
+ * KB (two Q buffers would leave 48-key tiles); 192 / 128: two Q buffers (96 KB) + 2 x 60 KB of
+ * 96-key tiles = 216 KB. Measured (H200, benchmarks/notes/sm90-head-dims.md): 64-key tiles
+ * against 80 (224 KB, FlashAttention-3's choice) at 256: ragged 16 x 1024 404 vs 452 us, paged
+ * 8 x 2048 701 vs 789, non-causal 8192 1658 vs 1745, causal 8192 848 vs 810; at 192 / 128 two
+ * Q buffers and 96-key tiles against one and 128 (or 112): ragged 16 x 1024 1898 vs 2043
+ * (1933).
  */
 template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, int HEAD_DIM_VO_, MaskMode MASK_,
           PosEncoding POS_, bool PAGED_>
@@ -148,12 +151,12 @@ struct Sm90Traits {
 #ifdef FLASHINFER_ATTENTION_SM90_TILE_KV  // tuning override (benchmarks/tuning)
   static constexpr int kTileKV = FLASHINFER_ATTENTION_SM90_TILE_KV;
 #else
-  static constexpr int kTileKV = HEAD_DIM_ <= 192 ? 128 : 80;
+  static constexpr int kTileKV = HEAD_DIM_ <= 128 ? 128 : HEAD_DIM_ == 192 ? 96 : 64;
 #endif
 #ifdef FLASHINFER_ATTENTION_SM90_Q_BUFFERS  // tuning override
   static constexpr int kQBuffers = FLASHINFER_ATTENTION_SM90_Q_BUFFERS;
 #else
-  static constexpr int kQBuffers = HEAD_DIM_ <= 128 ? 2 : 1;
+  static constexpr int kQBuffers = HEAD_DIM_ <= 192 ? 2 : 1;
 #endif
   static constexpr size_t kQBytes = size_t(kTileQ) * HEAD_DIM_ * 2;
   static constexpr size_t kKBytes = size_t(kTileKV) * HEAD_DIM_ * 2;
