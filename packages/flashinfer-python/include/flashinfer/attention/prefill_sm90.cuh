@@ -10,7 +10,8 @@
 // free buffer ("empty", handed back by the consumers), never for data. It also writes each
 // item's bounds (ItemRange) into the slot of its Q buffer (one or two: Sm90Traits).
 // No CTA-wide barrier in the main loop: the three warpgroups run decoupled.
-// Registers move from the producer (88 per thread) to the consumers (208) with setmaxnreg.
+// Registers move from the producer (88 per thread, 72 at head_dim 256) to the consumers (208,
+// 216) with setmaxnreg.
 //
 // Consumer loop, per KV tile j (FlashAttention-3's intra-warpgroup overlap): issue S_j = Q K_j^T
 // (wgmma, Q and K from shared memory) and O += P_{j-1} V_{j-1} (P from registers, V from shared
@@ -124,7 +125,8 @@ struct Sm90Maps {
  *
  * Registers. A consumer thread holds O (HEAD_DIM_VO / 2 fp32), S (kTileKV / 2), P (kTileKV / 4)
  * and the row state. At head_dim 256 O alone is 128 registers, so the K/V tile narrows to 64
- * keys (S 32, P 16), which keeps the 88 / 208 register split (tuning.cuh) free of spills.
+ * keys (S 32, P 16) and the consumers take more of the producer's registers (72 / 216,
+ * tuning.cuh).
  * head_dim 512 is not built here: its O would be 256 registers per thread, past the 255 a
  * thread may have, with nothing left for S (the FA2 kernel splits its columns over two CTAs).
  * Shared memory (227 KB): Q [128 x D] in kQBuffers buffers, then kStages x (K [kTileKV x D] +
