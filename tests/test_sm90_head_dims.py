@@ -1,7 +1,7 @@
 """The Hopper kernel (``backend="fa3"``, CTA shape 3) at head_dim 256 and at head_dim_qk 192 /
 head_dim_vo 128 (MLA prefill) against the float64 reference: ragged and paged, fp16 and bf16,
 causal or not, GQA 1/4/8, awkward lengths (one token, empty requests, q shorter and longer than
-kv, lengths off the 80- and 128-key tiles), split KV, soft cap, window, sinks, custom mask,
+kv, lengths off the 64- and 96-key tiles), split KV, soft cap, window, sinks, custom mask,
 ALiBi, lse; K/V tiles that read past the requests. Every GPU test asserts that the plan chose
 the Hopper kernel. CPU: which variants have it."""
 
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_ref import LN2, attention_ref
+from attention_ref import attention_ref
+from test_attention_head_dims import _paged  # (k, v) caches of two head dims
+from test_attention_spec_sinks import sink_ref  # attention_ref with sinks folded in
 
 import flashinfer
 import flashinfer.attention.runtime as rt
@@ -40,24 +42,13 @@ def _randn(gen, dtype, *shape):
     return torch.randn(*shape, generator=gen).to(dtype).cuda()
 
 
-def _ref(q, k, v, sinks=None, **kw):
-    """attention_ref, with attention sinks folded in (one logit per head that adds to each row's
-    softmax sum and nothing to its output)."""
-    o, lse = attention_ref(q, k, v, **kw)
-    if sinks is None:
-        return o, lse
-    nat = lse * LN2
-    total = torch.logaddexp(nat, sinks.double().to(nat.device)[None, :].expand_as(nat))
-    return o * torch.exp(nat - total)[..., None], total / LN2
-
-
 def _check(o, lse, q, seqs, qi, dtype, sinks=None, **kw):
     """Each request (rows qi[b]:qi[b+1] over its (k, v)) against the reference, lse too."""
     for b, (k, v) in enumerate(seqs):
         s, e = int(qi[b]), int(qi[b + 1])
         if s == e:
             continue
-        ro, rl = _ref(q[s:e], k, v, sinks, **kw)
+        ro, rl = sink_ref(q[s:e], k, v, sinks, **kw)
         torch.testing.assert_close(o[s:e].double(), ro, **TOL[dtype])
         if lse is not None:
             finite = torch.isfinite(rl)
@@ -91,7 +82,7 @@ def _run_ragged(q, k, v, qi, ki, hq, hkv, dqk, dvo, dtype, layout="NHD", run_kw=
 
 
 # Lengths: one token, an empty request, q shorter than kv, q longer than kv (causal rows that
-# see no key), lengths on and off the 80- and 128-key tiles, one request of several tiles.
+# see no key), lengths on and off the 64- and 96-key tiles, one request of several tiles.
 QO_LENS, KV_LENS = [1, 77, 0, 260, 9, 130, 300], [1, 77, 5, 300, 40, 50, 1111]
 
 
@@ -187,23 +178,20 @@ def test_split_kv(heads):
     _check(o, lse, q, seqs, qi, torch.bfloat16, causal=True)
 
 
-def _paged_cache(kv_lens, page, hkv, dqk, dvo, dtype, gen):
-    """A (k, v) paged cache (NHD) with pages in shuffled order and partial last pages:
-    (cache, indptr, indices, last_page_len, [(k_b, v_b)])."""
-    pages = [-(-n // page) for n in kv_lens]
-    total = sum(pages) + 3
-    perm = torch.randperm(total, generator=gen)[:sum(pages)]
-    k_cache = _randn(gen, dtype, total, page, hkv, dqk)
-    v_cache = _randn(gen, dtype, total, page, hkv, dvo)
-    indptr = _cum(pages)
-    seqs = []
-    for b, n in enumerate(kv_lens):
-        ids = perm[indptr[b]:indptr[b + 1]].cuda()
-        seqs.append((k_cache[ids].reshape(-1, hkv, dqk)[:n],
-                     v_cache[ids].reshape(-1, hkv, dvo)[:n]))
-    last = torch.tensor([n - (p - 1) * page if p else 0 for n, p in zip(kv_lens, pages)],
-                        dtype=torch.int32)
-    return (k_cache, v_cache), indptr, perm.to(torch.int32), last, seqs
+def _run_paged(qo_lens, kv_lens, page, hq, hkv, heads, dtype, gen, run_kw=None, **plan_kw):
+    """A paged prefill on the Hopper kernel over a (k, v) cache with pages in shuffled order
+    and partial last pages: (o, lse, q, [(k_b, v_b)], qo_indptr)."""
+    dqk, dvo = heads
+    cache, indptr, indices, last, seqs = _paged(kv_lens, page, hkv, dqk, dvo, dtype, gen)
+    qi = _cum(qo_lens)
+    q = _randn(gen, dtype, sum(qo_lens), hq, dqk)
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD", backend="fa3")
+    w.plan(qi, indptr, indices, last, hq, hkv, dqk, page, head_dim_vo=dvo, q_data_type=dtype,
+           **plan_kw)
+    assert w._plan.cta == 3
+    o, lse = w.run(q, cache, return_lse=True, **(run_kw or {}))
+    assert o.shape == (sum(qo_lens), hq, dvo)
+    return o, lse, q, seqs, qi
 
 
 @_hopper
@@ -213,21 +201,12 @@ def _paged_cache(kv_lens, page, hkv, dqk, dvo, dtype, gen):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_paged(heads, page, causal, dtype):
     """The cp.async producer gathers K (head_dim_qk wide) and V (head_dim_vo wide) rows page by
-    page: page sizes that do not divide its 20- or 32-key warp slices, partial last pages, an
+    page: page sizes that do not divide its 16- or 24-key warp slices, partial last pages, an
     empty request, several items per CTA."""
     gen = torch.Generator().manual_seed(heads[0] * 10 + page + 2 * causal)
-    dqk, dvo = heads
-    hq, hkv = 16, 4
     qo_lens, kv_lens = [300, 129, 0, 1, 650, 40], [1000, 129, 7, 1, 700, 33]
-    cache, indptr, indices, last, seqs = _paged_cache(kv_lens, page, hkv, dqk, dvo, dtype, gen)
-    qi = _cum(qo_lens)
-    q = _randn(gen, dtype, sum(qo_lens), hq, dqk)
-    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD", backend="fa3")
-    w.plan(qi, indptr, indices, last, hq, hkv, dqk, page, head_dim_vo=dvo, causal=causal,
-           q_data_type=dtype)
-    assert w._plan.cta == 3
-    o, lse = w.run(q, cache, return_lse=True)
-    assert o.shape == (sum(qo_lens), hq, dvo)
+    o, lse, q, seqs, qi = _run_paged(qo_lens, kv_lens, page, 16, 4, heads, dtype, gen,
+                                     causal=causal)
     _check(o, lse, q, seqs, qi, dtype, causal=causal)
 
 
@@ -235,18 +214,11 @@ def test_paged(heads, page, causal, dtype):
 @pytest.mark.parametrize("heads", HEADS)
 def test_paged_sinks_window_soft_cap(heads):
     gen = torch.Generator().manual_seed(heads[0] + 5)
-    dqk, dvo = heads
-    hq, hkv, page, dtype = 8, 1, 16, torch.bfloat16
-    qo_lens, kv_lens = [200, 65, 1], [500, 65, 300]
-    cache, indptr, indices, last, seqs = _paged_cache(kv_lens, page, hkv, dqk, dvo, dtype, gen)
-    qi = _cum(qo_lens)
-    q = _randn(gen, dtype, sum(qo_lens), hq, dqk)
+    hq, dtype = 8, torch.bfloat16
     sinks = (torch.rand(hq, generator=gen) * 6 - 3).cuda()
-    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD", backend="fa3")
-    w.plan(qi, indptr, indices, last, hq, hkv, dqk, page, head_dim_vo=dvo, causal=True,
-           q_data_type=dtype, window_left=100, logits_soft_cap=25.0)
-    assert w._plan.cta == 3
-    o, lse = w.run(q, cache, return_lse=True, sinks=sinks)
+    o, lse, q, seqs, qi = _run_paged([200, 65, 1], [500, 65, 300], 16, hq, 1, heads, dtype, gen,
+                                     run_kw=dict(sinks=sinks), causal=True, window_left=100,
+                                     logits_soft_cap=25.0)
     _check(o, lse, q, seqs, qi, dtype, sinks, causal=True, window_left=100, soft_cap=25.0)
 
 
