@@ -143,6 +143,9 @@ CASES = {
     "batch decode hd512 16 x kv 8192 (tensor cores)": lambda: _decode_512(16, 8192, True),
     "batch decode hd512 16 x kv 8192 (CUDA cores)": lambda: _decode_512(16, 8192, False),
     "paged prefill hd512 causal 4 x 2048": lambda: _paged_prefill_512(4, 2048),
+    # Issue 22: head_dim 256 on the Hopper kernel ("auto"; FlashInfer's fa3 published 819 us, H100).
+    "single prefill causal 8192, head_dim 256, 16/8 heads": lambda: ba._single_prefill(
+        8192, 819.0, ">= 1.0x FlashInfer fa3", None, 16, 8, 256),
     # Issue 21: speculative decoding (q_len_per_req 4 against q_len 1 above) and sinks (each
     # against the same case without them).
     "batch decode 64 x kv 4096, q_len_per_req 4": lambda: _spec_decode(64, 4096, q_len=4),

@@ -251,13 +251,15 @@ def test_single_prefill_192_128():
 @pytest.mark.gpu
 @pytest.mark.parametrize("qk,vo", [(512, 512), (192, 128)])
 def test_cta_shapes_of_the_wide_heads_match_the_plan(qk, vo):
-    """plan.py's tile of each CTA shape is what launch.cuh compiled; neither the Hopper kernel
-    (3) nor the eight-stream decode shape (5) exists at these head dims."""
+    """plan.py's tile of each CTA shape is what launch.cuh compiled; the eight-stream decode
+    shape (5) exists at neither head dim, the Hopper kernel (3) at 192 / 128 but not 512."""
     variant = AttentionVariant("bfloat16", "bfloat16", qk, "causal", "NONE", False,
                                head_dim_vo=vo)
     module = rt.get_attention_module(variant)
     for cta in range(6):
-        assert module.cta_tile_q(cta) == (0 if cta in (3, 5) else tile_rows(cta, qk)), cta
+        absent = cta == 5 or (cta == 3 and not variant.has_sm90)
+        assert module.cta_tile_q(cta) == (0 if absent else tile_rows(cta, qk)), cta
+    assert variant.has_sm90 == (qk == 192)
 
 
 # ---- CPU: what is refused, and the variants --------------------------------------------------
@@ -359,12 +361,12 @@ def test_single_prefill_checks_v(no_compile, monkeypatch):
 def test_variants_of_the_wide_heads():
     v = AttentionVariant("bfloat16", "bfloat16", 192, "causal", "NONE", False, head_dim_vo=128)
     assert v.name == "attention_ragged_bf16_obf16_d192_causal_none_vo128"
-    assert not v.has_sm90  # the Hopper kernel has one head dim: FA2
+    assert v.has_sm90  # K tiles 192 wide, V tiles 128 (prefill_sm90.cuh)
     assert "-DFI_HEAD_DIM_VO=128" in v.spec().extra_cuda_cflags
     w = AttentionVariant("float16", "float16", 512, "none", "NONE", True)
     assert w.head_dim_vo == 512 and w.name == "attention_paged_f16_of16_d512_none_none"
     assert w == AttentionVariant("float16", "float16", 512, head_dim_vo=512)
-    assert not w.has_sm90
+    assert not w.has_sm90  # its O would be 256 registers per thread: FA2
     assert AttentionVariant("float16", "float16", 128).has_sm90
     with pytest.raises(ValueError, match="head_dim_vo must equal head_dim_qk"):
         AttentionVariant("float16", "float16", 128, head_dim_vo=192)

@@ -350,7 +350,7 @@ needs_sm90 = pytest.mark.skipif(
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("split", [None, 512])
 def test_hopper_kernel_persistent_grid_and_split_kv(head_dim, split):
     """More (item, head) pairs than SMs, so each CTA loops over several items (its producer runs
@@ -369,7 +369,7 @@ def test_hopper_kernel_persistent_grid_and_split_kv(head_dim, split):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("page_size", [1, 3, 16])
 @pytest.mark.parametrize("tuple_form", [False, True])
 def test_hopper_kernel_paged_gathers(head_dim, page_size, tuple_form):
@@ -397,7 +397,7 @@ def test_hopper_kernel_paged_gathers(head_dim, page_size, tuple_form):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_hopper_kernel_ragged_kv_tiles_past_the_requests(head_dim, causal, layout):

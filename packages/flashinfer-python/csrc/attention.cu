@@ -74,7 +74,8 @@ void run(TensorView q, TensorView k, TensorView v, TensorView o, Optional<Tensor
   check_cta(cta);
   if (cta == kCtaSm90) {
     TVM_FFI_CHECK(Launch::kHasSm90, ValueError)
-        << "cta 3 (the Hopper kernel) takes head_dim 64 or 128 (head_dim_vo equal) without "
+        << "cta 3 (the Hopper kernel) takes head_dim 64, 128 or 256 (head_dim_vo equal) or "
+        << "192 / 128 without "
         << "in-kernel RoPE and K/V of q's dtype; this module is head_dim " << kHeadDim
         << ", head_dim_vo " << kHeadDimVO << ", pos_encoding " << int(kPos) << ", kv dtype "
         << dtype_code_name(dtype_code<DTypeKV>());

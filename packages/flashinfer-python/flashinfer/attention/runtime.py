@@ -186,7 +186,7 @@ def resolve_backend(device: torch.device, variant: AttentionVariant, backend: st
     ok = _capability(index) == (9, 0) and variant.has_sm90
     if backend == "fa3" and not ok:
         raise ValueError(f"backend='fa3' (the Hopper kernel) needs a compute capability 9.0 GPU "
-                         f"and head_dim 64 or 128 (head_dim_vo equal) without "
+                         f"and head_dim 64, 128 or 256 (head_dim_vo equal) or 192 / 128 without "
                          f"pos_encoding_mode='ROPE_LLAMA', with a KV cache of q's dtype; got "
                          f"capability {_capability(index)}, head_dim {variant.head_dim}, "
                          f"head_dim_vo {variant.head_dim_vo}, pos_encoding_mode "

@@ -45,6 +45,10 @@ def check_head_dims(head_dim_qk: int, head_dim_vo: Optional[int] = None) -> int:
                      f"pairs head_dim_qk/head_dim_vo {pairs}, got {head_dim_vo}")
 
 
+#: (head_dim_qk, head_dim_vo) pairs the Hopper kernel (``backend="fa3"``) takes.
+SM90_HEAD_DIMS = ((64, 64), (128, 128), (256, 256), (192, 128))
+
+
 #: Head dims an fp8 K/V cache is supported at (with head_dim_vo = head_dim: the kernel converts
 #: K and V tiles of one width; include/flashinfer/attention/prefill.cuh asserts it).
 FP8_KV_HEAD_DIMS = (64, 128, 256)
@@ -123,13 +127,15 @@ class AttentionVariant:
 
     @property
     def has_sm90(self) -> bool:
-        """Whether the module holds the Hopper kernel (CTA shape 3): head_dim 64 or 128 (v's
-        too), no in-kernel RoPE: ``kHasSm90`` of include/flashinfer/attention/launch.cuh, which
-        a compiled module answers through ``cta_tile_q(3)`` (tests/test_package_layout.py holds
-        the two together). 192 / 128 runs on the FA2 kernel: the Hopper kernel has one head
-        dim for QK and PV. Not for fp8 K/V (launch.cuh says why)."""
-        return (self.head_dim in (64, 128) and self.head_dim_vo == self.head_dim
-                and self.pos_encoding != "ROPE_LLAMA" and self.dtype_kv == self.dtype_q)
+        """Whether the module holds the Hopper kernel (CTA shape 3): head_dim 64, 128 or 256 (v's
+        the same) or 192 / 128, no in-kernel RoPE: ``kHasSm90`` of
+        include/flashinfer/attention/launch.cuh, which a compiled module answers through
+        ``cta_tile_q(3)`` (tests/test_package_layout.py holds the two together). Not for fp8
+        K/V (launch.cuh says why) nor head_dim 512 (its O would be 256 registers per thread:
+        prefill_sm90.cuh)."""
+        heads = (self.head_dim, self.head_dim_vo)
+        return (heads in SM90_HEAD_DIMS and self.pos_encoding != "ROPE_LLAMA"
+                and self.dtype_kv == self.dtype_q)
 
     def spec(self) -> JitSpec:
         flags = (

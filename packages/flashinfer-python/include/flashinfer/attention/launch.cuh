@@ -25,8 +25,8 @@ namespace attn {
 ///   0: 16 rows,  1 x 4 warps (decode, short queries), 16-key steps
 ///   1: 64 rows,  4 x 1 warps, one 16-row MMA tile per warp
 ///   2: 128 rows, 4 x 1 warps, two MMA tiles per warp (head_dim <= 128: register budget)
-///   3: the Hopper kernel (wgmma, 128 rows, sm_90 only): head_dim 64/128, no in-kernel RoPE,
-///      head_dim_vo = head_dim
+///   3: the Hopper kernel (wgmma, 128 rows, sm_90 only): head_dim 64/128/256 and 192 / 128,
+///      no in-kernel RoPE
 ///   4: 16 rows,  1 x 2 warps: shape 0 with two key streams (decode batches of 2-4 CTAs per SM)
 ///   5: 16 rows,  1 x 8 warps: shape 0 with eight key streams, one CTA per SM (small and split
 ///      decode batches; head_dim <= 128: shared memory)
@@ -121,18 +121,20 @@ struct AttentionLaunch {
                       FLASHINFER_ATTENTION_CTA0_STAGES>;
   static_assert(Cta0::kRegKV == kRegKV && Cta4::kRegKV == kRegKV && Cta5::kRegKV == kRegKV,
                 "the 16-row shapes convert fp8 K/V in registers exactly where kRegKV says");
-  // The Hopper kernel: head_dim 64/128, no in-kernel RoPE (it rotates K in shared memory, which
-  // only the FA2 kernel does), K/V of q's type: its TMA copies land in wgmma's operand layout,
-  // and wgmma takes fp8 only with fp8 on both sides, so a half q over an fp8 cache would need a
+  // The Hopper kernel: head_dim 64/128/256 and 192 / 128 (MLA prefill; Sm90Traits sizes the
+  // tiles per head dim), no in-kernel RoPE (it rotates K in shared memory, which only the FA2
+  // kernel does), K/V of q's type: its TMA copies land in wgmma's operand layout, and wgmma
+  // takes fp8 only with fp8 on both sides, so a half q over an fp8 cache would need a
   // conversion stage between the TMA and the wgmmas; fp8 K/V runs on the FA2 kernel, which
-  // converts in shared memory (decode, the bandwidth-bound case, is FA2's in any case). Nor
-  // where head_dim_vo differs from head_dim (192 / 128): the Hopper kernel has one head dim.
+  // converts in registers or shared memory (decode, the bandwidth-bound case, is FA2's in any
+  // case). Not head_dim 512: its O would be 256 fp32 registers per consumer thread (Sm90Traits).
   // Where the variant has none, Cta3 names a valid stand-in that is never launched.
-  static constexpr bool kHasSm90 = (kHeadDim == 64 || kHeadDim == 128) &&
-                                   kHeadDimVO == kHeadDim && kPos != PosEncoding::kRopeLlama &&
-                                   std::is_same_v<DTypeQ, DTypeKV>;
-  using Cta3 = Sm90Traits<DTypeQ, DTypeO, kHasSm90 ? kHeadDim : 128, kMask,
-                          kHasSm90 ? kPos : PosEncoding::kNone, kPaged>;
+  static constexpr bool kHasSm90 =
+      ((kHeadDimVO == kHeadDim && (kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256)) ||
+       (kHeadDim == 192 && kHeadDimVO == 128)) &&
+      kPos != PosEncoding::kRopeLlama && std::is_same_v<DTypeQ, DTypeKV>;
+  using Cta3 = Sm90Traits<DTypeQ, DTypeO, kHasSm90 ? kHeadDim : 128, kHasSm90 ? kHeadDimVO : 128,
+                          kMask, kHasSm90 ? kPos : PosEncoding::kNone, kPaged>;
 
   /// Packed query rows per CTA of shape `cta`; 0 where this variant lacks the shape.
   static int tile_q(int64_t cta) {
@@ -150,8 +152,9 @@ struct AttentionLaunch {
   /// A 3-D tensor map (head_dim, heads, tokens) over `ptr` with 128-byte swizzle and box
   /// (64, box_heads, box_tokens), or false where the layout does not allow one: base and
   /// strides must be 16-byte multiples.
-  static bool encode_map(CUtensorMap* map, const void* ptr, int64_t heads, int64_t tokens,
-                         int64_t stride_h, int64_t stride_n, int box_heads, int box_tokens) {
+  static bool encode_map(CUtensorMap* map, const void* ptr, int64_t head_dim, int64_t heads,
+                         int64_t tokens, int64_t stride_h, int64_t stride_n, int box_heads,
+                         int box_tokens) {
     const int64_t bytes = sizeof(DTypeQ);
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (encode == nullptr || tokens <= 0 || reinterpret_cast<uintptr_t>(ptr) % 16 != 0 ||
@@ -159,7 +162,7 @@ struct AttentionLaunch {
         stride_n <= 0) {
       return false;
     }
-    const cuuint64_t dims[3] = {cuuint64_t(kHeadDim), cuuint64_t(heads), cuuint64_t(tokens)};
+    const cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(heads), cuuint64_t(tokens)};
     const cuuint64_t strides[2] = {cuuint64_t(stride_h * bytes), cuuint64_t(stride_n * bytes)};
     const cuuint32_t box[3] = {64, cuuint32_t(box_heads), cuuint32_t(box_tokens)};
     const cuuint32_t steps[3] = {1, 1, 1};
@@ -182,16 +185,16 @@ struct AttentionLaunch {
     Sm90Maps tm = {};
     if (!kHasSm90) return tm;
     if constexpr (!kPaged) {
-      tm.tma_kv = encode_map(&tm.k, p.k, p.num_kv_heads, c.num_kv_tokens, p.k_stride_h,
-                             p.k_stride_n, 1, Cta3::kTileKV) &&
-                  encode_map(&tm.v, p.v, p.num_kv_heads, c.num_kv_tokens, p.v_stride_h,
-                             p.v_stride_n, 1, Cta3::kTileKV);
+      tm.tma_kv = encode_map(&tm.k, p.k, kHeadDim, p.num_kv_heads, c.num_kv_tokens,
+                             p.k_stride_h, p.k_stride_n, 1, Cta3::kTileKV) &&
+                  encode_map(&tm.v, p.v, kHeadDimVO, p.num_kv_heads, c.num_kv_tokens,
+                             p.v_stride_h, p.v_stride_n, 1, Cta3::kTileKV);
     }
     const int64_t g = p.group_size;
     const bool use_q = FLASHINFER_ATTENTION_SM90_TMA_Q == 2 ||
                        (FLASHINFER_ATTENTION_SM90_TMA_Q == 1 && (c.sm90_tma_q || tm.tma_kv));
     tm.tma_q = use_q && 128 % g == 0 &&
-               encode_map(&tm.q, p.q, p.num_qo_heads, c.num_tokens, p.q_stride_h,
+               encode_map(&tm.q, p.q, kHeadDim, p.num_qo_heads, c.num_tokens, p.q_stride_h,
                           p.q_stride_n, int(g), int(128 / g));
     return tm;
   }

@@ -5,12 +5,13 @@
 // and each item's Q buffer. Ragged K/V (where the layout allows: Sm90Maps) and Q come through
 // TMA tensor maps: one producer thread issues a whole tile and arms its "full" mbarrier with
 // the tile's bytes, and the other producer threads leave. Paged K/V (any page table, any
-// strides) come by cp.async, each warp 32 of the 128 keys, each copy arriving on the tile's
+// strides) come by cp.async, each warp a quarter of the tile's keys, each copy arriving on the tile's
 // barrier when it lands (cp.async.mbarrier.arrive). Either way the producer waits only for a
 // free buffer ("empty", handed back by the consumers), never for data. It also writes each
-// item's bounds (ItemRange) into the slot of one of two Q buffers ahead of time.
+// item's bounds (ItemRange) into the slot of its Q buffer (one or two: Sm90Traits).
 // No CTA-wide barrier in the main loop: the three warpgroups run decoupled.
-// Registers move from the producer (88 per thread) to the consumers (208) with setmaxnreg.
+// Registers move from the producer (88 per thread, 72 at head_dim 256) to the consumers (208,
+// 216) with setmaxnreg.
 //
 // Consumer loop, per KV tile j (FlashAttention-3's intra-warpgroup overlap): issue S_j = Q K_j^T
 // (wgmma, Q and K from shared memory) and O += P_{j-1} V_{j-1} (P from registers, V from shared
@@ -22,10 +23,11 @@
 // KV head) pairs in rounds of gridDim.x (WorkOrder), so a CTA's producer starts on its next
 // item while its consumers finish the current one.
 //
-// Shared memory (128-byte swizzle, wgmma's own layout): 2 x Q [128 x D], kStages x K [128 x D],
-// kStages x V [128 x D], the mbarriers and two ItemRange slots: 192 KB at D = 128 with 2 stages,
-// 160 KB at D = 64 with 4 (one CTA per SM). An item's Q buffer also stages its output rows for
-// coalesced 16-byte stores once its last S = Q K^T is done (sm90_store_o_smem).
+// Shared memory (128-byte swizzle, wgmma's own layout): kQBuffers x Q [128 x D], kStages x
+// K [kTileKV x D], kStages x V [kTileKV x D_vo], the mbarriers and an ItemRange slot per Q
+// buffer; the sizes per head dim are in Sm90Traits (one CTA per SM). An item's Q buffer also
+// stages its output rows for coalesced 16-byte stores once its last S = Q K^T is done
+// (sm90_store_o_smem).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -116,34 +118,65 @@ struct Sm90Maps {
 };
 
 /*!
- * @brief Compile-time facts of one Hopper attention kernel.
- * @tparam HEAD_DIM_ 64 or 128 (256 would need smaller KV tiles: its O alone is 128 registers)
+ * @brief Compile-time facts of one Hopper attention kernel, derived from its head dims.
+ * @tparam HEAD_DIM_ q and k head dim: 64, 128, 192 or 256
+ * @tparam HEAD_DIM_VO_ v and output head dim: HEAD_DIM_, or 128 under 192 (MLA prefill)
  * @tparam POS_ kNone or kAlibi (in-kernel RoPE rotates K in shared memory: the FA2 kernel)
+ *
+ * Registers. A consumer thread holds O (HEAD_DIM_VO / 2 fp32), S (kTileKV / 2), P (kTileKV / 4)
+ * and the row state. At head_dim 256 O alone is 128 registers, so the K/V tile narrows to 64
+ * keys (S 32, P 16) and the consumers take more of the producer's registers (72 / 216,
+ * tuning.cuh).
+ * head_dim 512 is not built here: its O would be 256 registers per thread, past the 255 a
+ * thread may have, with nothing left for S (the FA2 kernel splits its columns over two CTAs).
+ * Shared memory (227 KB): Q [128 x D] in kQBuffers buffers, then kStages x (K [kTileKV x D] +
+ * V [kTileKV x D_vo]): as many stages as fit, at most four. head_dim 128: 2 Q + 2 x 64 KB
+ * = 192 KB; 64: 2 Q + 4 x 32 KB; 256: one Q buffer (64 KB) + 2 x 64 KB of 64-key tiles = 192
+ * KB (two Q buffers would leave 48-key tiles); 192 / 128: two Q buffers (96 KB) + 2 x 60 KB of
+ * 96-key tiles = 216 KB. Measured (H200, benchmarks/notes/sm90-head-dims.md): 64-key tiles
+ * against 80 (224 KB, FlashAttention-3's choice) at 256: ragged 16 x 1024 404 vs 452 us, paged
+ * 8 x 2048 701 vs 789, non-causal 8192 1658 vs 1745, causal 8192 848 vs 810; at 192 / 128 two
+ * Q buffers and 96-key tiles against one and 128 (or 112): ragged 16 x 1024 1898 vs 2043
+ * (1933).
  */
-template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, MaskMode MASK_, PosEncoding POS_,
-          bool PAGED_>
+template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, int HEAD_DIM_VO_, MaskMode MASK_,
+          PosEncoding POS_, bool PAGED_>
 struct Sm90Traits {
   using DTypeQ = DTypeQ_;
   using DTypeO = DTypeO_;
   static constexpr int kHeadDim = HEAD_DIM_;
+  static constexpr int kHeadDimVO = HEAD_DIM_VO_;
   static constexpr MaskMode kMask = MASK_;
   static constexpr PosEncoding kPos = POS_;
   static constexpr bool kPaged = PAGED_;
   static constexpr int kTileQ = 128;  // two consumer warpgroups x 64 rows
-  static constexpr int kTileKV = 128;
+#ifdef FLASHINFER_ATTENTION_SM90_TILE_KV  // tuning override (benchmarks/tuning)
+  static constexpr int kTileKV = FLASHINFER_ATTENTION_SM90_TILE_KV;
+#else
+  static constexpr int kTileKV = HEAD_DIM_ <= 128 ? 128 : HEAD_DIM_ == 192 ? 96 : 64;
+#endif
+#ifdef FLASHINFER_ATTENTION_SM90_Q_BUFFERS  // tuning override
+  static constexpr int kQBuffers = FLASHINFER_ATTENTION_SM90_Q_BUFFERS;
+#else
+  static constexpr int kQBuffers = HEAD_DIM_ <= 192 ? 2 : 1;
+#endif
+  static constexpr size_t kQBytes = size_t(kTileQ) * HEAD_DIM_ * 2;
+  static constexpr size_t kKBytes = size_t(kTileKV) * HEAD_DIM_ * 2;
+  static constexpr size_t kVBytes = size_t(kTileKV) * HEAD_DIM_VO_ * 2;
+  static constexpr size_t kSmemLimit = 227 * 1024;
 #ifdef FLASHINFER_ATTENTION_SM90_STAGES  // tuning override (benchmarks/tuning/tune_attention.py)
   static constexpr int kStages = FLASHINFER_ATTENTION_SM90_STAGES;
 #else
-  static constexpr int kStages = HEAD_DIM_ == 64 ? 4 : 2;  // as many as shared memory holds
+  // As many as shared memory holds (less 2 KB: the alignment slack, barriers and slots).
+  static constexpr int kFit = int((kSmemLimit - 2048 - kQBuffers * kQBytes) / (kKBytes + kVBytes));
+  static constexpr int kStages = kFit < 4 ? kFit : 4;
 #endif
   static constexpr int kConsumerThreads = 256;
   static constexpr int kProducerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
-  // Per consumer thread: O (D / 2), S (64) and P (32) registers and the row state; the
-  // producer's copies need few, and the consumers take the rest.
   // setmaxnreg moves registers within what the CTA was given at launch: the 64K register file
   // over kThreads, in steps of 8 (168 at 384 threads). A split asking for more blocks the
-  // consumers forever.
+  // consumers forever. The producer's share: tuning.cuh.
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegs = FLASHINFER_ATTENTION_SM90_PRODUCER_REGS;
   static constexpr int kConsumerRegs =
@@ -153,21 +186,29 @@ struct Sm90Traits {
                         kThreads * kLaunchRegs,
                 "setmaxnreg takes multiples of 8 and cannot exceed the CTA's launch registers");
   using QTile = sm90::Sw128Tile<kTileQ, HEAD_DIM_>;
-  using KVTile = sm90::Sw128Tile<kTileKV, HEAD_DIM_>;
-  static constexpr size_t kQBytes = size_t(kTileQ) * HEAD_DIM_ * 2;
-  static constexpr size_t kKVBytes = size_t(kTileKV) * HEAD_DIM_ * 2;
-  static constexpr size_t kRingOffset = 2 * kQBytes;  // after the two Q buffers
-  static constexpr size_t kBarrierOffset = kRingOffset + 2 * kStages * kKVBytes;
-  static constexpr int kBarriers = 4 * kStages + 4;
+  using KTile = sm90::Sw128Tile<kTileKV, HEAD_DIM_>;
+  using VTile = sm90::Sw128Tile<kTileKV, HEAD_DIM_VO_>;
+  using OTile = sm90::Sw128Tile<kTileQ, HEAD_DIM_VO_>;  // the output staged in a Q buffer
+  static constexpr size_t kRingOffset = kQBuffers * kQBytes;  // after the Q buffers
+  static constexpr size_t kVOffset = kRingOffset + kStages * kKBytes;  // V tiles after K's
+  static constexpr size_t kBarrierOffset = kVOffset + kStages * kVBytes;
+  static constexpr int kBarriers = 4 * kStages + 2 * kQBuffers;
   static constexpr size_t kRangeOffset = kBarrierOffset + kBarriers * sizeof(uint64_t);
   // + 1024: the dynamic shared memory base is aligned up to the swizzle atom in the kernel.
-  static constexpr size_t kSmemBytes = kRangeOffset + 2 * sizeof(ItemSlot) + 1024;
+  static constexpr size_t kSmemBytes = kRangeOffset + kQBuffers * sizeof(ItemSlot) + 1024;
 
   static_assert(sizeof(DTypeQ) == 2, "wgmma takes fp16 or bf16 q and kv");
-  static_assert(HEAD_DIM_ == 64 || HEAD_DIM_ == 128, "the Hopper kernel takes head_dim 64 or 128");
+  static_assert((HEAD_DIM_ == HEAD_DIM_VO_ &&
+                 (HEAD_DIM_ == 64 || HEAD_DIM_ == 128 || HEAD_DIM_ == 256)) ||
+                    (HEAD_DIM_ == 192 && HEAD_DIM_VO_ == 128),
+                "the Hopper kernel takes head_dim 64, 128 or 256, or 192 / 128");
+  static_assert(kTileKV % 16 == 0 && kTileKV <= 128 && kTileKV / 2 <= 64,
+                "K/V tiles: whole k16 steps of P V, one wgmma N of at most 128 for S");
+  static_assert(HEAD_DIM_VO_ <= 128 || HEAD_DIM_VO_ % 128 == 0, "O in 128-column wgmmas");
   static_assert(POS_ != PosEncoding::kRopeLlama, "in-kernel RoPE runs in the FA2 kernel");
+  static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q buffers");
   static_assert(kStages >= 2, "the producer needs two buffers to run ahead");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per CTA");
+  static_assert(kSmemBytes <= kSmemLimit, "shared memory: at most 227 KB per CTA");
 };
 
 /// Where the warpgroups meet in shared memory. The mbarriers of the K/V ring: full (cp.async:
@@ -188,7 +229,9 @@ struct Sm90Sync {
   __device__ __forceinline__ uint64_t* empty_k(int s) const { return bar(2 * KT::kStages + s); }
   __device__ __forceinline__ uint64_t* empty_v(int s) const { return bar(3 * KT::kStages + s); }
   __device__ __forceinline__ uint64_t* q_full(int b) const { return bar(4 * KT::kStages + b); }
-  __device__ __forceinline__ uint64_t* q_empty(int b) const { return bar(4 * KT::kStages + 2 + b); }
+  __device__ __forceinline__ uint64_t* q_empty(int b) const {
+    return bar(4 * KT::kStages + KT::kQBuffers + b);
+  }
   __device__ __forceinline__ ItemSlot* slot(int b) const {
     return reinterpret_cast<ItemSlot*>(smem + KT::kRangeOffset) + b;
   }
@@ -202,38 +245,43 @@ struct Sm90Sync {
 
 /*!
  * @brief The producer warpgroup. Per work item: Q and the item's bounds into a Q buffer (once
- *   the consumers are done with the item two back), then for every KV tile: wait for its ring
- *   buffer to be free, then load K and V. Through the TMA (ragged): thread 0 alone, one copy
- *   per 64-column block. By cp.async (paged, or a layout the TMA cannot take): rows past the
- *   sequence as zeros, every copy arriving on its barrier when it lands; warp w copies keys
- *   32 w .. 32 w + 31 of each tile, the page ids of the next tile fetched while the current one
- *   is issued.
+ *   the consumers are done with the item kQBuffers back), then for every KV tile: wait for its
+ *   ring buffer to be free, then load K and V. Through the TMA (ragged): thread 0 alone, one
+ *   copy per 64-column block; with one Q buffer the item's first K/V tile goes out before the
+ *   wait for it, so that it lands during the previous item's epilogue. By cp.async (paged, or a
+ *   layout the TMA cannot take): rows past the sequence as zeros, every copy arriving on its
+ *   barrier when it lands; warp w copies keys kTileKV / 4 x w .. of each tile, the page ids of
+ *   the next tile fetched while the current one is issued.
  */
 template <class KT>
 __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm90Maps& tm,
                                              Sm90Sync<KT> sync) {
   using T = typename KT::DTypeQ;
-  constexpr int D = KT::kHeadDim, S = KT::kStages, kTileKV = KT::kTileKV;
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  // K/V copies: lane l moves chunk l % 8 of both 128-byte halves (swizzle column blocks) of
-  // rows 4 g + l / 8, g = 0 .. 7, of its warp's 32 keys. A warp-wide copy is four whole
-  // 128-byte lines, and a row's address is worked out once per tile, not once per copy.
-  constexpr int kRowsPerCopy = 4, kGroups = 32 / kRowsPerCopy, kBlocks = D / 64;
+  constexpr int D = KT::kHeadDim, DV = KT::kHeadDimVO, S = KT::kStages, kTileKV = KT::kTileKV;
+  constexpr int NQ = KT::kQBuffers;
+  constexpr int kChunks = D / 8;  // 16-byte chunks per Q row
+  // K/V copies: lane l moves chunk l % 8 of every 128-byte column block (swizzle atom) of rows
+  // 4 g + l / 8, g = 0 .. kGroups - 1, of its warp's kRowsPerWarp keys. A warp-wide copy is
+  // four whole 128-byte lines, and a row's address is worked out once per tile, not per copy.
+  constexpr int kRowsPerCopy = 4, kRowsPerWarp = kTileKV / 4;
+  constexpr int kGroups = kRowsPerWarp / kRowsPerCopy;
   constexpr bool kCausal = KT::kMask == MaskMode::kCausal;
-  static_assert(KT::kProducerThreads == kTileKV, "one producer warp per 32 keys of a tile");
+  static_assert(KT::kProducerThreads == 128 && kRowsPerWarp % kRowsPerCopy == 0 &&
+                    kRowsPerWarp <= 32,
+                "four producer warps, each a lane per key of its quarter of a tile");
   const int ptid = threadIdx.x - KT::kConsumerThreads;
   const int lane = ptid % 32, pwarp = ptid / 32;
   const int sub_row = lane / 8, sub_chunk = lane % 8;
   T* kv_smem = reinterpret_cast<T*>(sync.smem + KT::kRingOffset);
   auto k_tile = [&](int s) { return kv_smem + s * kTileKV * D; };
-  auto v_tile = [&](int s) { return kv_smem + (S + s) * kTileKV * D; };
+  auto v_tile = [&](int s) { return kv_smem + S * kTileKV * D + s * kTileKV * DV; };
   // Strides are below 2^31 (checked by the binding): 32 x 32 -> 64-bit products.
   const int k_s_page = int(p.k_stride_page), k_s_n = int(p.k_stride_n);
   const int v_s_page = int(p.v_stride_page), v_s_n = int(p.v_stride_n);
   const T* q = static_cast<const T*>(p.q);
 
   uint32_t c = 0;  // tiles issued by this CTA so far: ring slot c % S, round c / S
-  uint32_t k = 0;  // items so far: Q buffer k % 2, round k / 2
+  uint32_t k = 0;  // items so far: Q buffer k % NQ, round k / NQ
   // The bounds of the next item are looked up (two dependent global loads) while the current
   // item's tiles are issued, not at the item boundary, where the consumers wait for them.
   const WorkOrder order(p);
@@ -241,8 +289,9 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
   auto range_of = [&](int w) {
     return item_range<KT::kPaged, kCausal>(p, order.unit(w).item, KT::kTileQ, kTileKV);
   };
+  const bool tma_kv = !KT::kPaged && tm.tma_kv;
   // Q and K/V both through the TMA: thread 0 issues everything, the others have nothing to do.
-  if (!KT::kPaged && tm.tma_q && tm.tma_kv && ptid != 0) return;
+  if (tma_kv && tm.tma_q && ptid != 0) return;
   ItemRange r_next = order.w(0) < num_work ? range_of(order.w(0)) : ItemRange{};
   for (uint32_t n = 0; order.w(n) < num_work; ++n) {
     const int w = order.w(n);
@@ -264,15 +313,46 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
               qo_head(pr, order.unit(w_next).kv_head, p.group_size);
           const T* src = q + (r_next.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h;
 #pragma unroll
-          for (int b = 0; b < kBlocks; ++b) prefetch_l2(src + 64 * b);  // 128-byte lines
+          for (int b = 0; b < D / 64; ++b) prefetch_l2(src + 64 * b);  // 128-byte lines
         }
       }
       looked_up = true;
     };
 
+    // Tile i of the item through the TMA (thread 0): wait for the ring buffer, arm its
+    // barrier with the tile's bytes, one copy per 64-column block. Keys past the item come in
+    // as the next request's keys (zeros past the tensor): masked to -inf, and the consumers
+    // zero V rows past the request (zero_v_tail) so no stale value meets P = 0.
+    auto tma_tile = [&](int i) {
+      const int s = c % S;
+      const uint32_t free_phase = (c / S + 1) & 1;
+      const int tok = int(r.kv_token_begin) + r.kv_lo + i * kTileKV;
+      auto load = [&](T* dst, const CUtensorMap* map, uint64_t* full, uint64_t* empty,
+                      auto blocks, uint32_t bytes, uint32_t block_elems) {
+        if (c >= S) sm90::mbar_wait(empty, free_phase);
+        sm90::mbar_arrive_expect_tx(full, bytes);
+#pragma unroll
+        for (int b = 0; b < decltype(blocks)::value; ++b) {
+          sm90::tma_load_3d(dst + b * block_elems, map, full, 64 * b, int(kv_head), tok);
+        }
+      };
+      load(k_tile(s), &tm.k, sync.full_k(s), sync.empty_k(s),
+           std::integral_constant<int, D / 64>{}, uint32_t(KT::kKBytes),
+           uint32_t(KT::KTile::kBlockElems));
+      load(v_tile(s), &tm.v, sync.full_v(s), sync.empty_v(s),
+           std::integral_constant<int, DV / 64>{}, uint32_t(KT::kVBytes),
+           uint32_t(KT::VTile::kBlockElems));
+    };
+    int first_tile = 0;
+    if (tma_kv && NQ == 1 && r.num_tiles > 0) {
+      if (ptid == 0) tma_tile(0);
+      ++c;
+      first_tile = 1;
+    }
+
     // Q [128 rows] and the item's facts.
-    const int qb = k % 2;
-    if (k >= 2) sm90::mbar_wait(sync.q_empty(qb), (k / 2 + 1) & 1);
+    const int qb = k % NQ;
+    if (k >= NQ) sm90::mbar_wait(sync.q_empty(qb), (k / NQ + 1) & 1);
     if (ptid == 0) *sync.slot(qb) = ItemSlot{r, kv_head};
     T* q_smem = sync.template q_tile<T>(qb);
     const int G = p.group_size;
@@ -305,35 +385,13 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
     }
     ++k;
 
-    if constexpr (!KT::kPaged) {
-      if (tm.tma_kv) {
-        // One thread issues every tile: wait for the ring buffer, arm its barrier with the
-        // tile's bytes, one copy per 64-column block. Keys past the item come in as the next
-        // request's keys (zeros past the tensor): masked to -inf, and the consumers zero V
-        // rows past the request (zero_v_tail) so no stale value meets P = 0.
-        const int tok0 = int(r.kv_token_begin) + r.kv_lo;
-        for (int i = 0; i < r.num_tiles; ++i, ++c) {
-          if (ptid == 0) {
-            const int s = c % S;
-            const uint32_t free_phase = (c / S + 1) & 1;
-            const int tok = tok0 + i * kTileKV;
-            auto load = [&](T* dst, const CUtensorMap* map, uint64_t* full, uint64_t* empty) {
-              if (c >= S) sm90::mbar_wait(empty, free_phase);
-              sm90::mbar_arrive_expect_tx(full, uint32_t(KT::kKVBytes));
-#pragma unroll
-              for (int b = 0; b < kBlocks; ++b) {
-                sm90::tma_load_3d(dst + b * KT::KVTile::kBlockElems, map, full, 64 * b,
-                                  int(kv_head), tok);
-              }
-            };
-            load(k_tile(s), &tm.k, sync.full_k(s), sync.empty_k(s));
-            load(v_tile(s), &tm.v, sync.full_v(s), sync.empty_v(s));
-          }
-          look_up_next();
-        }
+    if (tma_kv) {
+      for (int i = first_tile; i < r.num_tiles; ++i, ++c) {
+        if (ptid == 0) tma_tile(i);
         look_up_next();
-        continue;
       }
+      look_up_next();
+      continue;
     }
 
     const T* k_base = static_cast<const T*>(p.k) + int64_t(kv_head) * p.k_stride_h + sub_chunk * 8;
@@ -342,11 +400,11 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
       k_base += r.kv_token_begin * p.k_stride_n;
       v_base += r.kv_token_begin * p.v_stride_n;
     }
-    // The page id of key 32 pwarp + lane of tile i, one load per lane, issued a tile ahead.
-    // Keys past the end are clamped to the last key and copied as zeros.
+    // The page id of key kRowsPerWarp x pwarp + lane of tile i, one load per lane, issued a
+    // tile ahead. Keys past the end are clamped to the last key and copied as zeros.
     auto lookup = [&](int i) {
       if constexpr (!KT::kPaged) return 0;
-      const int tok = min(r.kv_lo + i * kTileKV + 32 * pwarp + lane, r.kv_hi - 1);
+      const int tok = min(r.kv_lo + i * kTileKV + kRowsPerWarp * pwarp + lane, r.kv_hi - 1);
       return p.kv_indices[r.page_begin + int(p.page_size.div(uint32_t(tok)))];
     };
     int next_page = r.num_tiles > 0 ? lookup(0) : 0;
@@ -360,18 +418,19 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
       // paged prefill (Nsight Compute: 8 x 2048, benchmarks/NOTES.md).
       int64_t k_own = 0, v_own = 0;
       if constexpr (KT::kPaged) {
-        const int tok = min(base + 32 * pwarp + lane, r.kv_hi - 1);
+        const int tok = min(base + kRowsPerWarp * pwarp + lane, r.kv_hi - 1);
         const int slot = tok - int(p.page_size.div(uint32_t(tok)) * p.page_size.d);
         k_own = mul_wide(slot, k_s_n) + mul_wide(next_page, k_s_page);
         v_own = mul_wide(slot, v_s_n) + mul_wide(next_page, v_s_page);
       }
       // Rows past the end are zero-filled; only the last tile of an item has any.
       const bool full = base + kTileKV <= r.kv_hi;
-      auto copy_tile = [&](T* dst, const T* src, int64_t own, int s_n) {
+      auto copy_tile = [&](T* dst, const T* src, int64_t own, int s_n, auto tile) {
+        using Tile = decltype(tile);
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) {
-          const int key = kRowsPerCopy * g + sub_row;  // within the warp's 32
-          const int row = 32 * pwarp + key;
+          const int key = kRowsPerCopy * g + sub_row;  // within the warp's kRowsPerWarp
+          const int row = kRowsPerWarp * pwarp + key;
           int64_t off;
           if constexpr (KT::kPaged) {
             (void)s_n;
@@ -382,18 +441,17 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
           }
           const bool valid = full || base + row < r.kv_hi;
 #pragma unroll
-          for (int b = 0; b < kBlocks; ++b) {
-            cp_async_16(dst + KT::KVTile::offset(row, 8 * b + sub_chunk), src + off + 64 * b,
-                        valid);
+          for (int b = 0; b < Tile::kCols / 64; ++b) {
+            cp_async_16(dst + Tile::offset(row, 8 * b + sub_chunk), src + off + 64 * b, valid);
           }
         }
       };
       if (c >= S) sm90::mbar_wait(sync.empty_k(s), free_phase);
-      copy_tile(k_tile(s), k_base, k_own, k_s_n);
+      copy_tile(k_tile(s), k_base, k_own, k_s_n, typename KT::KTile{});
       sm90::cp_async_arrive_noinc(sync.full_k(s));
       if (i + 1 < r.num_tiles) next_page = lookup(i + 1);  // lands while V is issued
       if (c >= S) sm90::mbar_wait(sync.empty_v(s), free_phase);
-      copy_tile(v_tile(s), v_base, v_own, v_s_n);
+      copy_tile(v_tile(s), v_base, v_own, v_s_n, typename KT::VTile{});
       sm90::cp_async_arrive_noinc(sync.full_v(s));
       look_up_next();  // after the item's first tile is on its way
     }
@@ -464,15 +522,15 @@ __device__ __forceinline__ bool sm90_softmax_step(float (&s)[1][NB][4], float (&
  */
 template <class KT>
 __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT::DTypeO,
-                                                                      KT::kHeadDim>& out,
-                                                  const float (&o)[1][KT::kHeadDim / 8][4],
+                                                                      KT::kHeadDimVO>& out,
+                                                  const float (&o)[1][KT::kHeadDimVO / 8][4],
                                                   const float (&m)[1][2], const float (&d)[1][2],
                                                   typename KT::DTypeO* stage, int tile_row,
                                                   int first_row, int lane,
                                                   const float (&sink)[2]) {
   using TO = typename KT::DTypeO;
-  using Tile = typename KT::QTile;
-  constexpr int D = KT::kHeadDim, kChunks = D / 8, kRowsPerPass = 32 / kChunks;
+  using Tile = typename KT::OTile;
+  constexpr int D = KT::kHeadDimVO, kChunks = D / 8, kRowsPerPass = 32 / kChunks;
   static_assert(sizeof(TO) == 2, "the output tile is staged in a 2-byte Q buffer");
   const AttentionParams& p = out.p;
   const ItemRange& r = out.r;
@@ -523,42 +581,50 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
                                              Sm90Sync<KT> sync) {
   using T = typename KT::DTypeQ;
   using TO = typename KT::DTypeO;
-  using Mma = sm90::Wgmma<T, KT::kTileKV>;    // S = Q K^T: 64 x kTileKV per warpgroup
-  using MmaO = sm90::Wgmma<T, KT::kHeadDim>;  // O += P V: 64 x D per warpgroup
-  constexpr int D = KT::kHeadDim, S = KT::kStages, kTileKV = KT::kTileKV;
+  constexpr int D = KT::kHeadDim, DV = KT::kHeadDimVO, S = KT::kStages, kTileKV = KT::kTileKV;
+  // O += P V in wgmmas of at most 128 columns (the instruction takes up to 256, but 128 fp32
+  // accumulators per operand list would be one asm statement of 128 outputs).
+  constexpr int kON = DV < 128 ? DV : 128, kOSplits = DV / kON;
+  using Mma = sm90::Wgmma<T, kTileKV>;  // S = Q K^T: 64 x kTileKV per warpgroup
+  using MmaO = sm90::Wgmma<T, kON>;     // O += P V: 64 x DV per warpgroup, kON at a time
   constexpr int NB = kTileKV / 8;  // 8-key blocks of S per thread
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wg = warp / 4;  // consumer warpgroup: rows 64 wg .. 64 wg + 63 of the tile
   const int g = lane / 4, t = lane % 4;
 
-  T* kv_smem = reinterpret_cast<T*>(sync.smem + KT::kRingOffset);
+  T* v_smem = reinterpret_cast<T*>(sync.smem + KT::kVOffset);
   // Descriptors: K-major Q and K (8-row groups 1024 bytes apart), MN-major V (64-column blocks
   // kBlockBytes apart). A k16 step moves 32 bytes along a 128-byte row; past 64 columns it
   // moves to the next column block. Offsets are added in 16-byte units.
   const uint64_t q_desc = sm90::smem_desc(sync.template q_tile<T>(0) + wg * 64 * 64, 16, 1024);
-  const uint64_t k_desc = sm90::smem_desc(kv_smem, 16, 1024);
-  const uint64_t v_desc = sm90::smem_desc(kv_smem + S * kTileKV * D, KT::KVTile::kBlockBytes, 1024);
+  const uint64_t k_desc = sm90::smem_desc(sync.smem + KT::kRingOffset, 16, 1024);
+  const uint64_t v_desc = sm90::smem_desc(v_smem, KT::VTile::kBlockBytes, 1024);
   auto k_step = [](int kk) -> uint64_t {
-    return ((kk / 4) * KT::KVTile::kBlockBytes + (kk % 4) * 32) >> 4;
+    return ((kk / 4) * KT::KTile::kBlockBytes + (kk % 4) * 32) >> 4;
   };
   auto q_step = [](int kk) -> uint64_t {
     return ((kk / 4) * KT::QTile::kBlockBytes + (kk % 4) * 32) >> 4;
   };
-  constexpr uint64_t kStageStep = (uint64_t(kTileKV) * D * 2) >> 4;
+  constexpr uint64_t kKStep = KT::kKBytes >> 4, kVStep = KT::kVBytes >> 4;
   constexpr uint64_t kQStep = KT::kQBytes >> 4;
 
   float s[1][NB][4];
-  float o[1][D / 8][4];
+  float o[1][DV / 8][4];
   uint32_t pf[kTileKV / 16][4];
   auto& s_flat = reinterpret_cast<float(&)[NB * 4]>(s);
-  auto& o_flat = reinterpret_cast<float(&)[D / 2]>(o);
+  auto& o_flat = reinterpret_cast<float(&)[DV / 2]>(o);
+  // Columns 128 h .. 128 h + 127 of O: accumulators 64 h .. 64 h + 63 (8-column blocks in
+  // order, the layout of one wgmma over all DV columns).
+  auto o_part = [&](int h) -> float(&)[kON / 2] {
+    return *reinterpret_cast<float(*)[kON / 2]>(o_flat + h * (kON / 2));
+  };
   auto& pf_flat = reinterpret_cast<uint32_t(&)[kTileKV / 4]>(pf);
 
   auto issue_qk = [&](int qb, int slot) {
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      Mma::ss(s_flat, q_desc + qb * kQStep + q_step(kk), k_desc + slot * kStageStep + k_step(kk),
+      Mma::ss(s_flat, q_desc + qb * kQStep + q_step(kk), k_desc + slot * kKStep + k_step(kk),
               kk > 0);
     }
     sm90::wgmma_commit();
@@ -567,8 +633,15 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kTileKV / 16; ++kk) {
-      // Keys 16 kk .. 16 kk + 15: 16 rows of 128 bytes into the slot's V tile.
-      MmaO::rs_mn(o_flat, pf[kk], v_desc + slot * kStageStep + ((kk * 16 * 128) >> 4), 1);
+      // Keys 16 kk .. 16 kk + 15: 16 rows of 128 bytes into the slot's V tile; columns
+      // 128 h ..: two column blocks further per h.
+#pragma unroll
+      for (int h = 0; h < kOSplits; ++h) {
+        MmaO::rs_mn(o_part(h), pf[kk],
+                    v_desc + slot * kVStep +
+                        ((kk * 16 * 128 + h * (kON / 64) * KT::VTile::kBlockBytes) >> 4),
+                    1);
+      }
     }
     sm90::wgmma_commit();
   };
@@ -579,7 +652,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
 
   auto zero_o = [&] {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n)
+    for (int n = 0; n < DV / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[0][n][e] = 0.f;
   };
@@ -592,10 +665,10 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
   auto zero_v_tail = [&](int slot, int base, const ItemRange& r) {
     const int from = r.kv_len - base;
     if (!tma_kv || from >= kTileKV) return;
-    T* v = kv_smem + (S + slot) * kTileKV * D;
-    constexpr int kChunks = D / 8;
+    T* v = v_smem + slot * kTileKV * DV;
+    constexpr int kChunks = DV / 8;
     for (int i = tid; i < (kTileKV - from) * kChunks; i += KT::kConsumerThreads) {
-      *reinterpret_cast<uint4*>(v + KT::KVTile::offset(from + i / kChunks, i % kChunks)) =
+      *reinterpret_cast<uint4*>(v + KT::VTile::offset(from + i / kChunks, i % kChunks)) =
           make_uint4(0, 0, 0, 0);
     }
     sm90::fence_proxy_async();
@@ -621,8 +694,8 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
   uint32_t c = 0;  // tiles consumed by this CTA so far (the producer counts the same way)
   const uint32_t num_mine = WorkOrder(p).count();
   for (uint32_t k = 0; k < num_mine; ++k) {  // k: items so far
-    const int qb = k % 2;
-    sm90_acquire(sync.q_full(qb), (k / 2) & 1);
+    const int qb = k % KT::kQBuffers;
+    sm90_acquire(sync.q_full(qb), (k / KT::kQBuffers) & 1);
     const ItemRange r = sync.slot(qb)->r;
     const uint32_t kv_head = sync.slot(qb)->kv_head;
     const int first_row = r.row_begin + wg * 64 + (warp % 4) * 16;  // this warp's 16 rows
@@ -672,7 +745,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
         sm90_release(sync.empty_v(prev));
         if (rescale) {
 #pragma unroll
-          for (int n = 0; n < D / 8; ++n)
+          for (int n = 0; n < DV / 8; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[0][n][e] *= scale[0][e / 2];
         }
@@ -692,7 +765,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
 
     quad_sum(d);
     // A row that saw no key writes 0 and lse -inf.
-    const OutputWriter<TO, D> out{p, r, kv_head, writes_partial(p, r)};
+    const OutputWriter<TO, DV> out{p, r, kv_head, writes_partial(p, r)};
     // The item's Q buffer is free: every wgmma of the item has completed (its last P V needed
     // all four warps of the warpgroup past their last S wait), and each warp writes only the
     // 16 rows it owns; the producer refills the buffer after q_empty below.
@@ -728,7 +801,7 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
       sm90::mbar_init(sync.empty_k(s), kConsumerWarps);
       sm90::mbar_init(sync.empty_v(s), kConsumerWarps);
     }
-    for (int b = 0; b < 2; ++b) {
+    for (int b = 0; b < KT::kQBuffers; ++b) {
       // cp.async: the producer threads' copy arrivals and one that publishes the slot; TMA:
       // one arrival that expects the bytes.
       sm90::mbar_init(sync.q_full(b), tm.tma_q ? 1 : KT::kProducerThreads + 1);

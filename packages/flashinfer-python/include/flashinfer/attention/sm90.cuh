@@ -146,6 +146,7 @@ __device__ __forceinline__ uint64_t smem_desc(const void* ptr, uint32_t lbo, uin
 template <int ROWS, int COLS>
 struct Sw128Tile {
   static_assert(COLS % 64 == 0 && ROWS % 8 == 0, "whole 8 x 64 swizzle atoms");
+  static constexpr int kRows = ROWS, kCols = COLS;
   static constexpr int kBlockElems = ROWS * 64;
   static constexpr uint32_t kBlockBytes = ROWS * 128;
 
@@ -160,22 +161,32 @@ struct Wgmma;
 
 // wgmma m64nNk16 with fp32 accumulators, for fp16 and bf16: the accumulator operands
 // ("+f"(d[i]), N / 2 of them) and their PTX register lists, then one macro per shape that
-// writes both instructions (A from shared memory, or from registers with B MN-major).
+// writes both instructions (A from shared memory, or from registers with B MN-major). N is
+// 64 or 128 (head_dim 64 / 128 tiles and the P V of each 128 output columns) or a narrower
+// K/V tile of the wide heads (96 at 192 / 128: Sm90Traits; 80 and 112 for tuning builds).
 #define FI_WGMMA_D32 \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define FI_WGMMA_D64 FI_WGMMA_D32, \
+#define FI_WGMMA_D40 FI_WGMMA_D32, \
   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), \
-  "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), \
-  "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), \
-  "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
-  "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define FI_WGMMA_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define FI_WGMMA_R64 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+  "+f"(d[39])
+#define FI_WGMMA_D48 FI_WGMMA_D40, \
+  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), \
+  "+f"(d[47])
+#define FI_WGMMA_D56 FI_WGMMA_D48, \
+  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), \
+  "+f"(d[55])
+#define FI_WGMMA_D64 FI_WGMMA_D56, \
+  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+  "+f"(d[63])
+#define FI_WGMMA_L32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FI_WGMMA_L40 FI_WGMMA_L32 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define FI_WGMMA_L48 FI_WGMMA_L40 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define FI_WGMMA_L56 FI_WGMMA_L48 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define FI_WGMMA_L64 FI_WGMMA_L56 ", %56, %57, %58, %59, %60, %61, %62, %63"
 
 // T, its PTX type, N, the accumulator count; after the accumulators come the operands of ss
 // (a, b, then the accumulate predicate) and of rs_mn (a[0..3], b, then the predicate).
@@ -187,7 +198,7 @@ struct Wgmma;
                                               int accumulate) {                                \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_PRED ", 0;\n"                      \
                    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " "           \
-                   FI_WGMMA_R##ACC ", " SS_OPS ", p, 1, 1, 0, 0;\n}\n"                        \
+                   "{" FI_WGMMA_L##ACC "}, " SS_OPS ", p, 1, 1, 0, 0;\n}\n"                        \
                    : FI_WGMMA_D##ACC                                                           \
                    : "l"(a), "l"(b), "r"(accumulate));                                         \
     }                                                                                          \
@@ -197,7 +208,7 @@ struct Wgmma;
                                                  uint64_t b, int accumulate) {                 \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " RS_PRED ", 0;\n"                      \
                    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " "           \
-                   FI_WGMMA_R##ACC ", " RS_OPS ", p, 1, 1, 1;\n}\n"                           \
+                   "{" FI_WGMMA_L##ACC "}, " RS_OPS ", p, 1, 1, 1;\n}\n"                           \
                    : FI_WGMMA_D##ACC                                                           \
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));   \
     }                                                                                          \
@@ -205,13 +216,25 @@ struct Wgmma;
 
 FI_WGMMA(__half, "f16", 64, 32, "%32, %33", "%34", "{%32, %33, %34, %35}, %36", "%37")
 FI_WGMMA(__nv_bfloat16, "bf16", 64, 32, "%32, %33", "%34", "{%32, %33, %34, %35}, %36", "%37")
+FI_WGMMA(__half, "f16", 80, 40, "%40, %41", "%42", "{%40, %41, %42, %43}, %44", "%45")
+FI_WGMMA(__nv_bfloat16, "bf16", 80, 40, "%40, %41", "%42", "{%40, %41, %42, %43}, %44", "%45")
+FI_WGMMA(__half, "f16", 96, 48, "%48, %49", "%50", "{%48, %49, %50, %51}, %52", "%53")
+FI_WGMMA(__nv_bfloat16, "bf16", 96, 48, "%48, %49", "%50", "{%48, %49, %50, %51}, %52", "%53")
+FI_WGMMA(__half, "f16", 112, 56, "%56, %57", "%58", "{%56, %57, %58, %59}, %60", "%61")
+FI_WGMMA(__nv_bfloat16, "bf16", 112, 56, "%56, %57", "%58", "{%56, %57, %58, %59}, %60", "%61")
 FI_WGMMA(__half, "f16", 128, 64, "%64, %65", "%66", "{%64, %65, %66, %67}, %68", "%69")
 FI_WGMMA(__nv_bfloat16, "bf16", 128, 64, "%64, %65", "%66", "{%64, %65, %66, %67}, %68", "%69")
 
 #undef FI_WGMMA
-#undef FI_WGMMA_R64
-#undef FI_WGMMA_R32
+#undef FI_WGMMA_L64
 #undef FI_WGMMA_D64
+#undef FI_WGMMA_L56
+#undef FI_WGMMA_D56
+#undef FI_WGMMA_L48
+#undef FI_WGMMA_D48
+#undef FI_WGMMA_L40
+#undef FI_WGMMA_D40
+#undef FI_WGMMA_L32
 #undef FI_WGMMA_D32
 
 }  // namespace sm90

@@ -93,8 +93,11 @@
 // 16 x 1024 432 -> 421 (981a959, benchmarks/NOTES.md). With ragged K/V through the TMA (one
 // producer thread), 88 / 208 against 40 / 232, 56 / 224 and 24 / 240 (H200): ragged 16 x 1024
 // 349 vs 372-414 us, the long items within the run-to-run drift (benchmarks/notes/sm90-tma-kv.md).
+// head_dim 256 (O alone is 128 registers per consumer thread): 72 / 216, measured with its
+// 64-key tiles (H200, benchmarks/notes/sm90-head-dims.md). ptxas (sm_90a): no consumer spills
+// at 72 / 216 with 64- or 80-key tiles, nor at 88 / 208 with 64 (80 spills 96 bytes there).
 #ifndef FLASHINFER_ATTENTION_SM90_PRODUCER_REGS
-#define FLASHINFER_ATTENTION_SM90_PRODUCER_REGS 88
+#define FLASHINFER_ATTENTION_SM90_PRODUCER_REGS (HEAD_DIM_VO_ > 128 ? 72 : 88)
 #endif
 // K/V stages of the Hopper kernel: by default as many as shared memory holds (prefill_sm90.cuh,
 // Sm90Traits::kStages); FLASHINFER_ATTENTION_SM90_STAGES overrides it for a tuning build.
