@@ -232,10 +232,11 @@ def merge(args) -> int:
     schema.write(args.out, schema.record(
         "benchmark", "attention-vs-peer", ours["device"], commit=args.commit or None,
         ceilings=ours["ceilings"], cases=[_schema_case(c) for c in cases],
-        note="ours and the peer in two processes of one device call; harness.py timing (graph "
-             "replays, one call each, cold L2, median)",
-        peer={"flashinfer_version": peer.get("flashinfer_version"),
-              "ceilings": peer["ceilings"]}))
+        note=("ours alone: " + peer["not_measured"] if "not_measured" in peer else
+              "ours and the peer in two processes of one device call")
+        + "; harness.py timing (graph replays, one call each, cold L2, median)",
+        peer={k: v for k, v in peer.items()
+              if k in ("flashinfer_version", "ceilings", "not_measured")}))
     for c in cases:
         print(f"{c['name'][:56]:56s} ours {c['median_us']:>9.1f}  peer "
               f"{c['peer_median_us'] or float('nan'):>9.1f}  ratio "

@@ -46,10 +46,17 @@ def load_rows(paths: Sequence[str]) -> tuple[dict, list[dict]]:
     return head, list(rows.values())
 
 
+NOT_MEASURED = {"flashinfer_version": None, "ceilings": None,
+                "not_measured": "no measure file of the peer (its run did not finish in the call)"}
+
+
 def paired(ours: Sequence[str], peer: Sequence[str]) -> tuple[dict, dict, list[tuple]]:
     """Both sides' headers, and each of our rows with the peer's row of the same name ({} where
-    the peer has none)."""
+    the peer has none). Where no peer file exists (its JIT build or run did not finish in the
+    call), the peer's header is NOT_MEASURED and every row pairs with {}: our side still makes
+    a record, which says the peer is missing."""
     our_head, our_rows = load_rows(ours)
-    peer_head, peer_rows = load_rows(peer)
+    peer = [p for p in peer if Path(p).is_file()]
+    peer_head, peer_rows = load_rows(peer) if peer else (NOT_MEASURED, [])
     by_name = {r["name"]: r for r in peer_rows}
     return our_head, peer_head, [(r, by_name.get(r["name"], {})) for r in our_rows]

@@ -78,3 +78,21 @@ def test_attention_vs_peer_merge_writes_a_valid_record(tmp_path):
     (case,) = rec["cases"]
     assert case["peer_us"] == 360.0 and case["speedup_vs_peer"] == 1.2
     assert case["extra"]["ratio_ours_over_peer"] == round(300 / 360, 3)
+
+
+def test_attention_merge_without_the_peer_file_records_ours_and_says_so(tmp_path):
+    """The peer's JIT build may not finish within a device call: the merge still writes our
+    side, with no peer column and the reason in the record."""
+    import attention_vs_peer
+
+    ours = _write(tmp_path / "o.json", [{"name": "decode", "median_us": 10.0}],
+                  device=DEVICE, flashinfer_version="0.1.0", ceilings={"read_GBps": 3000.0})
+    out = tmp_path / "r.json"
+    assert attention_vs_peer.main(["merge", str(out), "--ours", ours, "--peer",
+                                   str(tmp_path / "missing.json")]) == 0
+    rec = json.loads(out.read_text())
+    assert schema.validate(rec) == []
+    (case,) = rec["cases"]
+    assert "peer_us" not in case and "speedup_vs_peer" not in case
+    assert rec["note"].startswith("ours alone: no measure file of the peer")
+    assert "not_measured" in rec["extra"]["peer"]
