@@ -10,18 +10,10 @@
 # attention-base.json (the base tree vs the peer).
 set -uo pipefail
 commit=${1:?commit}
-start=$(date +%s)
-left() { echo $(( ${BUDGET:-345} - ($(date +%s) - start) )); }
-log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a $OUT/log.txt; }
-export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl || exit 1
+source tools/gpu_lib.sh; gpu_setup 345 peer
 rm -f /tmp/peer-ready /tmp/base-ready  # a warm machine keeps /tmp from an earlier call
-mkdir -p /tmp/peer && tar -xJf .gpu/peer/flashinfer-peer.tar.xz -C /tmp/peer
-ours() { PYTHONPATH=/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws "$@"; }
 base() { PYTHONPATH=/tmp/site:$PWD/base/packages/flashinfer-python:$PWD/tests FLASHINFER_WORKSPACE_BASE=/tmp/base-ws "$@"; }
-peer() { PYTHONPATH=/tmp/peer:/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws "$@"; }
 PEER_CASES="batch decode,fa2,single decode"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >> $OUT/log.txt
 ( peer nice -n 5 python3 benchmarks/attention_vs_peer.py warmup --cases "$PEER_CASES" \
     && echo ready > /tmp/peer-ready ) > /tmp/peer-warmup.log 2>&1 &
 ( base nice -n 5 python3 benchmarks/attention_vs_peer.py warmup && echo ready > /tmp/base-ready

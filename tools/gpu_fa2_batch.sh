@@ -12,16 +12,7 @@
 # logs.tgz.
 set -uo pipefail
 commit=${1:?commit}
-start=$(date +%s)
-left() { echo $(( ${BUDGET:-345} - ($(date +%s) - start) )); }
-log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a $OUT/log.txt; }
-export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a
-gpu=.gpu; [ -d $gpu/wheels ] || gpu=..  # run from a copy under the lead's .gpu/
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $gpu/wheels/*.whl || exit 1
-mkdir -p /tmp/peer && tar -xJf $gpu/peer/flashinfer-peer.tar.xz -C /tmp/peer
-ours() { PYTHONPATH=/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws "$@"; }
-peer() { PYTHONPATH=/tmp/peer:/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws "$@"; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >> $OUT/log.txt
+source tools/gpu_lib.sh; gpu_setup 345 peer
 ( peer nice -n 5 python3 benchmarks/probes/fa2_batch.py warmup ) > /tmp/peer-warmup.log 2>&1 &
 peer_pid=$!
 log "build"

@@ -3,23 +3,14 @@
 # benchmarks/tuning/fp8_decode.py compiled while the GPU tests run (one process per test group,
 # JIT builds in parallel) and FlashInfer 0.7.2 (the peer) warms up, then on a quiet GPU the
 # variants timed, then ours and the peer on benchmarks/attention_vs_peer.py's cases. To $OUT.
-#   run from .gpu/fp8dec (wheels in ../wheels, the peer in ../peer)
+#   run from the repository root or a copy under .gpu/<name> (tools/gpu_lib.sh finds the wheels)
 #   env: BUDGET (s, default 340), TESTS (pytest groups, ';'-separated), VARIANTS (names,
 #        ','-separated; default all), CASES / PEER_CASES (attention_vs_peer --cases for ours /
 #        the peer; no CASES: no comparison), COMMIT (for the merged record)
 set -uo pipefail
-T0=$(date +%s); BUDGET=${BUDGET:-340}
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/log.txt; }
-export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHEELS:-../wheels}/*.whl || exit 1
-OURS=/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests
-ours() { PYTHONPATH=$OURS FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws "$@"; }
-peer() { PYTHONPATH=/tmp/peer:/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws "$@"; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader >> $OUT/log.txt
 CASES=${CASES:-}; PEER_CASES=${PEER_CASES:-$CASES}
+source tools/gpu_lib.sh; gpu_setup 340 ${CASES:+peer}
 if [ -n "$CASES" ]; then
-  mkdir -p /tmp/peer && tar -xJf ../peer/flashinfer-peer.tar.xz -C /tmp/peer
   ( peer nice -n 5 python3 benchmarks/attention_vs_peer.py warmup --cases "$PEER_CASES" > /tmp/peer-warm.log 2>&1; echo done > /tmp/peer-ready ) &
 fi
 IFS=',' read -ra V <<< "${VARIANTS:-}"

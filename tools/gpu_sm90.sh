@@ -15,15 +15,7 @@
 #        run before the peer is timed, leaving it 90 s)
 set -uo pipefail
 commit=${1:?commit}; shift
-start=$(date +%s)
-left() { echo $(( ${BUDGET:-340} - ($(date +%s) - start) )); }
-log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a $OUT/log.txt; }
-export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHEELS:-.gpu/wheels}/*.whl || exit 1
-mkdir -p /tmp/peer && tar -xJf ${PEER_TAR:-.gpu/peer/flashinfer-peer.tar.xz} -C /tmp/peer
-ours() { PYTHONPATH=/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws "$@"; }
-peer() { PYTHONPATH=/tmp/peer:/tmp/site FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws "$@"; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >> $OUT/log.txt
+source tools/gpu_lib.sh; gpu_setup 340 peer
 rm -f /tmp/peer-ready /tmp/aot-tests-done /tmp/aot-alt-done
 log "peer warmup (background)"
 groups=${PEER_GROUPS:-0,1,5,7,8 2,3,4,9 6}

@@ -12,17 +12,7 @@
 # the merge could not run).
 set -uo pipefail
 commit=${1:?commit}
-start=$(date +%s)
-left() { echo $(( ${BUDGET:-525} - ($(date +%s) - start) )); }
-log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a $OUT/log.txt; }
-export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHEELS:-.gpu/wheels}/*.whl || exit 1
-mkdir -p /tmp/peer && tar -xJf ${PEER_TAR:-.gpu/peer/flashinfer-peer.tar.xz} -C /tmp/peer
-OURS="${OURS_SITE:+$OURS_SITE:}/tmp/site:$PWD/packages/flashinfer-python:$PWD/tests"
-PEER="/tmp/peer:/tmp/site"
-ours() { PYTHONPATH=$OURS FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws "$@"; }
-peer() { PYTHONPATH=$PEER FLASHINFER_WORKSPACE_BASE=/tmp/peer-ws "$@"; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >> $OUT/log.txt
+source tools/gpu_lib.sh; gpu_setup 525 peer
 ( peer nice -n 5 python3 benchmarks/host_cost.py warmup && echo hc-ready > /tmp/peer-hc
   peer nice -n 5 python3 benchmarks/attention_vs_peer.py warmup && echo ready > /tmp/peer-attn
 ) > /tmp/peer-warmup.log 2>&1 &
