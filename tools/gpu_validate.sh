@@ -6,22 +6,28 @@
 # modules take minutes each). The peer builds after our AOT, not beside it.
 #   usage (device): COMMIT=abc1234 bash tools/gpu_validate.sh "CASE,SUBSTRINGS"
 #   env: BUDGET (s, default 305), TESTS (pytest files, default the attention files), AOT_S
-#        (most seconds for the AOT, default 150)
+#        (most seconds for the AOT, default 150), MODULES (aot --only list, default every
+#        attention module and page, cascade), PEER_FIRST=1 (the peer builds beside our AOT:
+#        for cases whose peer modules are the long pole, e.g. its fa3 at head_dim 256)
 # Back in $OUT: log.txt, pytest.log, junit.xml (what ran, also when the time limit stopped it),
 # attention.json, a-ours.json / a-peer.json, logs.tgz.
 set -uo pipefail
 source tools/gpu_lib.sh; gpu_setup 305 peer
 CASES="${1:?attention_vs_peer --cases}"
 rm -f /tmp/peer-ready /tmp/a-ours.json /tmp/a-peer.json  # a warm machine keeps /tmp
-mods=$(ours python3 -c "
+peer_warmup() {
+  ( peer nice -n 5 python3 benchmarks/attention_vs_peer.py warmup --cases "$CASES" \
+      > /tmp/peer-warm.log 2>&1; echo "done $?" > /tmp/peer-ready ) &
+}
+[ "${PEER_FIRST:-0}" = 1 ] && peer_warmup
+mods=${MODULES:-$(ours python3 -c "
 from flashinfer import aot
 print(','.join(s.name for s in aot.registered_specs()
-               if s.name.startswith('attention_') or s.name in ('page', 'cascade')))")
+               if s.name.startswith('attention_') or s.name in ('page', 'cascade')))")}
 log "aot ($(echo "$mods" | tr , '\n' | wc -l) modules)"
 ( time ours timeout ${AOT_S:-150} python3 -m flashinfer.aot --jobs 16 --only "$mods" ) > /tmp/aot.log 2>&1
 log "aot: $(tail -4 /tmp/aot.log | tr '\n' ' ')"
-( peer nice -n 5 python3 benchmarks/attention_vs_peer.py warmup --cases "$CASES" > /tmp/peer-warm.log 2>&1
-  echo "done $?" > /tmp/peer-ready ) &
+[ "${PEER_FIRST:-0}" = 1 ] || peer_warmup
 t=$(( $(left) - 75 )); log "tests (timeout ${t}s)"
 ours timeout -s INT $t python3 -m pytest -q -p no:cacheprovider --maxfail=40 -rfE \
   --junitxml=$OUT/junit.xml ${TESTS:-tests/test_sm90_head_dims.py tests/test_prefill.py \
