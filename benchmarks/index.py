@@ -37,6 +37,8 @@ _ATTENTION = [
     ("attention", "batch decode 128 x kv 8192 (tensor cores)", "batch decode, 128 × 8192"),
     ("attention", "batch decode 64 x kv 4096 (tensor cores)", "batch decode, 64 × 4096"),
     ("attention", "batch decode 1 x kv 32768 (tensor cores)", "batch decode, 1 × 32768 (split KV)"),
+    ("attention", "batch decode 64 x kv 4096 (tensor cores, fp8-e4m3 KV)",
+     "batch decode, 64 × 4096, fp8-e4m3 KV"),
     ("cascade", "merge_state bfloat16 8192x32x128", "`merge_state` 8192 × 32 × 128"),
 ]
 HEADLINES = {
