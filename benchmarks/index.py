@@ -62,16 +62,16 @@ def current_cases(records: list[tuple[Path, dict]], measured_first: bool = False
     """(group, name) -> (file, record, case) of the newest `benchmark` record holding it; with
     ``measured_first``, of the newest whose case has the peer measured in the same call where
     any has (a later run of ours alone does not replace a measured ratio by a published one)."""
+    def rank(path: Path, rec: dict, case: dict) -> tuple:
+        return (measured_first and "speedup_vs_peer" in case, rec["date"], path.name)
+
     newest: dict[tuple[str, str], tuple[Path, dict, dict]] = {}
     for path, rec in records:
         if rec.get("kind") != "benchmark":
             continue
         for case in rec["cases"]:
             key = (case["group"], case["name"])
-            old = newest.get(key)
-            rank = (measured_first and "speedup_vs_peer" in case, rec["date"], path.name)
-            if old is None or rank > (measured_first and "speedup_vs_peer" in old[2],
-                                      old[1]["date"], old[0].name):
+            if key not in newest or rank(path, rec, case) > rank(*newest[key]):
                 newest[key] = (path, rec, case)
     return newest
 

@@ -13,6 +13,7 @@ import flashinfer
 import flashinfer.attention.runtime as rt
 from flashinfer.attention.plan import schedule, tile_rows, vo_slices
 from flashinfer.jit.attention import AttentionVariant
+from flashinfer.testing import cuda_graph_of
 
 TOL = {torch.float16: dict(atol=4e-3, rtol=1e-2), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
@@ -118,13 +119,7 @@ def test_cuda_graph_decode_head_dim_512_replan():
     q = _randn(gen, dtype, batch, hq, d)
     out = torch.empty_like(q)
     w.plan(_cum(pages), indices, last, hq, hkv, d, page, q_data_type=dtype)
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        w.run(q, cache, out=out)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w.run(q, cache, out=out)
+    graph = cuda_graph_of(lambda: w.run(q, cache, out=out))
     graph.replay()
     _check_requests(out, None, q, [(k[:n], v[:n]) for (k, v), n in zip(seqs2, first)],
                     list(range(batch + 1)), dtype, False)

@@ -42,6 +42,16 @@ def test_paired_joins_by_name_across_files(tmp_path):
 DEVICE = {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}
 
 
+def _merged(module, tmp_path, ours, peer, *flags):
+    """``module``'s merge of the two measure files: the record (valid) and its one case."""
+    out = tmp_path / "r.json"
+    assert module.main(["merge", str(out), "--ours", ours, "--peer", peer, *flags]) == 0
+    rec = json.loads(out.read_text())
+    assert schema.validate(rec) == []
+    (case,) = rec["cases"]
+    return rec, case
+
+
 def test_host_cost_merge_writes_a_valid_record(tmp_path):
     import host_cost
 
@@ -50,12 +60,7 @@ def test_host_cost_merge_writes_a_valid_record(tmp_path):
                   device=DEVICE, flashinfer_version="0.1.0", method={"reps": 7})
     peer = _write(tmp_path / "p.json", [{"name": "decode run", "host_us": 20.0}],
                   flashinfer_version="0.7.2")
-    out = tmp_path / "r.json"
-    assert host_cost.main(["merge", str(out), "--ours", ours, "--peer", peer,
-                           "--commit", "abc1234"]) == 0
-    rec = json.loads(out.read_text())
-    assert schema.validate(rec) == []
-    (case,) = rec["cases"]
+    rec, case = _merged(host_cost, tmp_path, ours, peer, "--commit", "abc1234")
     assert case["peer_us"] == 20.0 and case["speedup_vs_peer"] == 2.0
     assert case["extra"]["host_ratio_ours_over_peer"] == 0.5
     assert rec["extra"]["failed"][0]["name"] == "broken"
@@ -70,12 +75,7 @@ def test_attention_vs_peer_merge_writes_a_valid_record(tmp_path):
     ours = _write(tmp_path / "o.json", [row], device=DEVICE, ceilings=ceilings)
     peer = _write(tmp_path / "p.json", [dict(row, median_us=360.0)], ceilings=ceilings,
                   flashinfer_version="0.7.2")
-    out = tmp_path / "r.json"
-    assert attention_vs_peer.main(["merge", str(out), "--ours", ours, "--peer", peer,
-                                   "--commit", "abc1234"]) == 0
-    rec = json.loads(out.read_text())
-    assert schema.validate(rec) == []
-    (case,) = rec["cases"]
+    rec, case = _merged(attention_vs_peer, tmp_path, ours, peer, "--commit", "abc1234")
     assert case["peer_us"] == 360.0 and case["speedup_vs_peer"] == 1.2
     assert case["extra"]["ratio_ours_over_peer"] == round(300 / 360, 3)
 
@@ -87,12 +87,7 @@ def test_attention_merge_without_the_peer_file_records_ours_and_says_so(tmp_path
 
     ours = _write(tmp_path / "o.json", [{"name": "decode", "median_us": 10.0}],
                   device=DEVICE, flashinfer_version="0.1.0", ceilings={"read_GBps": 3000.0})
-    out = tmp_path / "r.json"
-    assert attention_vs_peer.main(["merge", str(out), "--ours", ours, "--peer",
-                                   str(tmp_path / "missing.json")]) == 0
-    rec = json.loads(out.read_text())
-    assert schema.validate(rec) == []
-    (case,) = rec["cases"]
+    rec, case = _merged(attention_vs_peer, tmp_path, ours, str(tmp_path / "missing.json"))
     assert "peer_us" not in case and "speedup_vs_peer" not in case
     assert rec["note"].startswith("ours alone: no measure file of the peer")
     assert "not_measured" in rec["extra"]["peer"]

@@ -19,6 +19,7 @@ import flashinfer
 import flashinfer.attention.runtime as rt
 import flashinfer.attention.wrapper as wrapper_mod
 from flashinfer import fast_decode_plan  # top level, as SGLang imports it
+from flashinfer.testing import cuda_graph_of
 
 HQ, HKV, D, PAGE = 8, 2, 64, 16
 
@@ -510,14 +511,7 @@ def test_fast_decode_plan_cuda_graph_replan_replay(page_size):
     def forward():
         out.copy_(_legacy(w.forward, q, cache, sm_scale=s, logits_soft_cap=c))
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        forward()  # warm-up outside the capture (compiles, resolves the launch)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        forward()
+    graph = cuda_graph_of(forward)  # warm-up outside the capture (compiles, resolves the launch)
     graph.replay()
     torch.cuda.synchronize()
     _check_rows(out, q, seqs1, [1] * batch, dtype, sm_scale=s, soft_cap=c)
@@ -755,14 +749,7 @@ def test_vllm_cuda_graph_decode_replan_replay():
     q = torch.randn(batch, hq, d, generator=gen).to(dtype).cuda()
     out = torch.empty_like(q)
     step(first)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        w.run(q, cache, out=out)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w.run(q, cache, out=out)
+    graph = cuda_graph_of(lambda: w.run(q, cache, out=out))
     step(first)  # the second call takes the _cached_module.plan path
     graph.replay()
     torch.cuda.synchronize()
