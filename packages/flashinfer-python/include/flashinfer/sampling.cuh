@@ -482,8 +482,10 @@ __device__ __forceinline__ void chain_row(RowCtx& ctx, const ChainParams& p, int
   }
 }
 
-/// One cluster (or one CTA) per batch row.
-__global__ void __launch_bounds__(kThreads, 3) ChainKernel(int64_t chunk, RowGrid g, ChainParams p) {
+/// One cluster (or one CTA) per batch row. `static`: the one kernel of this header that is not a
+/// template, so every translation unit that includes the header has its own (no duplicate symbol).
+static __global__ void __launch_bounds__(kThreads, 3) ChainKernel(int64_t chunk, RowGrid g,
+                                                                  ChainParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_wait();
   RowCtx ctx = row_ctx(smem, g, p.vocab, chunk, false);
