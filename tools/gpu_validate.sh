@@ -3,7 +3,8 @@
 # page and cascade modules (16 jobs), the GPU test files, then ours and the peer (FlashInfer
 # 0.7.2) on a few benchmarks/attention_vs_peer.py cases, merged into one record (ours alone,
 # marked so, where the peer's JIT build did not finish: start with few peer cases; its fa3
-# modules take minutes each). The peer builds after our AOT, not beside it.
+# modules take minutes each). The peer builds after our AOT, not beside it, one process per
+# case substring.
 #   usage (device): COMMIT=abc1234 bash tools/gpu_validate.sh "CASE,SUBSTRINGS"
 #   env: BUDGET (s, default 305), TESTS (pytest files, default the attention files), AOT_S
 #        (most seconds for the AOT, default 150), MODULES (aot --only list, default every
@@ -15,9 +16,11 @@ set -uo pipefail
 source tools/gpu_lib.sh; gpu_setup 305 peer
 CASES="${1:?attention_vs_peer --cases}"
 rm -f /tmp/peer-ready /tmp/a-ours.json /tmp/a-peer.json  # a warm machine keeps /tmp
-peer_warmup() {
-  ( peer nice -n 5 python3 benchmarks/attention_vs_peer.py warmup --cases "$CASES" \
-      > /tmp/peer-warm.log 2>&1; echo "done $?" > /tmp/peer-ready ) &
+peer_warmup() {  # one process per case substring: the peer's JIT builds run side by side
+  ( i=0; IFS=,; for c in $CASES; do i=$((i + 1))
+      peer nice -n 5 python3 benchmarks/attention_vs_peer.py warmup --cases "$c" \
+        > /tmp/peer-warm-$i.log 2>&1 &
+    done; wait; echo done > /tmp/peer-ready ) &
 }
 [ "${PEER_FIRST:-0}" = 1 ] && peer_warmup
 mods=${MODULES:-$(ours python3 -c "
@@ -45,5 +48,5 @@ log "peer (ready: $(cat /tmp/peer-ready 2>/dev/null))"
 ours python3 benchmarks/attention_vs_peer.py merge $OUT/attention.json --ours /tmp/a-ours.json \
   --peer /tmp/a-peer.json --commit ${COMMIT:-?} >> $OUT/log.txt 2>&1 || tail -15 /tmp/a.log >> $OUT/log.txt
 cp /tmp/a-*.json $OUT/ 2>/dev/null
-tar -czf $OUT/logs.tgz /tmp/aot.log /tmp/a.log /tmp/peer-warm.log 2>/dev/null
+tar -czf $OUT/logs.tgz /tmp/aot.log /tmp/a.log /tmp/peer-warm-*.log 2>/dev/null
 log "done"
