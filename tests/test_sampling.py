@@ -285,6 +285,30 @@ def test_top_p_fallback_tiny_acceptance(force_one_cta):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("v", [391, 128256])
+def test_block_draw_frequencies(v):
+    """The draw weighs 128-column blocks, then the elements of a block: mass at block and
+    cluster-chunk edges and in a partial last block, a negative probability (clamped to 0) and
+    zeros; plain (blocks summed in the first pass), from logits (in the weights' pass), min-p."""
+    cols = [0, 127, 128, 255, 256, v - 8, v - 1]
+    if v > 1000:
+        cols += [16127, 16128, 64511, 64512]
+    w = torch.zeros(v, dtype=torch.float64)
+    w[cols] = torch.arange(1, len(cols) + 1, dtype=torch.float64)
+    expected = w / w.sum()
+    probs = expected.clone()
+    probs[300] = -0.01
+    probs = probs.float().cuda()[None]
+    idx = torch.zeros(N_DRAWS, dtype=torch.int32, device="cuda")
+    _assert_freq(sampling.sampling_from_probs(probs, indices=idx, seed=21, offset=0), expected)
+    logits = torch.where(w > 0, w.log(), -float("inf")).float().cuda()[None]
+    _assert_freq(sampling.sampling_from_logits(logits, indices=idx, seed=22, offset=0), expected)
+    keep = (w >= 0.3 * w.max())[None]
+    s = sampling.min_p_sampling_from_probs(probs, 0.3, indices=idx, seed=23, offset=0)
+    _assert_freq(s, renorm(expected[None].float(), keep)[0])
+
+
+@pytest.mark.gpu
 def test_frequencies_from_logits():
     logits = SMALL.log().cuda()[None]
     idx = torch.zeros(N_DRAWS, dtype=torch.int64, device="cuda")

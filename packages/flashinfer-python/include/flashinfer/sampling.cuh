@@ -225,40 +225,303 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
   return false;
 }
 
-/// Load, filter and draw one token for output row `out_row`. Group-wide.
+// ------------------------------------------------------------------------------------------------
+// SampleKernel's draw by 128-column blocks
+// ------------------------------------------------------------------------------------------------
+//
+// A row's final draw weighs each 128-column block by W_b = fixed(S_b), S_b the float sum of the
+// block's kept values in a fixed order (each lane's 4 values left to right, then a butterfly over
+// the warp, which gives every lane the same bits since a + b == b + a), and then the element
+// within the block by its float value (a float scan over the block). Blocks start at multiples
+// of 128 columns of the row (SampleKernel's chunks hold whole blocks), so S_b, the integer K =
+// sum of W_b and with them every sample depend only on the row: the one-CTA path gives the
+// cluster path's samples bit for bit, and equal seed/offset give equal samples. A pass costs a
+// compare and an add per element (no 64-bit conversion), the block sums stay in shared memory
+// after the Shared block, and the locate reads them (two short warp scans) instead of walking
+// the warp's columns again.
+
+/// Columns of a draw block: lane l of a warp holds columns 4l..4l+3.
+inline constexpr int kBlockCols = 128;
+
+/// The float sums S_b of this CTA's blocks (shared memory after the Shared block).
+__device__ __forceinline__ float* block_sums(const RowCtx& ctx) {
+  return reinterpret_cast<float*>(ctx.s + 1);
+}
+
+__device__ __forceinline__ int num_blocks(const RowCtx& ctx) {
+  return (ctx.n + kBlockCols - 1) / kBlockCols;
+}
+
+/// Lane `lane`'s 4 values of block b of the chunk, mapped by `map`, 0 past the chunk's end; with
+/// kWrite the mapped values are stored back (only where they differ).
+template <bool kWrite, typename Map>
+__device__ __forceinline__ float4 block_lane(const RowCtx& ctx, int b, int lane, Map map) {
+  const int c = b * kBlockCols + lane * 4;
+  if (c + 4 <= ctx.n) {
+    float4* p = reinterpret_cast<float4*>(ctx.vals + c);
+    const float4 x = *p;
+    const float4 y = make_float4(map(x.x), map(x.y), map(x.z), map(x.w));
+    if (kWrite && (__float_as_uint(x.x) != __float_as_uint(y.x) ||
+                   __float_as_uint(x.y) != __float_as_uint(y.y) ||
+                   __float_as_uint(x.z) != __float_as_uint(y.z) ||
+                   __float_as_uint(x.w) != __float_as_uint(y.w)))
+      *p = y;
+    return y;
+  }
+  float f[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    f[j] = 0.f;
+    if (c + j < ctx.n) {
+      f[j] = map(ctx.vals[c + j]);
+      if (kWrite) ctx.vals[c + j] = f[j];
+    }
+  }
+  return make_float4(f[0], f[1], f[2], f[3]);
+}
+
+/// x when its key is >= t (kept), else 0.
+__device__ __forceinline__ float kept_value(const RowCtx& ctx, float x, uint32_t t) {
+  return ctx.key(x) >= t ? x : 0.f;
+}
+
+/// A lane's kept sum in the fixed order ((x0 + x1) + x2) + x3.
+__device__ __forceinline__ float lane_kept_sum(const RowCtx& ctx, float4 v, uint32_t t) {
+  return ((kept_value(ctx, v.x, t) + kept_value(ctx, v.y, t)) + kept_value(ctx, v.z, t)) +
+         kept_value(ctx, v.w, t);
+}
+
+/// The max keys of this CTA's blocks (after the sums).
+__device__ __forceinline__ uint32_t* block_max_keys(const RowCtx& ctx) {
+  return reinterpret_cast<uint32_t*>(block_sums(ctx) + num_blocks(ctx));
+}
+
+/// What fill_block_sums saw on this thread: the max of the mapped values (NaNs skipped) and
+/// whether a block sum was NaN (a NaN the map kept).
+struct BlockStats {
+  float max;
+  bool nan;
+};
+
+/*!
+ * @brief Block-wide: map every value of the chunk by `map` (stored back where it changes) and
+ *   write each block's sum S_b and max key to block_sums / block_max_keys; ends with a barrier.
+ *   Warps take blocks 4 at a time (4 butterflies in flight). The sums are of every value (t = 0);
+ *   refine_block_sums keeps those of a threshold once it is known.
+ */
+template <typename Map>
+__device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, Map map) {
+  float* sums = block_sums(ctx);
+  uint32_t* max_keys = block_max_keys(ctx);
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  const int nb = num_blocks(ctx);
+  BlockStats st{-INFINITY, false};
+  for (int b0 = warp * 4; b0 < nb; b0 += nw * 4) {
+    float s[4];
+    uint32_t k[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      s[q] = 0.f;
+      k[q] = 0;
+      if (b0 + q < nb) {
+        const float4 v = block_lane<true>(ctx, b0 + q, lane, map);
+        const float m = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+        st.max = fmaxf(st.max, m);
+        k[q] = __reduce_max_sync(0xffffffffu, ctx.key(m));
+        s[q] = lane_kept_sum(ctx, v, 0);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) s[q] += __shfl_xor_sync(0xffffffffu, s[q], o);
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) st.nan |= isnan(s[q]);
+    if (lane < 4 && b0 + lane < nb) {
+      sums[b0 + lane] = lane == 0 ? s[0] : lane == 1 ? s[1] : lane == 2 ? s[2] : s[3];
+      max_keys[b0 + lane] = lane == 0 ? k[0] : lane == 1 ? k[1] : lane == 2 ? k[2] : k[3];
+    }
+  }
+  __syncthreads();
+  return st;
+}
+
+/*!
+ * @brief Block-wide: turn fill_block_sums's sums into the kept (key >= t) sums: 0 for a block
+ *   whose max key is below t, recomputed (the same order, so the same bits as summing with t
+ *   from the start) for a block that holds a kept element. After a top-k or min-p threshold
+ *   few blocks hold one: no pass over the chunk. Ends with a barrier.
+ */
+__device__ __forceinline__ void refine_block_sums(const RowCtx& ctx, uint32_t t) {
+  if (t == 0) return;
+  float* sums = block_sums(ctx);
+  const uint32_t* max_keys = block_max_keys(ctx);
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  const int nb = num_blocks(ctx);
+  for (int b = warp; b < nb; b += nw) {
+    float sum = 0.f;
+    if (max_keys[b] >= t) {  // warp-uniform
+      sum = warp_sum_f(lane_kept_sum(ctx, block_lane<false>(ctx, b, lane, [](float x) { return x; }), t));
+    }
+    if (lane == 0) sums[b] = sum;
+  }
+  __syncthreads();
+}
+
+/// Arrive at the cluster barrier that the kernel's last cluster_wait completes: the CTA has read
+/// the last of its peers' shared memory.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait;\n" ::: "memory");
+#endif
+}
+
+/*!
+ * @brief Group-wide, after fill_block_sums: the row's kept mass K = sum of W_b, and this warp's
+ *   share of it (blocks [s0, s1), contiguous, and the mass before them in column order). Its
+ *   exchange is the row's last: a clustered CTA then arrives at the cluster barrier (the kernel
+ *   waits on it before it exits), so no CTA waits for the peers' locate.
+ */
+__device__ __forceinline__ DrawPrefix block_prefix(const RowCtx& ctx, int slot) {
+  const float* sums = block_sums(ctx);
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  const int nb = num_blocks(ctx), per = (nb + nw - 1) / nw;
+  DrawPrefix d;
+  d.s0 = min(nb, warp * per);
+  d.s1 = min(nb, d.s0 + per);
+  unsigned long long mine = 0;
+  for (int b = d.s0 + lane; b < d.s1; b += 32) mine += ctx.fixed(sums[b]);
+  d.mine = warp_sum_u(mine);
+  if (lane == 0) ctx.s->wsum[warp] = d.mine;
+  __syncthreads();
+  unsigned long long total = 0, warp_before = 0;
+  for (int w = 0; w < nw; ++w) {
+    if (w == warp) warp_before = total;
+    total += ctx.s->wsum[w];
+  }
+  unsigned long long before;
+  d.K = cluster_sum_u(ctx, total, slot, &before);
+  d.before = before + warp_before;
+  if (ctx.clustered) cluster_arrive();
+  return d;
+}
+
+/// Warp-wide: the column of block b's kept element where the block's float running sum first
+/// exceeds lb / scale (lb < W_b), on the lane that holds it (-1 elsewhere). Where rounding puts
+/// the target past the block's float sum, the block's last element of positive weight.
+__device__ __forceinline__ int64_t block_column(const RowCtx& ctx, uint32_t t, int b,
+                                                unsigned long long lb) {
+  const int lane = ctx.tid & 31;
+  const float4 v = block_lane<false>(ctx, b, lane, [](float x) { return x; });
+  const float k[4] = {kept_value(ctx, v.x, t), kept_value(ctx, v.y, t), kept_value(ctx, v.z, t),
+                      kept_value(ctx, v.w, t)};
+  const float ls = ((k[0] + k[1]) + k[2]) + k[3];
+  float incl = ls;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  float excl = __shfl_up_sync(0xffffffffu, incl, 1);
+  if (lane == 0) excl = 0.f;
+  const float tf = __fdiv_rn(static_cast<float>(lb), ctx.scale);  // exact: scale is 2^j
+  const unsigned hit = __ballot_sync(0xffffffffu, incl > tf);
+  const unsigned pos = __ballot_sync(0xffffffffu, ls > 0.f);  // W_b > 0: some lane's sum is
+  const int src = hit ? __ffs(hit) - 1 : 31 - __clz(pos);
+  if (lane != src) return -1;
+  float a = excl;
+  int last = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (k[j] > 0.f) {
+      last = j;
+      a += k[j];
+      if (hit && a > tf) return ctx.begin + b * kBlockCols + lane * 4 + j;
+    }
+  }
+  return ctx.begin + b * kBlockCols + lane * 4 + last;
+}
+
+/*!
+ * @brief The draw with 32-bit uniform r from block_prefix's d: target = floor(r K / 2^32), the
+ *   block whose running W exceeds it (a warp scan of the owning warp's block masses), then the
+ *   element in the block (block_column). The column on the thread that finds it, -1 elsewhere.
+ *   Warp-local.
+ */
+__device__ __forceinline__ int64_t block_locate(const RowCtx& ctx, uint32_t t,
+                                                const DrawPrefix& d, uint32_t r) {
+  if (d.K == 0) return -1;
+  const unsigned long long target = __umul64hi(d.K, static_cast<unsigned long long>(r) << 32);
+  if (target < d.before || target >= d.before + d.mine) return -1;
+  const int lane = ctx.tid & 31;
+  const float* sums = block_sums(ctx);
+  unsigned long long local = target - d.before;
+  for (int b0 = d.s0; b0 < d.s1; b0 += 32) {
+    const unsigned long long w = b0 + lane < d.s1 ? ctx.fixed(sums[b0 + lane]) : 0ull;
+    const unsigned long long incl = warp_scan_u(w);
+    const unsigned long long tot = __shfl_sync(0xffffffffu, incl, 31);
+    if (local >= tot) {
+      local -= tot;
+      continue;
+    }
+    const int src = __ffs(__ballot_sync(0xffffffffu, incl > local)) - 1;
+    const unsigned long long before_b = __shfl_sync(0xffffffffu, incl - w, src);
+    return block_column(ctx, t, b0 + src, local - before_b);
+  }
+  return -1;  // unreachable: the warp's mass exceeds local
+}
+
+/// Load, filter and draw one token for output row `out_row`. Group-wide. Returns whether this
+/// CTA arrived at the cluster barrier (block_prefix): the kernel then waits on it to exit.
 template <typename T>
-__device__ __forceinline__ void sample_row(RowCtx& ctx, const T* __restrict__ in, int64_t stride,
+__device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in, int64_t stride,
                                            int64_t vocab, bool vec, const SampleParams& p,
                                            int64_t out_row) {
   const int64_t in_row = p.rows(out_row);
   const bool row_ok = in_row >= 0 && in_row < p.rows.num_in_rows;
   const bool is_probs = !p.logits;
+  const int f = p.filter;
   float mx = -INFINITY;
   bool nan = false;
   if (row_ok) {
     load_chunk<T>(ctx, in + in_row * stride, vec);
-    // Probabilities: clamp negatives to 0 (NaN is seen first).
-    mx = first_pass(ctx, is_probs, [](float x) { return fmaxf(x, 0.f); }, &nan);
+    if (is_probs) {
+      // Negatives clamped to 0, the draw's block sums (they do not depend on the row's max,
+      // only their fixed-point weights do). A NaN stays (its block's sum shows it): the row is
+      // then not drawn from.
+      const BlockStats st = fill_block_sums(ctx, [](float x) { return x < 0.f ? 0.f : x; });
+      nan = __syncthreads_or(st.nan);
+      mx = block_max(st.max, ctx.s);
+    } else {
+      mx = first_pass(ctx, false, [](float x) { return x; }, &nan);
+    }
   }
   float nan_f;
   cluster_reduce2_f(ctx, mx, nan ? 1.f : 0.f, 0, true, &mx, &nan_f);
   const bool any_nan = nan_f > 0.f;
   int64_t col = -1;
+  bool arrived = false;
   if (row_ok && !any_nan) {
     if (is_probs) {
       mx = fmaxf(mx, 0.f);
     } else {  // logits: weights exp(x - max), max weight 1
       const bool dead = isinf(mx) && mx < 0;
-      for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads)
-        ctx.vals[i] = dead ? 0.f : __expf(ctx.vals[i] - mx);
+      const float m = mx;
+      auto weight = [dead, m](float x) { return dead ? 0.f : __expf(x - m); };
+      fill_block_sums(ctx, weight);  // the weights and the draw's block sums in one pass
       mx = dead ? 0.f : 1.f;
-      __syncthreads();
     }
     ctx.scale = fixed_scale(mx);
-    const int f = p.filter;
     if (f == kTopP && top_p_rejection(ctx, p.top_p(out_row), p.rng, out_row, &col)) {
       if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, true);
-      return;
+      return false;
     }
     const uint32_t max_key = key_nonneg(mx);
     uint32_t t = 0;
@@ -293,16 +556,20 @@ __device__ __forceinline__ void sample_row(RowCtx& ctx, const T* __restrict__ in
     // Top-p comes here after its rejected candidates: the uniform after theirs.
     Philox rng = p.rng.make(out_row, f == kTopP ? kTopPCandidates * kTopPPasses : 0);
     const uint32_t r = rng.next();
-    unsigned long long kept;
-    col = draw(ctx, t, r, 0, &kept);
-    if (kept == 0 && ctx.rank == 0 && ctx.tid == 0) col = 0;  // nothing to draw from
+    refine_block_sums(ctx, t);
+    const DrawPrefix d = block_prefix(ctx, 0);
+    arrived = ctx.clustered;
+    col = block_locate(ctx, t, d, r);
+    if (d.K == 0 && ctx.rank == 0 && ctx.tid == 0) col = 0;  // nothing to draw from
   } else if (ctx.rank == 0 && ctx.tid == 0) {
     col = 0;
   }
   if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, row_ok && !any_nan);
+  return arrived;
 }
 
-/// One cluster (or one CTA) per output row: load, filter, draw one token.
+/// One cluster (or one CTA) per output row: load, filter, draw one token. Shared memory: the
+/// chunk (clusters), the Shared block, the chunk's block sums and max keys (see plan_sample).
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict__ in, int64_t stride,
                                                     int64_t vocab, int64_t chunk, bool vec,
@@ -310,8 +577,12 @@ __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict_
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_wait();
   RowCtx ctx = row_ctx(smem, g, vocab, chunk, false);
-  sample_row<T>(ctx, in, stride, vocab, vec, p, row_of(g, ctx));
-  row_sync(ctx);  // peers may still read this CTA's shared memory
+  // Peers may still read this CTA's shared memory until they arrive.
+  if (sample_row<T>(ctx, in, stride, vocab, vec, p, row_of(g, ctx))) {
+    cluster_wait();
+  } else {
+    row_sync(ctx);
+  }
 }
 
 struct TransformParams {
@@ -572,12 +843,47 @@ cudaError_t launch_rows(void (*kernel)(const T*, int64_t, int64_t, int64_t, bool
                                  vec, g, params);
 }
 
+/// SampleKernel's plan: plan_rows's cluster, a chunk of whole 128-column blocks (so blocks start
+/// at multiples of 128 columns of the row), and the chunk's block sums
+/// and max keys (64.5 KB + 9.7 KB + 1 KB at 128256 columns: still 3 CTAs per SM).
+inline RowPlan plan_sample(int64_t vocab) {
+  RowPlan plan = plan_rows(vocab);
+  plan.chunk = ceil_div(ceil_div(vocab, plan.cluster), kBlockCols) * kBlockCols;
+  plan.smem = static_cast<size_t>(plan.chunk) * sizeof(float) + sizeof(Shared) +
+              static_cast<size_t>(plan.chunk / kBlockCols) * (sizeof(float) + sizeof(uint32_t));
+  return plan;
+}
+
 template <typename T>
 cudaError_t Sample(const T* in, int64_t stride, int64_t num_out, int64_t vocab,
                    const SampleParams& params, const Scratch& scratch, bool enable_pdl,
                    cudaStream_t stream) {
-  return launch_rows(SampleKernel<T>, in, stride, num_out, vocab, params, scratch, enable_pdl,
-                     stream);
+  if (num_out == 0) return cudaSuccess;
+  if (scratch.ptr) {  // one CTA per row: Shared and the row's block sums and max keys
+    const size_t smem =
+        sizeof(Shared) + ceil_div(vocab, kBlockCols) * (sizeof(float) + sizeof(uint32_t));
+    cudaError_t e = cudaFuncSetAttribute(SampleKernel<T>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    const bool vec = rows_vectorizable<T>(in, stride, vocab);
+    for (int64_t r0 = 0; r0 < num_out; r0 += scratch.rows) {
+      const RowGrid g{num_out, r0, scratch.ptr, scratch.stride};
+      const int64_t n = num_out - r0 < scratch.rows ? num_out - r0 : scratch.rows;
+      e = launch_kernel(SampleKernel<T>, dim3(n), dim3(kThreads), smem, stream, enable_pdl, in,
+                        stride, vocab, vocab, vec, g, params);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }
+  const RowPlan plan = plan_sample(vocab);
+  cudaError_t e = prepare(SampleKernel<T>, plan);
+  if (e != cudaSuccess) return e;
+  const bool vec = rows_vectorizable<T>(in, stride, plan.chunk);
+  return launch_kernel_clustered(SampleKernel<T>, dim3(num_out * plan.cluster),
+                                 dim3(plan.threads), plan.smem, stream, enable_pdl, plan.cluster,
+                                 in, stride, vocab, plan.chunk, vec, RowGrid{num_out, 0, nullptr, 0},
+                                 params);
 }
 
 template <typename T>
