@@ -226,22 +226,25 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
 }
 
 // ------------------------------------------------------------------------------------------------
-// SampleKernel's draw by 128-column blocks
+// SampleKernel's draw by 512-column blocks
 // ------------------------------------------------------------------------------------------------
 //
-// A row's final draw weighs each 128-column block by W_b = fixed(S_b), S_b the float sum of the
-// block's kept values in a fixed order (each lane's 4 values left to right, then a butterfly over
-// the warp, which gives every lane the same bits since a + b == b + a), and then the element
-// within the block by its float value (a float scan over the block). Blocks start at multiples
-// of 128 columns of the row (SampleKernel's chunks hold whole blocks), so S_b, the integer K =
-// sum of W_b and with them every sample depend only on the row: the one-CTA path gives the
-// cluster path's samples bit for bit, and equal seed/offset give equal samples. A pass costs a
-// compare and an add per element (no 64-bit conversion), the block sums stay in shared memory
-// after the Shared block, and the locate reads them (two short warp scans) instead of walking
-// the warp's columns again.
+// A row's final draw weighs each 512-column block by W_b = fixed(S_b), S_b the float sum of the
+// block's kept values in a fixed order (each lane's 16 values in a fixed tree, then a butterfly
+// over the warp, which gives every lane the same bits since a + b == b + a), and then the
+// element within the block by its float value (a float scan over the block's lanes, then the
+// lane's values in order). Blocks start at multiples of 512 columns of the row (SampleKernel's
+// chunks hold whole blocks), so S_b, the integer K = sum of W_b and with them every sample
+// depend only on the row: the one-CTA path gives the cluster path's samples bit for bit, and
+// equal seed/offset give equal samples. Filling the sums costs an add and a max per element
+// and 6 warp-wide instructions per 512 (no 64-bit conversion per element); they stay in shared
+// memory after the Shared block with each block's max key, so a threshold found later keeps
+// them without another pass (refine_block_sums), and the locate reads them (two short warp
+// scans) instead of walking the warp's columns again.
 
-/// Columns of a draw block: lane l of a warp holds columns 4l..4l+3.
-inline constexpr int kBlockCols = 128;
+/// Columns of a draw block: lane l of a warp holds columns 128 s + 4 l .. + 3, s < 4.
+inline constexpr int kBlockCols = 512;
+inline constexpr int kBlockSteps = kBlockCols / 128;
 
 /// The float sums S_b of this CTA's blocks (shared memory after the Shared block).
 __device__ __forceinline__ float* block_sums(const RowCtx& ctx) {
@@ -252,11 +255,10 @@ __device__ __forceinline__ int num_blocks(const RowCtx& ctx) {
   return (ctx.n + kBlockCols - 1) / kBlockCols;
 }
 
-/// Lane `lane`'s 4 values of block b of the chunk, mapped by `map`, 0 past the chunk's end; with
-/// kWrite the mapped values are stored back (only where they differ).
+/// The 4 values at column c of the chunk, mapped by `map` (stored back where they change when
+/// kWrite), 0 past the chunk's end.
 template <bool kWrite, typename Map>
-__device__ __forceinline__ float4 block_lane(const RowCtx& ctx, int b, int lane, Map map) {
-  const int c = b * kBlockCols + lane * 4;
+__device__ __forceinline__ float4 lane_quad(const RowCtx& ctx, int c, Map map) {
   if (c + 4 <= ctx.n) {
     float4* p = reinterpret_cast<float4*>(ctx.vals + c);
     const float4 x = *p;
@@ -280,15 +282,39 @@ __device__ __forceinline__ float4 block_lane(const RowCtx& ctx, int b, int lane,
   return make_float4(f[0], f[1], f[2], f[3]);
 }
 
+/// Lane `lane`'s 16 values of block b (see kBlockCols), mapped as lane_quad.
+template <bool kWrite, typename Map>
+__device__ __forceinline__ void block_lane(const RowCtx& ctx, int b, int lane, Map map,
+                                           float4 (&v)[kBlockSteps]) {
+#pragma unroll
+  for (int st = 0; st < kBlockSteps; ++st)
+    v[st] = lane_quad<kWrite>(ctx, b * kBlockCols + st * 128 + lane * 4, map);
+}
+
 /// x when its key is >= t (kept), else 0.
 __device__ __forceinline__ float kept_value(const RowCtx& ctx, float x, uint32_t t) {
   return ctx.key(x) >= t ? x : 0.f;
 }
 
-/// A lane's kept sum in the fixed order ((x0 + x1) + x2) + x3.
-__device__ __forceinline__ float lane_kept_sum(const RowCtx& ctx, float4 v, uint32_t t) {
-  return ((kept_value(ctx, v.x, t) + kept_value(ctx, v.y, t)) + kept_value(ctx, v.z, t)) +
-         kept_value(ctx, v.w, t);
+/// The kept values of a lane's 16, in column-within-block order (st, j).
+__device__ __forceinline__ void lane_kept(const RowCtx& ctx, const float4 (&v)[kBlockSteps],
+                                          uint32_t t, float (&k)[4 * kBlockSteps]) {
+#pragma unroll
+  for (int st = 0; st < kBlockSteps; ++st) {
+    k[4 * st] = kept_value(ctx, v[st].x, t);
+    k[4 * st + 1] = kept_value(ctx, v[st].y, t);
+    k[4 * st + 2] = kept_value(ctx, v[st].z, t);
+    k[4 * st + 3] = kept_value(ctx, v[st].w, t);
+  }
+}
+
+/// A lane's sum of its 16 kept values in a fixed tree.
+__device__ __forceinline__ float lane_sum(const float (&k)[4 * kBlockSteps]) {
+  static_assert(kBlockSteps == 4, "the tree below sums 16 values");
+  float q[4];
+#pragma unroll
+  for (int st = 0; st < 4; ++st) q[st] = (k[4 * st] + k[4 * st + 1]) + (k[4 * st + 2] + k[4 * st + 3]);
+  return (q[0] + q[1]) + (q[2] + q[3]);
 }
 
 /// The max keys of this CTA's blocks (after the sums).
@@ -305,53 +331,40 @@ struct BlockStats {
 
 /*!
  * @brief Block-wide: map every value of the chunk by `map` (stored back where it changes) and
- *   write each block's sum S_b and max key to block_sums / block_max_keys; ends with a barrier.
- *   Warps take blocks 4 at a time (4 butterflies in flight). The sums are of every value (t = 0);
- *   refine_block_sums keeps those of a threshold once it is known.
+ *   write each block's kept (key >= t) sum S_b and max key to block_sums / block_max_keys; ends
+ *   with a barrier. Summed with t = 0 before a threshold is known, refine_block_sums keeps the
+ *   sums of the threshold found later.
  */
 template <typename Map>
-__device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, Map map) {
+__device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_t t, Map map) {
   float* sums = block_sums(ctx);
   uint32_t* max_keys = block_max_keys(ctx);
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
   const int nb = num_blocks(ctx);
   BlockStats st{-INFINITY, false};
-  for (int b0 = warp * 4; b0 < nb; b0 += nw * 4) {
-    float s[4];
-    uint32_t k[4];
+  for (int b = warp; b < nb; b += nw) {
+    float4 v[kBlockSteps];
+    block_lane<true>(ctx, b, lane, map, v);
+    float m = -INFINITY;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      s[q] = 0.f;
-      k[q] = 0;
-      if (b0 + q < nb) {
-        const float4 v = block_lane<true>(ctx, b0 + q, lane, map);
-        const float m = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
-        st.max = fmaxf(st.max, m);
-        k[q] = __reduce_max_sync(0xffffffffu, ctx.key(m));
-        s[q] = lane_kept_sum(ctx, v, 0);
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) s[q] += __shfl_xor_sync(0xffffffffu, s[q], o);
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) st.nan |= isnan(s[q]);
-    if (lane < 4 && b0 + lane < nb) {
-      sums[b0 + lane] = lane == 0 ? s[0] : lane == 1 ? s[1] : lane == 2 ? s[2] : s[3];
-      max_keys[b0 + lane] = lane == 0 ? k[0] : lane == 1 ? k[1] : lane == 2 ? k[2] : k[3];
-    }
+    for (int q = 0; q < kBlockSteps; ++q) m = fmaxf(m, fmaxf(fmaxf(v[q].x, v[q].y), fmaxf(v[q].z, v[q].w)));
+    st.max = fmaxf(st.max, m);
+    const uint32_t mk = __reduce_max_sync(0xffffffffu, ctx.key(m));
+    float k[4 * kBlockSteps];
+    lane_kept(ctx, v, t, k);
+    const float sum = warp_sum_f(lane_sum(k));
+    st.nan |= isnan(sum);
+    if (lane == 0) sums[b] = sum, max_keys[b] = mk;
   }
   __syncthreads();
   return st;
 }
 
 /*!
- * @brief Block-wide: turn fill_block_sums's sums into the kept (key >= t) sums: 0 for a block
- *   whose max key is below t, recomputed (the same order, so the same bits as summing with t
- *   from the start) for a block that holds a kept element. After a top-k or min-p threshold
- *   few blocks hold one: no pass over the chunk. Ends with a barrier.
+ * @brief Block-wide: turn fill_block_sums's t = 0 sums into the kept (key >= t) sums: 0 for a
+ *   block whose max key is below t, recomputed (the same order, so the same bits as summing
+ *   with t from the start) for a block that holds a kept element. After a top-k or min-p
+ *   threshold few blocks hold one: no pass over the chunk. Ends with a barrier.
  */
 __device__ __forceinline__ void refine_block_sums(const RowCtx& ctx, uint32_t t) {
   if (t == 0) return;
@@ -362,7 +375,11 @@ __device__ __forceinline__ void refine_block_sums(const RowCtx& ctx, uint32_t t)
   for (int b = warp; b < nb; b += nw) {
     float sum = 0.f;
     if (max_keys[b] >= t) {  // warp-uniform
-      sum = warp_sum_f(lane_kept_sum(ctx, block_lane<false>(ctx, b, lane, [](float x) { return x; }), t));
+      float4 v[kBlockSteps];
+      block_lane<false>(ctx, b, lane, [](float x) { return x; }, v);
+      float k[4 * kBlockSteps];
+      lane_kept(ctx, v, t, k);
+      sum = warp_sum_f(lane_sum(k));
     }
     if (lane == 0) sums[b] = sum;
   }
@@ -413,16 +430,18 @@ __device__ __forceinline__ DrawPrefix block_prefix(const RowCtx& ctx, int slot) 
   return d;
 }
 
-/// Warp-wide: the column of block b's kept element where the block's float running sum first
-/// exceeds lb / scale (lb < W_b), on the lane that holds it (-1 elsewhere). Where rounding puts
-/// the target past the block's float sum, the block's last element of positive weight.
+/// Warp-wide: the column of block b's kept element where the block's float running sum (lanes
+/// in order, a lane's 16 values in order) first exceeds lb / scale (lb < W_b), on the lane that
+/// holds it (-1 elsewhere). Where rounding puts the target past the block's float sum, the
+/// block's last element of positive weight.
 __device__ __forceinline__ int64_t block_column(const RowCtx& ctx, uint32_t t, int b,
                                                 unsigned long long lb) {
   const int lane = ctx.tid & 31;
-  const float4 v = block_lane<false>(ctx, b, lane, [](float x) { return x; });
-  const float k[4] = {kept_value(ctx, v.x, t), kept_value(ctx, v.y, t), kept_value(ctx, v.z, t),
-                      kept_value(ctx, v.w, t)};
-  const float ls = ((k[0] + k[1]) + k[2]) + k[3];
+  float4 v[kBlockSteps];
+  block_lane<false>(ctx, b, lane, [](float x) { return x; }, v);
+  float k[4 * kBlockSteps];
+  lane_kept(ctx, v, t, k);
+  const float ls = lane_sum(k);
   float incl = ls;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -439,14 +458,17 @@ __device__ __forceinline__ int64_t block_column(const RowCtx& ctx, uint32_t t, i
   float a = excl;
   int last = 0;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (k[j] > 0.f) {
-      last = j;
-      a += k[j];
-      if (hit && a > tf) return ctx.begin + b * kBlockCols + lane * 4 + j;
+  for (int i = 0; i < 4 * kBlockSteps; ++i) {
+    if (k[i] > 0.f) {
+      if (hit && a + k[i] > tf) {
+        last = i;
+        break;
+      }
+      last = i;
+      a += k[i];
     }
   }
-  return ctx.begin + b * kBlockCols + lane * 4 + last;
+  return ctx.begin + b * kBlockCols + (last >> 2) * 128 + lane * 4 + (last & 3);
 }
 
 /*!
@@ -488,19 +510,26 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   const bool row_ok = in_row >= 0 && in_row < p.rows.num_in_rows;
   const bool is_probs = !p.logits;
   const int f = p.filter;
+#ifdef FLASHINFER_SAMPLE_BLOCKS_PLAIN_ONLY  // (A/B variant: the filters keep the per-element draw)
+  const bool blocks = f == kNoFilter;
+#else
+  const bool blocks = true;
+#endif
+  // Top-p's rejection draws without block sums: they are summed only if it falls back.
+  const bool sums_first = blocks && f != kTopP;
   float mx = -INFINITY;
   bool nan = false;
   if (row_ok) {
     load_chunk<T>(ctx, in + in_row * stride, vec);
-    if (is_probs) {
+    if (is_probs && sums_first) {
       // Negatives clamped to 0, the draw's block sums (they do not depend on the row's max,
       // only their fixed-point weights do). A NaN stays (its block's sum shows it): the row is
       // then not drawn from.
-      const BlockStats st = fill_block_sums(ctx, [](float x) { return x < 0.f ? 0.f : x; });
+      const BlockStats st = fill_block_sums(ctx, 0, [](float x) { return x < 0.f ? 0.f : x; });
       nan = __syncthreads_or(st.nan);
       mx = block_max(st.max, ctx.s);
     } else {
-      mx = first_pass(ctx, false, [](float x) { return x; }, &nan);
+      mx = first_pass(ctx, is_probs, [](float x) { return fmaxf(x, 0.f); }, &nan);
     }
   }
   float nan_f;
@@ -515,7 +544,12 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       const bool dead = isinf(mx) && mx < 0;
       const float m = mx;
       auto weight = [dead, m](float x) { return dead ? 0.f : __expf(x - m); };
-      fill_block_sums(ctx, weight);  // the weights and the draw's block sums in one pass
+      if (sums_first) {
+        fill_block_sums(ctx, 0, weight);  // the weights and the draw's block sums in one pass
+      } else {
+        for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) ctx.vals[i] = weight(ctx.vals[i]);
+        __syncthreads();
+      }
       mx = dead ? 0.f : 1.f;
     }
     ctx.scale = fixed_scale(mx);
@@ -556,11 +590,21 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
     // Top-p comes here after its rejected candidates: the uniform after theirs.
     Philox rng = p.rng.make(out_row, f == kTopP ? kTopPCandidates * kTopPPasses : 0);
     const uint32_t r = rng.next();
-    refine_block_sums(ctx, t);
-    const DrawPrefix d = block_prefix(ctx, 0);
-    arrived = ctx.clustered;
-    col = block_locate(ctx, t, d, r);
-    if (d.K == 0 && ctx.rank == 0 && ctx.tid == 0) col = 0;  // nothing to draw from
+    unsigned long long K;
+    if (blocks) {
+      if (sums_first) {
+        refine_block_sums(ctx, t);
+      } else {
+        fill_block_sums(ctx, t, [](float x) { return x; });
+      }
+      const DrawPrefix d = block_prefix(ctx, 0);
+      arrived = ctx.clustered;
+      K = d.K;
+      col = block_locate(ctx, t, d, r);
+    } else {
+      col = draw(ctx, t, r, 0, &K);
+    }
+    if (K == 0 && ctx.rank == 0 && ctx.tid == 0) col = 0;  // nothing to draw from
   } else if (ctx.rank == 0 && ctx.tid == 0) {
     col = 0;
   }
