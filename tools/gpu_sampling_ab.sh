@@ -18,10 +18,10 @@ gpu_setup 320
 [ -d /tmp/peer/flashinfer ] || { mkdir -p /tmp/peer && tar -xJf "$GPU_DIR/peer/flashinfer-peer.tar.xz" -C /tmp/peer; }
 CASES=${CASES:-"sampling_from,top_p_sampling,top_k_sampling,min_p_sampling,top_k_top_p_sampling"}
 # tree name -> source dir, JIT workspace
-declare -A DIR=([ours]=$here [base]=$root) WS=([ours]=/tmp/fi-ws [base]=/tmp/base-ws)
+declare -A DIR=([ours]=$here [base]=$root) WS=([ours]=/tmp/fi-ws-$$ [base]=/tmp/base-ws)
 names=(ours)
 for v in ${VARIANTS:-}; do
-  n=${v%%:*}; DIR[$n]=$root/${v#*:}; WS[$n]=/tmp/ws-$n; names+=("$n")
+  n=${v%%:*}; DIR[$n]=$root/${v#*:}; WS[$n]=/tmp/ws-$n-$$; names+=("$n")
 done
 env_of() {  # env_of NAME: the environment of tree NAME (its package, its JIT workspace)
   echo "PYTHONPATH=/tmp/site:${DIR[$1]}/packages/flashinfer-python:${DIR[$1]}/tests FLASHINFER_WORKSPACE_BASE=${WS[$1]}"
