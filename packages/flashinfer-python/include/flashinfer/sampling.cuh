@@ -510,13 +510,8 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   const bool row_ok = in_row >= 0 && in_row < p.rows.num_in_rows;
   const bool is_probs = !p.logits;
   const int f = p.filter;
-#ifdef FLASHINFER_SAMPLE_BLOCKS_PLAIN_ONLY  // (A/B variant: the filters keep the per-element draw)
-  const bool blocks = f == kNoFilter;
-#else
-  const bool blocks = true;
-#endif
   // Top-p's rejection draws without block sums: they are summed only if it falls back.
-  const bool sums_first = blocks && f != kTopP;
+  const bool sums_first = f != kTopP;
   float mx = -INFINITY;
   bool nan = false;
   if (row_ok) {
@@ -590,21 +585,15 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
     // Top-p comes here after its rejected candidates: the uniform after theirs.
     Philox rng = p.rng.make(out_row, f == kTopP ? kTopPCandidates * kTopPPasses : 0);
     const uint32_t r = rng.next();
-    unsigned long long K;
-    if (blocks) {
-      if (sums_first) {
-        refine_block_sums(ctx, t);
-      } else {
-        fill_block_sums(ctx, t, [](float x) { return x; });
-      }
-      const DrawPrefix d = block_prefix(ctx, 0);
-      arrived = ctx.clustered;
-      K = d.K;
-      col = block_locate(ctx, t, d, r);
+    if (sums_first) {
+      refine_block_sums(ctx, t);
     } else {
-      col = draw(ctx, t, r, 0, &K);
+      fill_block_sums(ctx, t, [](float x) { return x; });
     }
-    if (K == 0 && ctx.rank == 0 && ctx.tid == 0) col = 0;  // nothing to draw from
+    const DrawPrefix d = block_prefix(ctx, 0);
+    arrived = ctx.clustered;
+    col = block_locate(ctx, t, d, r);
+    if (d.K == 0 && ctx.rank == 0 && ctx.tid == 0) col = 0;  // nothing to draw from
   } else if (ctx.rank == 0 && ctx.tid == 0) {
     col = 0;
   }
@@ -887,9 +876,9 @@ cudaError_t launch_rows(void (*kernel)(const T*, int64_t, int64_t, int64_t, bool
                                  vec, g, params);
 }
 
-/// SampleKernel's plan: plan_rows's cluster, a chunk of whole 128-column blocks (so blocks start
-/// at multiples of 128 columns of the row), and the chunk's block sums
-/// and max keys (64.5 KB + 9.7 KB + 1 KB at 128256 columns: still 3 CTAs per SM).
+/// SampleKernel's plan: plan_rows's cluster, a chunk of whole 512-column blocks (so blocks start
+/// at multiples of 512 columns of the row), and the chunk's block sums and max keys (64 KB +
+/// 9.6 KB + 0.25 KB at 128256 columns: still 3 CTAs per SM).
 inline RowPlan plan_sample(int64_t vocab) {
   RowPlan plan = plan_rows(vocab);
   plan.chunk = ceil_div(ceil_div(vocab, plan.cluster), kBlockCols) * kBlockCols;
