@@ -23,11 +23,13 @@
 //
 // Masses are 64-bit fixed point: w(x) = floor(x * 2^(40 - e)) with 2^e <= max(row) < 2^(e+1).
 // Integer sums do not depend on the order of the additions, so histogram atomics, block and
-// cluster reductions are deterministic, and a draw is exact: target = floor(u * K) for the kept
-// mass K and a 32-bit uniform u, then the first column (in column order) whose running kept mass
-// exceeds target. Elements below 2^-41 of the row's max get weight 0 (probability < 2^-41
-// relative to the largest). Column order makes the draw independent of how a row is split, so
-// the one-CTA-per-row path below gives the cluster path's samples bit for bit.
+// cluster reductions are deterministic. SampleKernel's draw weighs 512-column blocks instead (see
+// "draw by 512-column blocks" below): W_b = fixed(S_b), S_b a float sum in a fixed order, then
+// target = floor(u * K) for K = sum of W_b and a 32-bit uniform u, the block whose running W
+// exceeds it, the element by a float scan of the block. Blocks start at multiples of 512 columns
+// of the row, so the draw does not depend on how a row is split: the one-CTA-per-row path below
+// gives the cluster path's samples bit for bit. (ChainKernel still draws per element: the first
+// column whose running fixed(x) exceeds the target.)
 //
 // SM80/89 (no clusters) and FLASHINFER_SAMPLING_NO_CLUSTER: one CTA per row, the row in a global
 // scratch row (L2-resident passes instead of shared memory), the same code with a group of one.
