@@ -58,8 +58,14 @@ def specs():
         ids = torch.randint(0, V, (b, n), device="cuda", generator=g, dtype=torch.int32)
         return lambda: flashinfer.chain_speculative_sampling(draft, ids, target)
 
+    def copy():
+        logits, _ = _inputs()
+        out = torch.empty_like(logits)
+        return lambda: out.copy_(logits)
+
     read = B * V * 4
     return [
+        ("copy 128x128256 fp32 (torch; the transforms' floor)", copy, 2 * read, ""),
         ("top_p_sampling_from_probs 128x128256 fp32 p=0.9",
          probs_case("top_p_sampling_from_probs", 0.9), read, "<= 0.5x FlashInfer (~41 us)"),
         ("top_k_sampling_from_probs 128x128256 fp32 k=50",
@@ -139,15 +145,19 @@ PEER_SKIP = ("top_k_first",)
 
 
 def standalone(out: str, warm_only: bool, peer: bool = False, only: str = "",
-               no_cluster: bool = False) -> None:
+               no_cluster: bool = False, per_row: bool = False) -> None:
     import flashinfer
 
+    if per_row:  # ours only: the transforms' one-cluster-per-row kernel, not the persistent one
+        import flashinfer.sampling
+
+        flashinfer.sampling._PERSISTENT = frozenset()
     if no_cluster:  # ours only: the one-CTA-per-row path (what SM80/89 run)
         from flashinfer import knobs
 
         knobs.sampling.no_cluster = True
     rows = {"flashinfer": getattr(flashinfer, "__version__", "?"),
-            "device": torch.cuda.get_device_name(), "no_cluster": no_cluster,
+            "device": torch.cuda.get_device_name(), "no_cluster": no_cluster, "per_row": per_row,
             "cases": {}}
     for name, make, _, _ in specs():
         if only and not any(o in name for o in only.split(",")):
@@ -198,11 +208,13 @@ if __name__ == "__main__":
     ap.add_argument("--only", default="", help="comma-separated substrings of case names")
     ap.add_argument("--no-cluster", action="store_true",
                     help="ours: force the one-CTA-per-row path (FLASHINFER_SAMPLING_NO_CLUSTER)")
+    ap.add_argument("--per-row", action="store_true",
+                    help="ours: the transforms' one-cluster-per-row kernel (not the persistent)")
     ap.add_argument("--merge", nargs=3)
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.merge:
         merge(*a.merge, a.out)
     else:
-        standalone(a.standalone, a.warm, a.peer, a.only, a.no_cluster)
+        standalone(a.standalone, a.warm, a.peer, a.only, a.no_cluster, a.per_row)
     sys.exit(0)

@@ -48,6 +48,10 @@ __all__ = [
 # The kernel's filters and transforms (include/flashinfer/sampling.cuh).
 _NO_FILTER, _TOP_P, _TOP_K, _MIN_P, _JOINT, _TOP_K_FIRST = range(6)
 _SOFTMAX, _TOP_P_RENORM, _TOP_K_RENORM, _TOP_K_MASK = range(4)
+#: Transforms that run float32 rows through persistent clusters streaming the rows (the kernel
+#: falls back to one cluster per row where that does not fit). Module state so that the
+#: benchmark and the tests can compare both kernels.
+_PERSISTENT = frozenset({_SOFTMAX, _TOP_P_RENORM, _TOP_K_RENORM, _TOP_K_MASK})
 #: Largest vocabulary: 16 CTAs of 200 KB of float32 each.
 MAX_VOCAB = 16 * 200 * 1024 // 4
 _INT32_MAX = 2**31 - 1
@@ -279,7 +283,7 @@ def softmax(logits: torch.Tensor, temperature: Optional[Param] = None,
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     get_sampling_module().transform(out, logits, _SOFTMAX, None, 0.0, None, 0, temp_t,
                                     float(temp_v), _scratch(logits.device, *logits.shape),
-                                    resolve_pdl(enable_pdl, logits.device))
+                                    _SOFTMAX in _PERSISTENT, resolve_pdl(enable_pdl, logits.device))
     return out
 
 
@@ -380,7 +384,8 @@ def _transform(x, kind, name, *, top_p=0.0, top_k=0, out_dtype=None):
     out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     get_sampling_module().transform(out, x, kind, top_p_t, float(top_p_v), top_k_t,
                                     min(int(top_k_v), _INT32_MAX), None, 1.0,
-                                    _scratch(x.device, *x.shape), resolve_pdl(None, x.device))
+                                    _scratch(x.device, *x.shape), kind in _PERSISTENT,
+                                    resolve_pdl(None, x.device))
     return out
 
 
