@@ -48,10 +48,13 @@ __all__ = [
 # The kernel's filters and transforms (include/flashinfer/sampling.cuh).
 _NO_FILTER, _TOP_P, _TOP_K, _MIN_P, _JOINT, _TOP_K_FIRST = range(6)
 _SOFTMAX, _TOP_P_RENORM, _TOP_K_RENORM, _TOP_K_MASK = range(4)
-#: Transforms that run float32 rows through persistent clusters streaming the rows (the kernel
-#: falls back to one cluster per row where that does not fit). Module state so that the
-#: benchmark and the tests can compare both kernels.
-_PERSISTENT = frozenset({_SOFTMAX, _TOP_P_RENORM, _TOP_K_RENORM, _TOP_K_MASK})
+#: Transforms that run float32 rows through the persistent clusters that stream rows
+#: (TransformStreamKernel; the kernel falls back to one cluster per row where its plan does not
+#: fit). None by default: on the H200 at 128 x 128256 it measured slower than one cluster per row
+#: for every transform (softmax 64.5 vs 47.2 us, top-k mask 164.5 vs 95.4; benchmarks/notes/
+#: sampling-cluster-radix.md, wave 5). Module state so that the benchmark (--per-row) and the
+#: tests can run both kernels.
+_PERSISTENT: frozenset = frozenset()
 #: Largest vocabulary: 16 CTAs of 200 KB of float32 each.
 MAX_VOCAB = 16 * 200 * 1024 // 4
 _INT32_MAX = 2**31 - 1

@@ -604,7 +604,12 @@ __device__ __forceinline__ void wait_copies(int pending) {
  *   (G clusters, as many as fit at once). Each CTA keeps `stages` chunk buffers: while it works
  *   on one row, the cp.async copies of its chunks of the next stages - 1 rows are in flight, so
  *   HBM streams while the CTA computes (the one-row-per-cluster kernel loads, then computes with
- *   its loads idle). Shared block after the buffers.
+ *   its loads idle). Shared block after the buffers. Off by default (flashinfer.sampling's
+ *   _PERSISTENT): on the H200 at 128 x 128256 it was slower than TransformKernel for every
+ *   transform (softmax 64.5 vs 47.2 us, top-k mask 164.5 vs 95.4). The likely cause (not
+ *   profiled): one CTA per SM, so at most 132 / C rows (16 at C = 8) are in flight and each
+ *   row's passes and barriers are exposed, where TransformKernel's 3 CTAs per SM (~49 rows)
+ *   overlap them.
  */
 template <typename T>
 __global__ void __launch_bounds__(kStreamThreads, 1)
