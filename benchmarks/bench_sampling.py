@@ -145,20 +145,15 @@ PEER_SKIP = ("top_k_first",)
 
 
 def standalone(out: str, warm_only: bool, peer: bool = False, only: str = "",
-               no_cluster: bool = False, persistent: bool = False) -> None:
+               no_cluster: bool = False) -> None:
     import flashinfer
 
-    if persistent:  # ours only: every transform through the persistent streaming kernel
-        import flashinfer.sampling
-
-        flashinfer.sampling._PERSISTENT = frozenset(range(4))
     if no_cluster:  # ours only: the one-CTA-per-row path (what SM80/89 run)
         from flashinfer import knobs
 
         knobs.sampling.no_cluster = True
     rows = {"flashinfer": getattr(flashinfer, "__version__", "?"),
             "device": torch.cuda.get_device_name(), "no_cluster": no_cluster,
-            "persistent": persistent,
             "cases": {}}
     for name, make, _, _ in specs():
         if only and not any(o in name for o in only.split(",")):
@@ -209,14 +204,11 @@ if __name__ == "__main__":
     ap.add_argument("--only", default="", help="comma-separated substrings of case names")
     ap.add_argument("--no-cluster", action="store_true",
                     help="ours: force the one-CTA-per-row path (FLASHINFER_SAMPLING_NO_CLUSTER)")
-    ap.add_argument("--persistent", action="store_true",
-                    help="ours: the transforms through the persistent streaming kernel (off by "
-                    "default)")
     ap.add_argument("--merge", nargs=3)
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.merge:
         merge(*a.merge, a.out)
     else:
-        standalone(a.standalone, a.warm, a.peer, a.only, a.no_cluster, a.persistent)
+        standalone(a.standalone, a.warm, a.peer, a.only, a.no_cluster)
     sys.exit(0)

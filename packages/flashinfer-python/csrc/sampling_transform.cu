@@ -10,13 +10,11 @@ using namespace flashinfer::sampling_args;
 using tvm::ffi::Optional;
 
 /// out (B, V) = transform `kind` of input (B, V): softmax (float32 out), top-p renorm (float32),
-/// top-k renorm (input dtype), top-k mask (input dtype). `persistent`: float32 rows through
-/// persistent clusters that stream them (TransformStreamKernel) where they fit, else one cluster
-/// per row.
+/// top-k renorm (input dtype), top-k mask (input dtype).
 void transform(TensorView out, TensorView input, int64_t kind, Optional<TensorView> top_p_arr,
                double top_p, Optional<TensorView> top_k_arr, int64_t top_k,
                Optional<TensorView> temperature_arr, double temperature,
-               Optional<TensorView> scratch, bool persistent, bool enable_pdl) {
+               Optional<TensorView> scratch, bool enable_pdl) {
   // 1. Validate inputs.
   check_rows(input, "input");
   TVM_FFI_CHECK(kind >= kSoftmax && kind <= kTopKMask, ValueError)
@@ -50,7 +48,7 @@ void transform(TensorView out, TensorView input, int64_t kind, Optional<TensorVi
   dispatch_float_types(input.dtype(), "input", [&](auto t) {
     using T = decltype(t);
     check_launch(TransformRows<T>(data_ptr<T>(input), input.stride(0), rows, input.size(1), p,
-                                  sc, persistent, enable_pdl, stream),
+                                  sc, enable_pdl, stream),
                  "sampling transform");
   });
 }

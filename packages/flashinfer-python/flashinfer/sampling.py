@@ -48,13 +48,6 @@ __all__ = [
 # The kernel's filters and transforms (include/flashinfer/sampling.cuh).
 _NO_FILTER, _TOP_P, _TOP_K, _MIN_P, _JOINT, _TOP_K_FIRST = range(6)
 _SOFTMAX, _TOP_P_RENORM, _TOP_K_RENORM, _TOP_K_MASK = range(4)
-#: Transforms that run float32 rows through the persistent clusters that stream rows
-#: (TransformStreamKernel; the kernel falls back to one cluster per row where its plan does not
-#: fit). None by default: on the H200 at 128 x 128256 it measured slower than one cluster per row
-#: for every transform (softmax 64.5 vs 47.2 us, top-k mask 164.5 vs 95.4; benchmarks/notes/
-#: sampling-cluster-radix.md, wave 5). Module state so that the benchmark (--per-row) and the
-#: tests can run both kernels.
-_PERSISTENT: frozenset = frozenset()
 #: Largest vocabulary: 16 CTAs of 200 KB of float32 each.
 MAX_VOCAB = 16 * 200 * 1024 // 4
 _INT32_MAX = 2**31 - 1
@@ -286,7 +279,7 @@ def softmax(logits: torch.Tensor, temperature: Optional[Param] = None,
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     get_sampling_module().transform(out, logits, _SOFTMAX, None, 0.0, None, 0, temp_t,
                                     float(temp_v), _scratch(logits.device, *logits.shape),
-                                    _SOFTMAX in _PERSISTENT, resolve_pdl(enable_pdl, logits.device))
+                                    resolve_pdl(enable_pdl, logits.device))
     return out
 
 
@@ -387,8 +380,7 @@ def _transform(x, kind, name, *, top_p=0.0, top_k=0, out_dtype=None):
     out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     get_sampling_module().transform(out, x, kind, top_p_t, float(top_p_v), top_k_t,
                                     min(int(top_k_v), _INT32_MAX), None, 1.0,
-                                    _scratch(x.device, *x.shape), kind in _PERSISTENT,
-                                    resolve_pdl(None, x.device))
+                                    _scratch(x.device, *x.shape), resolve_pdl(None, x.device))
     return out
 
 

@@ -484,14 +484,13 @@ __device__ __forceinline__ void renorm_write(const RowCtx& ctx, const Threshold&
 /// loaded, float). Group-wide.
 template <typename T>
 __device__ __forceinline__ void transform_chunk(RowCtx& ctx, int64_t vocab,
-                                                const TransformParams& p, int64_t row,
-                                                int slot) {
+                                                const TransformParams& p, int64_t row) {
   const int kind = p.kind;
   float* out_f = static_cast<float*>(p.out) + row * p.out_stride + ctx.begin;
   T* out_t = static_cast<T*>(p.out) + row * p.out_stride + ctx.begin;
   bool nan;
   if (kind == kSoftmax) {
-    softmax_chunk(ctx, 1.f / p.temperature(row), out_f, slot);
+    softmax_chunk(ctx, 1.f / p.temperature(row), out_f, 0);
     return;
   }
   const int k = p.top_k(row);
@@ -506,7 +505,7 @@ __device__ __forceinline__ void transform_chunk(RowCtx& ctx, int64_t vocab,
                                         &tm, &any);
     uint32_t lo = 0;
     if (topk_search) lo = topk_lower_prefix(ctx, ctx.key(tm), any, ctx.key(mx), k);
-    group_max_nan_lo(ctx, mx, nan ? 1.f : 0.f, lo, slot, &mx_all, &nan_f, &lo);
+    group_max_nan_lo(ctx, mx, nan ? 1.f : 0.f, lo, 0, &mx_all, &nan_f, &lo);
     uint32_t t = 0;
     Threshold th{0, CM{0, 0}, true};
     if (mask) {
@@ -532,8 +531,8 @@ __device__ __forceinline__ void transform_chunk(RowCtx& ctx, int64_t vocab,
   }
   // Top-p renorm (top-k renorm keeping every element too): probabilities, negatives clamped to 0.
   const float mx =
-      cluster_reduce_f(ctx, first_pass(ctx, true, [](float x) { return fmaxf(x, 0.f); }, &nan),
-                       slot, true);
+      cluster_reduce_f(ctx, first_pass(ctx, true, [](float x) { return fmaxf(x, 0.f); }, &nan), 0,
+                       true);
   ctx.scale = fixed_scale(mx);
   Threshold th{0, CM{0, 0}, true};
   if (kind == kTopPRenorm) {
@@ -560,92 +559,8 @@ __global__ void __launch_bounds__(kThreads, 3) TransformKernel(const T* __restri
   const int64_t row = row_of(g, ctx);
   load_chunk<T>(ctx, in + row * stride, vec);
   if (p.kind == kSoftmax) pdl_launch_dependents();
-  transform_chunk<T>(ctx, vocab, p, row, 0);
+  transform_chunk<T>(ctx, vocab, p, row);
   row_sync(ctx);
-}
-
-/// Threads of the persistent (streaming) transform kernel: one CTA per SM.
-inline constexpr int kStreamThreads = 512;
-
-/// Issue cp.async copies of this CTA's chunk of a float32 row (16-byte aligned chunk start) into
-/// `dst` (shared memory) and commit them as one group; an empty group when `src` is null.
-__device__ __forceinline__ void issue_chunk_copy(const RowCtx& ctx, float* dst, const float* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if (src) {
-    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    const int nv = ctx.n / 4;
-    for (int g = ctx.tid; g < nv; g += ctx.nthreads)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + g * 16),
-                   "l"(src + int64_t{g} * 4)
-                   : "memory");
-    for (int i = nv * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads)
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d + i * 4), "l"(src + i)
-                   : "memory");
-  }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-/// Wait until at most `pending` (0..2) of this thread's cp.async groups are in flight.
-__device__ __forceinline__ void wait_copies(int pending) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if (pending >= 2) {
-    asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-  } else if (pending == 1) {
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-  } else {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-  }
-#endif
-}
-
-/*!
- * @brief Persistent clusters over float32 rows (SM90+): cluster c handles rows c, c + G, ...
- *   (G clusters, as many as fit at once). Each CTA keeps `stages` chunk buffers: while it works
- *   on one row, the cp.async copies of its chunks of the next stages - 1 rows are in flight, so
- *   HBM streams while the CTA computes (the one-row-per-cluster kernel loads, then computes with
- *   its loads idle). Shared block after the buffers. Off by default (flashinfer.sampling's
- *   _PERSISTENT): on the H200 at 128 x 128256 it was slower than TransformKernel for every
- *   transform (softmax 64.5 vs 47.2 us, top-k mask 164.5 vs 95.4). The likely cause (not
- *   profiled): one CTA per SM, so at most 132 / C rows (16 at C = 8) are in flight and each
- *   row's passes and barriers are exposed, where TransformKernel's 3 CTAs per SM (~49 rows)
- *   overlap them.
- */
-template <typename T>
-__global__ void __launch_bounds__(kStreamThreads, 1)
-    TransformStreamKernel(const T* __restrict__ in, int64_t stride, int64_t rows, int64_t vocab,
-                          int64_t chunk, int stages, TransformParams p) {
-  static_assert(std::is_same_v<T, float>, "float32 rows only");
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* bufs = reinterpret_cast<float*>(smem);
-  RowCtx ctx = make_ctx(bufs, reinterpret_cast<Shared*>(smem + stages * chunk * sizeof(float)),
-                        vocab, chunk, p.kind == kTopKMask, true);
-  const int64_t groups = gridDim.x / ctx.csize, first = blockIdx.x / ctx.csize;
-  auto src = [&](int64_t r) { return r < rows ? in + r * stride + ctx.begin : nullptr; };
-  pdl_wait();
-  for (int j = 0; j < stages - 1; ++j)
-    issue_chunk_copy(ctx, bufs + j * chunk, src(first + j * groups));
-  int it = 0;
-  for (int64_t row = first; row < rows; row += groups, ++it) {
-    // Buffer (it - 1) % stages was last read in the previous iteration (barrier below).
-    issue_chunk_copy(ctx, bufs + ((it + stages - 1) % stages) * chunk,
-                     src(row + (stages - 1) * groups));
-    wait_copies(stages - 1);
-    __syncthreads();
-    ctx.vals = bufs + (it % stages) * chunk;
-    // Softmax exchanges through slots alternating by row (no barrier at the row's end needed:
-    // a CTA writes slot pair it & 1 again only after the next row's barrier, which every peer
-    // reaches after reading it); the threshold transforms end each row with a group barrier.
-    transform_chunk<T>(ctx, vocab, p, row, 2 * (it & 1));
-    if (p.kind == kSoftmax) {
-      __syncthreads();
-    } else {
-      row_sync(ctx);
-    }
-  }
-  wait_copies(0);
-  pdl_launch_dependents();
-  row_sync(ctx);  // peers may still read this CTA's shared memory
 }
 
 struct ChainParams {
@@ -842,93 +757,10 @@ cudaError_t Sample(const T* in, int64_t stride, int64_t num_out, int64_t vocab,
                      stream);
 }
 
-/// Launch shape of TransformStreamKernel for float32 rows of `vocab`: the smallest cluster (power
-/// of two, <= 16) whose chunk is <= 64 KB, and as many chunk buffers (3 or 2) as fit.
-struct StreamPlan {
-  int cluster;
-  int64_t chunk;
-  int stages;
-  size_t smem;
-};
-
-inline bool plan_stream(int64_t vocab, int64_t smem_optin, StreamPlan* sp) {
-  int c = 1;
-  while (c < 16 && ceil_div(vocab, c) > kPreferredChunk) c *= 2;
-  const int64_t chunk = ceil_div(ceil_div(vocab, c), 8) * 8;
-  const int64_t buf = chunk * static_cast<int64_t>(sizeof(float));
-  int stages = 3;
-  while (stages >= 2 && stages * buf + static_cast<int64_t>(sizeof(Shared)) > smem_optin) --stages;
-  if (stages < 2) return false;
-  *sp = StreamPlan{c, chunk, stages, static_cast<size_t>(stages * buf) + sizeof(Shared)};
-  return true;
-}
-
-/// Clusters of TransformStreamKernel that fit on the device at once (0: none). Cached for the
-/// last (device, cluster, smem) asked.
-inline cudaError_t stream_clusters(int device, const StreamPlan& sp, int* fit) {
-  static thread_local int last_dev = -1, last_cluster = 0, last_fit = 0;
-  static thread_local size_t last_smem = 0;
-  if (device == last_dev && sp.cluster == last_cluster && sp.smem == last_smem) {
-    *fit = last_fit;
-    return cudaSuccess;
-  }
-  auto kernel = TransformStreamKernel<float>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(sp.smem));
-  if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
-  if (e == cudaSuccess && sp.cluster > 8)
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(sp.cluster);
-  config.blockDim = dim3(kStreamThreads);
-  config.dynamicSmemBytes = sp.smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = sp.cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  e = cudaOccupancyMaxActiveClusters(fit, reinterpret_cast<const void*>(kernel), &config);
-  if (e != cudaSuccess) return e;
-  last_dev = device, last_cluster = sp.cluster, last_smem = sp.smem, last_fit = *fit;
-  return cudaSuccess;
-}
-
-/*!
- * @brief The transforms of `rows` rows. `persistent` (float32 rows, 16-byte aligned, SM90+ with
- *   clusters): TransformStreamKernel, persistent clusters that stream rows through shared memory;
- *   otherwise (or where its plan does not fit) one cluster or CTA per row (TransformKernel).
- */
 template <typename T>
 cudaError_t TransformRows(const T* in, int64_t stride, int64_t rows, int64_t vocab,
-                          const TransformParams& params, const Scratch& scratch, bool persistent,
-                          bool enable_pdl, cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (persistent && !scratch.ptr && rows > 0) {
-      int dev = 0, optin = 0;
-      cudaError_t e = cudaGetDevice(&dev);
-      if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-      if (e != cudaSuccess) return e;
-      StreamPlan sp;
-      if (plan_stream(vocab, optin, &sp) && rows_vectorizable<float>(in, stride, sp.chunk)) {
-        int fit = 0;
-        e = stream_clusters(dev, sp, &fit);
-        if (e != cudaSuccess) return e;
-        if (fit > 0) {
-          const int64_t groups = rows < fit ? rows : fit;
-          return launch_kernel_clustered(TransformStreamKernel<float>,
-                                         dim3(groups * sp.cluster), dim3(kStreamThreads), sp.smem,
-                                         stream, enable_pdl, sp.cluster, in, stride, rows, vocab,
-                                         sp.chunk, sp.stages, params);
-        }
-      }
-    }
-  }
+                          const TransformParams& params, const Scratch& scratch, bool enable_pdl,
+                          cudaStream_t stream) {
   return launch_rows(TransformKernel<T>, in, stride, rows, vocab, params, scratch, enable_pdl,
                      stream);
 }
