@@ -323,38 +323,6 @@ struct TransformParams {
   int64_t out_stride;
 };
 
-/// first_pass (map in place when `apply`, NaN flag, the CTA's max) that also gives this thread's
-/// own max (*thread_max; meaningful when *any: the thread saw an element).
-template <typename Map>
-__device__ __forceinline__ float first_pass_threads(const RowCtx& ctx, bool apply, Map map,
-                                                    bool* nan, float* thread_max, bool* any) {
-  float m = -INFINITY;
-  bool bad = false, seen = false;
-  const int n4 = ctx.n / 4;
-  float4* v4 = reinterpret_cast<float4*>(ctx.vals);
-  for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
-    float4 x = v4[i];
-    bad |= isnan(x.x) || isnan(x.y) || isnan(x.z) || isnan(x.w);
-    if (apply) {
-      x = make_float4(map(x.x), map(x.y), map(x.z), map(x.w));
-      v4[i] = x;
-    }
-    m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
-    seen = true;
-  }
-  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) {
-    float x = ctx.vals[i];
-    bad |= isnan(x);
-    if (apply) ctx.vals[i] = x = map(x);
-    m = fmaxf(m, x);
-    seen = true;
-  }
-  *thread_max = m;
-  *any = seen;
-  *nan = __syncthreads_or(bad);
-  return block_max(m, ctx.s);
-}
-
 /*!
  * @brief A lower bound for the 11-bit key prefix of a row's top-k threshold from this CTA's
  *   per-thread maxima: the prefix of its kc-th largest thread maximum, kc = ceil(k / group

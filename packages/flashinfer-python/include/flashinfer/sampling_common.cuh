@@ -438,11 +438,13 @@ __device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool
 }
 
 /// One pass over the loaded chunk: x = map(x) in place (when `apply`), the chunk's max of the
-/// mapped values, and whether it held a NaN before mapping (*nan); block-wide.
+/// mapped values, and whether it held a NaN before mapping (*nan); block-wide. Also this
+/// thread's own max (*thread_max; meaningful when *any: the thread saw an element).
 template <typename Map>
-__device__ __forceinline__ float first_pass(const RowCtx& ctx, bool apply, Map map, bool* nan) {
+__device__ __forceinline__ float first_pass_threads(const RowCtx& ctx, bool apply, Map map,
+                                                    bool* nan, float* thread_max, bool* any) {
   float m = -INFINITY;
-  bool bad = false;
+  bool bad = false, seen = false;
   const int n4 = ctx.n / 4;
   float4* v4 = reinterpret_cast<float4*>(ctx.vals);
   for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
@@ -453,15 +455,27 @@ __device__ __forceinline__ float first_pass(const RowCtx& ctx, bool apply, Map m
       v4[i] = x;
     }
     m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+    seen = true;
   }
   for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) {
     float x = ctx.vals[i];
     bad |= isnan(x);
     if (apply) ctx.vals[i] = x = map(x);
     m = fmaxf(m, x);
+    seen = true;
   }
+  *thread_max = m;
+  *any = seen;
   *nan = __syncthreads_or(bad);
   return block_max(m, ctx.s);
+}
+
+/// first_pass_threads without the thread's own max.
+template <typename Map>
+__device__ __forceinline__ float first_pass(const RowCtx& ctx, bool apply, Map map, bool* nan) {
+  float thread_max;
+  bool any;
+  return first_pass_threads(ctx, apply, map, nan, &thread_max, &any);
 }
 
 /// Add a fixed-point mass to bin d of histogram `buf` (see Shared::mass). One CTA holding a whole
@@ -506,20 +520,22 @@ struct Threshold {
 inline constexpr int kWindowShift = 21;
 inline constexpr int kWindowBins = kBins - 1;
 
-/// Round 0's histogram: shared-memory atomics for the window's bins (a row's values spread over
-/// them, so a warp's atomics rarely conflict), registers for the bin below it. (Counting round
-/// 0 in 8 register bins of two exponents each, with no atomics, measured slower on an H200:
-/// top-p 195 vs 160 us, top-k 112 vs 94 us at 128 x 128256, since the next round's atomics
-/// then cover a whole pair of exponents.)
+/// Round 0's histogram over the window [top - span, top] of key prefixes (span <=
+/// kWindowBins - 1; default the whole window): shared-memory atomics for the window's bins (a
+/// row's values spread over them, so a warp's atomics rarely conflict), registers for the bin
+/// below it. (Counting round 0 in 8 register bins of two exponents each, with no atomics,
+/// measured slower on an H200: top-p 195 vs 160 us, top-k 112 vs 94 us at 128 x 128256, since
+/// the next round's atomics then cover a whole pair of exponents.)
 template <bool kCount, bool kMass>
-__device__ __forceinline__ void window_histogram(const RowCtx& ctx, int buf, uint32_t top) {
+__device__ __forceinline__ void window_histogram(const RowCtx& ctx, int buf, uint32_t top,
+                                                 uint32_t span = kWindowBins - 1) {
   unsigned int tc = 0;
   unsigned long long tm = 0;
   for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
     const float x = ctx.vals[i];
     const uint32_t p = ctx.key(x) >> kWindowShift;
     const uint32_t r = p >= top ? 0u : top - p;
-    if (r >= static_cast<uint32_t>(kWindowBins)) {
+    if (r > span) {
       tc += 1;
       if (kMass) tm += ctx.fixed(x);
     } else {
@@ -546,153 +562,12 @@ __device__ __forceinline__ void window_histogram(const RowCtx& ctx, int buf, uin
  *   holds the threshold; later rounds take 8-bit digits of the remaining 21 bits over the
  *   elements of that prefix. When the threshold is lower than the window, the search restarts
  *   with 8-bit digits over the elements below it.
- */
-template <typename TargetOf>
-__device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, uint32_t max_key,
-                                  TargetOf target_of) {
-  Shared* s = ctx.s;
-  const uint32_t top = max_key >> kWindowShift;
-  const uint32_t lo = top >= kWindowBins ? top - (kWindowBins - 1) : 0;  // window: [lo, top]
-  uint32_t prefix = 0, mask = 0, kmax = 0xffffffffu;
-  CM above{0, 0};
-  unsigned long long target = 0;
-  // Rounds: 0 = the window; then digits at `shift` (13, 5, 0). The tail: 24, 16, 8, 0.
-  int shift = -1;
-  bool tail = false;
-  for (int round = 0; round < 8; ++round) {
-    const int buf = ctx.parity;
-    ctx.parity ^= 1;
-    // 1. This CTA's histogram.
-    if (round == 0) {
-      if (by_mass) {  // a mass search needs no counts here
-        window_histogram<false, true>(ctx, buf, top);
-      } else if (need_mass) {
-        window_histogram<true, true>(ctx, buf, top);
-      } else {
-        window_histogram<true, false>(ctx, buf, top);
-      }
-    } else {
-      // A mass search's first digit round picks a bin of the bulk (never of one element): its
-      // counts are not kept either.
-      const bool count = !(by_mass && round == 1);
-      for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
-        const float x = ctx.vals[i];
-        const uint32_t k = ctx.key(x);
-        if ((k & mask) == prefix && k <= kmax) {
-          const int d = (k >> shift) & (kBins - 1);
-          if (count) atomicAdd(&s->cnt[buf][d], 1u);
-          if (need_mass) add_mass(ctx, buf, d, ctx.fixed(x));
-        }
-      }
-    }
-    row_sync(ctx);
-    // The other buffer was last read by peers before this barrier: clear it for the next round.
-    for (int b = ctx.tid; b < kBins; b += ctx.nthreads) {
-      s->cnt[buf ^ 1][b] = 0;
-      s->mass[buf ^ 1][0][b] = s->mass[buf ^ 1][1][b] = s->mass[buf ^ 1][2][b] = 0;
-    }
-    // 2. Merge the group's histograms: thread j holds bin 255 - j (largest values first).
-    CM v{0, 0};
-    if (ctx.tid < kBins) {
-      // Remote loads in groups of 4 issued before their adds (DSMEM latency is ~hundreds of
-      // cycles; all 16 at once cost 110 registers, one CTA per SM).
-      const int b = kBins - 1 - ctx.tid;
-      for (int r0 = 0; r0 < ctx.csize; r0 += 4) {
-        unsigned int c[4];
-        unsigned long long m[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const bool in = r0 + r < ctx.csize;
-          c[r] = in ? *peer(ctx, &s->cnt[buf][b], r0 + r) : 0u;
-          m[r] = 0;
-          if (in && need_mass) {
-            m[r] = bin_mass(ctx, peer(ctx, s->mass[buf], r0 + r), b);
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < 4; ++r) v.c += c[r], v.m += m[r];
-      }
-    }
-    CM total;
-    CM incl = block_scan(v, s, &total);
-    if (round == 0) target = target_of(total);
-    incl.c += above.c, incl.m += above.m;
-    const bool reached = (by_mass ? incl.m : incl.c) >= target;
-    const int before = __syncthreads_count(ctx.tid < kBins && !reached);
-    if (before == kBins) return Threshold{0, total, true};  // only in the first round
-    if (ctx.tid == before) {
-      s->pick[0] = kBins - 1 - before;
-      s->pick[1] = static_cast<uint32_t>(v.c);
-      s->pick_u[0] = incl.c - v.c;
-      s->pick_u[1] = incl.m - v.m;
-      s->pick_u[2] = incl.m;
-    }
-    __syncthreads();
-    const uint32_t d = s->pick[0];
-    above = CM{s->pick_u[0], s->pick_u[1]};
-    unsigned long long bin_c = s->pick[1];
-    const CM kept{above.c + bin_c, s->pick_u[2]};  // (count unknown after a mass window)
-    __syncthreads();  // pick is rewritten next round
-    if (by_mass && round <= 1) bin_c = 2;  // not counted: never stop here
-    if (round == 0) {
-      if (d == 0 && lo > 0) {
-        // Below the window: 8-bit digits from the top over the keys under it.
-        tail = true;
-        kmax = (lo << kWindowShift) - 1u;
-        shift = 24;
-        continue;
-      }
-      prefix = (top - (kBins - 1 - d)) << kWindowShift;
-      mask = ~0u << kWindowShift;
-      if (bin_c == 1) return Threshold{prefix, kept, false};
-      shift = kWindowShift - 8;  // then 8 less down to 0 (whose top bits the prefix fixes)
-      continue;
-    }
-    prefix |= d << shift;
-    mask |= (kBins - 1u) << shift;
-    // One element in the chosen bin: keeping the whole bin is the answer.
-    if (bin_c == 1 || shift == 0) return Threshold{prefix, kept, false};
-    shift = shift > 8 ? shift - 8 : 0;
-  }
-  return Threshold{prefix, CM{0, 0}, false};  // not reached
-}
-
-/// window_histogram over the window [top - span, top] (span <= kWindowBins - 1): the prefixes
-/// below it go to bin 0, counted in registers. (A copy of window_histogram with the window's
-/// span as an argument; the sampling kernel keeps the fixed window.)
-template <bool kCount, bool kMass>
-__device__ __forceinline__ void window_histogram_from(const RowCtx& ctx, int buf, uint32_t top,
-                                                      uint32_t span) {
-  unsigned int tc = 0;
-  unsigned long long tm = 0;
-  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
-    const float x = ctx.vals[i];
-    const uint32_t p = ctx.key(x) >> kWindowShift;
-    const uint32_t r = p >= top ? 0u : top - p;
-    if (r > span) {
-      tc += 1;
-      if (kMass) tm += ctx.fixed(x);
-    } else {
-      const int d = kBins - 1 - static_cast<int>(r);
-      if (kCount) atomicAdd(&ctx.s->cnt[buf][d], 1u);
-      if (kMass) add_mass(ctx, buf, d, ctx.fixed(x));
-    }
-  }
-  tc = __reduce_add_sync(0xffffffffu, tc);
-  tm = warp_sum_u(tm);
-  if ((ctx.tid & 31) == 0) {
-    if (kCount && tc) atomicAdd(&ctx.s->cnt[buf][0], tc);
-    if (kMass && tm) add_mass(ctx, buf, 0, tm);
-  }
-}
-
-/*!
- * @brief radix_search with round 0's window starting at key prefix `lo_prefix` (>= the default
- *   window's lowest prefix; else the default): keys below it are counted in registers, not with
- *   shared-memory atomics, so a caller that knows the threshold is at or above the prefix (a
- *   top-k's lower bound from per-thread maxima) pays atomics only for the few keys above it. The
- *   result is exact either way: a threshold below the window restarts over the keys under it.
- *   (A copy of radix_search for the transforms; the sampling kernel keeps radix_search.)
+ *
+ *   `lo_prefix`: round 0's window starts there when it is above the default window's lowest
+ *   prefix (and at most the max's); keys below it are counted in registers, not with
+ *   shared-memory atomics, so a caller that knows the threshold is at or above it (a top-k's
+ *   lower bound from per-thread maxima) pays atomics only for the keys above it. The result is
+ *   exact either way: a threshold below the window restarts over the keys under it.
  */
 template <typename TargetOf>
 __device__ Threshold radix_search_from(RowCtx& ctx, bool by_mass, bool need_mass, uint32_t max_key,
@@ -700,8 +575,8 @@ __device__ Threshold radix_search_from(RowCtx& ctx, bool by_mass, bool need_mass
   Shared* s = ctx.s;
   const uint32_t top = max_key >> kWindowShift;
   uint32_t lo = top >= kWindowBins ? top - (kWindowBins - 1) : 0;  // window: [lo, top]
-  if (lo_prefix > lo && lo_prefix <= top) lo = lo_prefix;
-  const uint32_t span = top - lo;
+  uint32_t span = kWindowBins - 1;  // (top - lo, or more where lo is 0: nothing lies below)
+  if (lo_prefix > lo && lo_prefix <= top) lo = lo_prefix, span = top - lo_prefix;
   uint32_t prefix = 0, mask = 0, kmax = 0xffffffffu;
   CM above{0, 0};
   unsigned long long target = 0;
@@ -714,11 +589,11 @@ __device__ Threshold radix_search_from(RowCtx& ctx, bool by_mass, bool need_mass
     // 1. This CTA's histogram.
     if (round == 0) {
       if (by_mass) {  // a mass search needs no counts here
-        window_histogram_from<false, true>(ctx, buf, top, span);
+        window_histogram<false, true>(ctx, buf, top, span);
       } else if (need_mass) {
-        window_histogram_from<true, true>(ctx, buf, top, span);
+        window_histogram<true, true>(ctx, buf, top, span);
       } else {
-        window_histogram_from<true, false>(ctx, buf, top, span);
+        window_histogram<true, false>(ctx, buf, top, span);
       }
     } else {
       // A mass search's first digit round picks a bin of the bulk (never of one element): its
@@ -804,6 +679,13 @@ __device__ Threshold radix_search_from(RowCtx& ctx, bool by_mass, bool need_mass
     shift = shift > 8 ? shift - 8 : 0;
   }
   return Threshold{prefix, CM{0, 0}, false};  // not reached
+}
+
+/// radix_search_from with the default window (lo_prefix 0).
+template <typename TargetOf>
+__device__ __forceinline__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass,
+                                                  uint32_t max_key, TargetOf target_of) {
+  return radix_search_from(ctx, by_mass, need_mass, max_key, 0u, target_of);
 }
 
 /// The kept mass (key >= t, weight fixed(x)) of lane `lane`'s 4 columns of 128-column step
