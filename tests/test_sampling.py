@@ -365,10 +365,8 @@ def test_top_p_renorm_matches_oracle(v):
 @pytest.mark.parametrize("v", [1000, 128256, 256000])
 def test_top_p_renorm_bit_exact(v):
     """Bit for bit against the fixed-point reference, where the threshold lies near the max
-    (peaked rows, small top_p), deep in the bulk (top_p 0.9-0.999 of flat rows), below the
-    bound's 16 binades (top_p 1 - 2^-20), at ties, in unnormalized rows with negatives: the
-    first round's window starts at a lower bound from the groups' masses (topp_lower_prefix)
-    or at the default, and the output is the same."""
+    (peaked rows, small top_p), deep in the bulk (top_p 0.9-0.999 of flat rows), 22 binades
+    below the max (top_p 1 - 2^-20), at ties, in unnormalized rows with negatives, all zeros."""
     g = torch.Generator(device="cuda").manual_seed(v)
     spread = torch.tensor([0.5, 2.0, 2.0, 2.0, 4.0, 8.0, 16.0, 2.0] * 2, device="cuda")
     logits = torch.randn(16, v, device="cuda", generator=g) * spread[:, None]

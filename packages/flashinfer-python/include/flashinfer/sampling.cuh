@@ -351,97 +351,6 @@ __device__ __forceinline__ uint32_t topk_lower_prefix(const RowCtx& ctx, uint32_
   return top - static_cast<uint32_t>(before);
 }
 
-/// Groups of top-p's lower bound: 16 consecutive 11-bit key prefixes each (two binades; key >>
-/// 25), the kMassGroups highest at and below a CTA's max.
-inline constexpr int kMassGroups = 8;
-
-/*!
- * @brief Top-p's group exchange of the row's max, with a lower bound for the 11-bit key prefix
- *   of its threshold: one pass sums this CTA's (clamped, non-negative) values per group and in
- *   all (registers: no atomics), one group barrier exchanges the sums with the CTA max, and the
- *   bound is the highest group boundary L whose mass at and above reaches top_p of the row's
- *   (0 when none of the top kMassGroups groups does). The margin (top_p * 2^-10 + 2^-16 of the
- *   total) covers the float sums and the fixed point's truncation, so the fixed-point mass at
- *   and above L reaches radix_search's target and its round 0 pays mass atomics only for the
- *   keys above L; were it not to, radix_search_from would still be exact (it restarts below).
- *   A CTA's mass below its own kMassGroups groups is left out of the group sums, which only
- *   lowers L. *mx_all receives the row's max. Block-wide; every CTA computes the same L (the
- *   same float sums in the same order). Scratch: histogram buffer cnt[parity ^ 1], read only
- *   by this CTA and its peers' exchange, which the search's round 0 clears after its barrier.
- */
-__device__ __forceinline__ uint32_t topp_lower_prefix(const RowCtx& ctx, float mx_cta,
-                                                      float top_p, float* mx_all) {
-  constexpr int kVals = kMassGroups + 1;  // the groups' sums, then the CTA's total
-  constexpr int kRecord = 128;            // scratch offset of this CTA's (max, sums) record
-  static_assert(kThreads / 32 * kVals <= kRecord && kRecord + 1 + kVals <= kBins, "scratch");
-  const uint32_t top_group = key_nonneg(fmaxf(mx_cta, 0.f)) >> 25;
-  float h[kVals];
-#pragma unroll
-  for (int v = 0; v < kVals; ++v) h[v] = 0.f;
-  auto add = [&](float x) {
-    const uint32_t j = top_group - (key_nonneg(x) >> 25);
-#pragma unroll
-    for (int b = 0; b < kMassGroups; ++b)
-      if (j == static_cast<uint32_t>(b)) h[b] += x;
-    h[kMassGroups] += x;
-  };
-  if (top_p < 1.f) {  // (else no group reaches the margin: the pass is skipped, L = 0)
-    const int n4 = ctx.n / 4;
-    const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
-    for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
-      const float4 x = v4[i];
-      add(x.x), add(x.y), add(x.z), add(x.w);
-    }
-    for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) add(ctx.vals[i]);
-  }
-  // The CTA's sums (warps, then the warps' in order) and max into its record.
-  float* scratch = reinterpret_cast<float*>(ctx.s->cnt[ctx.parity ^ 1]);
-  float* rec = scratch + kRecord;
-  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
-#pragma unroll
-  for (int v = 0; v < kVals; ++v) {
-    const float sum = warp_sum_f(h[v]);
-    if (lane == 0) scratch[warp * kVals + v] = sum;
-  }
-  __syncthreads();
-  if (ctx.tid < kVals) {
-    float sum = 0.f;
-    for (int w = 0; w < nw; ++w) sum += scratch[w * kVals + ctx.tid];
-    rec[1 + ctx.tid] = sum;
-  }
-  if (ctx.tid == 0) rec[0] = mx_cta;
-  row_sync(ctx);
-  // Every warp: lane r < csize reads rank r's record; the groups realigned to the row's top one.
-  float r[1 + kVals];
-  r[0] = -INFINITY;
-#pragma unroll
-  for (int v = 1; v <= kVals; ++v) r[v] = 0.f;
-  if (lane < ctx.csize) {
-    const float* remote = peer(ctx, rec, lane);
-#pragma unroll
-    for (int v = 0; v <= kVals; ++v) r[v] = remote[v];
-  }
-  const float mx = warp_max(r[0]);
-  *mx_all = mx;
-  const uint32_t row_group = key_nonneg(fmaxf(mx, 0.f)) >> 25;
-  const uint32_t shift = row_group - (key_nonneg(fmaxf(r[0], 0.f)) >> 25);  // (0 past csize)
-  const float total = warp_sum_f(r[kVals]);
-  const float need = total * (top_p * (1.f + 0x1p-10f) + 0x1p-16f);
-  float cum = 0.f;
-  int found = -1;
-#pragma unroll
-  for (int b = 0; b < kMassGroups; ++b) {
-    float v = 0.f;
-#pragma unroll
-    for (int i = 0; i < kMassGroups; ++i)
-      if (shift + i == static_cast<uint32_t>(b)) v = r[1 + i];
-    cum += warp_sum_f(v);
-    if (found < 0 && cum >= need) found = b;
-  }
-  if (!(total > 0.f) || found < 0 || static_cast<uint32_t>(found) > row_group) return 0;
-  return (row_group - static_cast<uint32_t>(found)) << 4;
-}
-
 /// The group's max of `mx`, max of `nan` and min of `lo` (one barrier; exchange slots xf[slot],
 /// xf[slot + 1] and xu[6 + slot / 2]). Every thread receives the results.
 __device__ __forceinline__ void group_max_nan_lo(const RowCtx& ctx, float mx, float nan,
@@ -589,21 +498,20 @@ __device__ __forceinline__ void transform_chunk(RowCtx& ctx, int64_t vocab,
     return;
   }
   // Top-p renorm (top-k renorm keeping every element too): probabilities, negatives clamped to 0.
-  const float mx_cta = first_pass(ctx, true, [](float x) { return fmaxf(x, 0.f); }, &nan);
+  const float mx =
+      cluster_reduce_f(ctx, first_pass(ctx, true, [](float x) { return fmaxf(x, 0.f); }, &nan), 0,
+                       true);
+  ctx.scale = fixed_scale(mx);
+  Threshold th{0, CM{0, 0}, true};
   if (kind == kTopPRenorm) {
-    // Round 0's window starts at a lower bound from the groups' masses (topp_lower_prefix).
     const float tp = p.top_p(row);
-    float mx;
-    const uint32_t lo = topp_lower_prefix(ctx, mx_cta, tp, &mx);
-    ctx.scale = fixed_scale(mx);
-    const Threshold th = radix_search_from(ctx, true, true, key_nonneg(mx), lo, [tp](CM total) {
+    th = radix_search(ctx, true, true, key_nonneg(mx), [tp](CM total) {
       return static_cast<unsigned long long>(
                  floor(static_cast<double>(tp) * static_cast<double>(total.m))) + 1ull;
     });
     renorm_write(ctx, th, out_f);
   } else {
-    ctx.scale = fixed_scale(cluster_reduce_f(ctx, mx_cta, 0, true));
-    renorm_write(ctx, Threshold{0, CM{0, 0}, true}, out_t);
+    renorm_write(ctx, th, out_t);
   }
 }
 
