@@ -58,8 +58,14 @@ def specs():
         ids = torch.randint(0, V, (b, n), device="cuda", generator=g, dtype=torch.int32)
         return lambda: flashinfer.chain_speculative_sampling(draft, ids, target)
 
+    def copy():
+        logits, _ = _inputs()
+        out = torch.empty_like(logits)
+        return lambda: out.copy_(logits)
+
     read = B * V * 4
     return [
+        ("copy 128x128256 fp32 (torch; the transforms' floor)", copy, 2 * read, ""),
         ("top_p_sampling_from_probs 128x128256 fp32 p=0.9",
          probs_case("top_p_sampling_from_probs", 0.9), read, "<= 0.5x FlashInfer (~41 us)"),
         ("top_k_sampling_from_probs 128x128256 fp32 k=50",

@@ -70,6 +70,27 @@ def ref_top_p_keep(p: torch.Tensor, top_p, slack: float = 0.0) -> torch.Tensor:
     return p >= thr
 
 
+def ref_top_p_renorm_exact(probs: torch.Tensor, top_p) -> torch.Tensor:
+    """top_p_renorm_probs bit for bit (float32 rows, no NaN): values clamped to 0, fixed-point
+    weights floor(x * 2^(40 - ilogb(max))), target floor(top_p * total) + 1, kept: the values at
+    or above the largest value whose weight at and above reaches the target (all when none
+    does), out = x * float32(2^(40 - ilogb(max)) / kept weight)."""
+    x = probs.double().clamp(min=0)
+    mx = x.max(1).values
+    scale = torch.where(mx > 0, torch.ldexp(torch.ones_like(mx), 41 - torch.frexp(mx)[1]), 1.0)
+    w = torch.floor(x * scale[:, None]).long()
+    top_p = torch.as_tensor(top_p, dtype=torch.float32, device=x.device).expand(x.shape[0])
+    target = torch.floor(top_p.double() * w.sum(1).double()).long() + 1
+    srt, order = x.sort(1, descending=True)
+    reached = w.gather(1, order).cumsum(1) >= target[:, None]
+    first = reached.long().argmax(1)
+    v = torch.where(reached.any(1), srt.gather(1, first[:, None])[:, 0], -1.0)
+    keep = x >= v[:, None]
+    kept = torch.where(keep, w, 0).sum(1)
+    inv = torch.where(kept > 0, scale / kept.double(), 0.0).float()
+    return torch.where(keep, x.float() * inv[:, None], 0.0)
+
+
 def renorm(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     q = torch.where(keep, p.double(), 0.0)
     return q / q.sum(1, keepdim=True)
@@ -365,6 +386,27 @@ def test_top_p_renorm_matches_oracle(v):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("v", [1000, 128256, 256000])
+def test_top_p_renorm_bit_exact(v):
+    """Bit for bit against the fixed-point reference, where the threshold lies near the max
+    (peaked rows, small top_p), deep in the bulk (top_p 0.9-0.999 of flat rows), 22 binades
+    below the max (top_p 1 - 2^-20), at ties, in unnormalized rows with negatives, all zeros."""
+    g = torch.Generator(device="cuda").manual_seed(v)
+    spread = torch.tensor([0.5, 2.0, 2.0, 2.0, 4.0, 8.0, 16.0, 2.0] * 2, device="cuda")
+    logits = torch.randn(16, v, device="cuda", generator=g) * spread[:, None]
+    probs = torch.softmax(logits, -1)
+    probs[7] = torch.softmax(logits[7].round(), -1)  # ties
+    probs[8] *= 7.25  # unnormalized
+    probs[9, ::3] = -probs[9, ::3]  # negatives count as 0
+    probs[10] = 0
+    top_p = torch.tensor([0.9, 0.9, 0.5, 0.999, 0.9, 0.9, 0.9, 0.7,
+                          0.95, 0.3, 0.9, 1e-6, 0.1, 1.0, 1 - 2**-20, 0.99], device="cuda")
+    out = sampling.top_p_renorm_probs(probs, top_p)
+    assert torch.equal(out, ref_top_p_renorm_exact(probs, top_p))
+    assert torch.equal(sampling.top_p_renorm_probs(probs, 0.9), ref_top_p_renorm_exact(probs, 0.9))
+
+
+@pytest.mark.gpu
 def test_ties_at_the_boundary():
     probs = torch.tensor([[0.1, 0.2, 0.2, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25, 0.0]], device="cuda")
     # top-2: 0.3 and every 0.2 tied with the 2nd
@@ -551,6 +593,32 @@ def test_chain_speculative_distribution():
         draft.expand(reps, 1, v).contiguous(), tokens[:, None],
         target.expand(reps, 2, v).contiguous(), seed=3, offset=0)
     _assert_freq(out[:, 0], target.cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b, v, pad", [(40, 1000, 0), (16, 256000, 0), (24, 50001, 3),
+                                       (8, 4097, 7)])
+def test_top_k_transforms_lower_bound_edges(b, v, pad):
+    """Top-k renorm and mask against the sort oracle where the per-thread-maxima lower bound on
+    the threshold (topk_lower_prefix) is tight or below the window: k = 1..20000 and k > V, row
+    tails of 1-3 floats (row stride v + pad), many ties, an all-equal row, -inf, negatives."""
+    g = torch.Generator(device="cuda").manual_seed(v + b)
+    logits = (torch.randn(b, v + pad, device="cuda", generator=g) * 3)[:, :v]
+    logits[1, : v // 3] = -float("inf")
+    logits[2] = logits[2].round()  # many ties
+    logits[-1] = 0.5  # all equal
+    probs = torch.empty(b, v + pad, device="cuda")[:, :v]
+    probs.copy_(torch.softmax(logits, -1))
+    probs[1, 0] = -0.25  # negatives count as 0
+    k = torch.tensor([1, 2, 50, 300, 5000, 20000, v, v + 5] * (b // 8 + 1), device="cuda")[:b]
+    clamped = probs.clamp(min=0)
+    keep = ref_top_k_keep(clamped, k)
+    out = sampling.top_k_renorm_probs(probs, k)
+    assert ((out != 0) <= keep).all()
+    torch.testing.assert_close(out, renorm(clamped, keep).float(), rtol=1e-5, atol=0)
+    keep = ref_top_k_keep(logits, k)
+    masked = sampling.top_k_mask_logits(logits, k)
+    assert torch.equal(masked, torch.where(keep, logits, -float("inf")))
 
 
 @pytest.mark.gpu

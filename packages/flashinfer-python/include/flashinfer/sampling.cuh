@@ -629,76 +629,117 @@ struct TransformParams {
   int64_t out_stride;
 };
 
-/// Load, (softmax | find the filter's threshold), write row `row`. Group-wide.
-template <typename T>
-__device__ __forceinline__ void transform_row(RowCtx& ctx, const T* __restrict__ in,
-                                              int64_t stride, int64_t vocab, bool vec,
-                                              const TransformParams& p, int64_t row) {
-  const int kind = p.kind;
-  Shared* s = ctx.s;
-  load_chunk<T>(ctx, in + row * stride, vec);
-  float* out_f = static_cast<float*>(p.out) + row * p.out_stride + ctx.begin;
-  T* out_t = static_cast<T*>(p.out) + row * p.out_stride + ctx.begin;
-  bool nan;
-  if (kind == kSoftmax) {
-    const float inv_t = 1.f / p.temperature(row);
-    const float mx = cluster_reduce_f(
-        ctx, first_pass(ctx, inv_t != 1.f, [inv_t](float x) { return x * inv_t; }, &nan), 0,
-        true);
-    float sum = 0.f;
-    for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) sum += __expf(ctx.vals[i] - mx);
-    sum = cluster_reduce_f(ctx, block_sum_f(sum, s), 2, false);
-    const float inv = 1.f / sum;
-    pdl_launch_dependents();
-    write_chunk(ctx, out_f, [&](int i) { return __expf(ctx.vals[i] - mx) * inv; });
-    return;
+/*!
+ * @brief A lower bound for the 11-bit key prefix of a row's top-k threshold from this CTA's
+ *   per-thread maxima: the prefix of its kc-th largest thread maximum, kc = ceil(k / group
+ *   size), found among the kWindowBins prefixes at and below the CTA max's (0 when fewer than kc
+ *   thread maxima lie there). A CTA's kc maxima are distinct elements at or above its bound, so
+ *   at least k elements of the row lie at or above the group's smallest bound: the threshold
+ *   does too. Block-wide; counts in histogram buffer cnt[parity] (clean before a search) and
+ *   leaves it clean.
+ */
+__device__ __forceinline__ uint32_t topk_lower_prefix(const RowCtx& ctx, uint32_t thread_max_key,
+                                                      bool any, uint32_t cta_max_key, int k) {
+  unsigned int* h = ctx.s->cnt[ctx.parity];
+  const int kc = (k + ctx.csize - 1) / ctx.csize;
+  const uint32_t top = cta_max_key >> kWindowShift, p = thread_max_key >> kWindowShift;
+  const uint32_t r = p >= top ? 0u : top - p;
+  const bool in = any && r < static_cast<uint32_t>(kWindowBins);
+  if (in) atomicAdd(&h[r], 1u);
+  __syncthreads();
+  const unsigned long long c = ctx.tid < kBins ? h[ctx.tid] : 0u;
+  CM total;
+  const CM incl = block_scan(CM{c, 0}, ctx.s, &total);  // (its barriers order the reads of h)
+  const int before = __syncthreads_count(ctx.tid < kBins && incl.c < static_cast<unsigned>(kc));
+  if (in) h[r] = 0;
+  __syncthreads();
+  if (total.c < static_cast<unsigned long long>(kc) || before >= kWindowBins) return 0;
+  return top - static_cast<uint32_t>(before);
+}
+
+/// The group's max of `mx`, max of `nan` and min of `lo` (one barrier; exchange slots xf[slot],
+/// xf[slot + 1] and xu[6 + slot / 2]). Every thread receives the results.
+__device__ __forceinline__ void group_max_nan_lo(const RowCtx& ctx, float mx, float nan,
+                                                 uint32_t lo, int slot, float* mx_all,
+                                                 float* nan_all, uint32_t* lo_all) {
+  if (ctx.tid == 0) {
+    ctx.s->xf[slot] = mx, ctx.s->xf[slot + 1] = nan;
+    ctx.s->xu[6 + slot / 2] = lo;
   }
-  if (kind == kTopKMask) {
-    const float mx = first_pass(ctx, false, [](float x) { return x; }, &nan);
-    float mx_all, nan_f;
-    cluster_reduce2_f(ctx, mx, nan ? 1.f : 0.f, 0, true, &mx_all, &nan_f);
-    // A NaN's key may exceed the max's: then the window holds no finite value (exact, slower).
-    const uint32_t max_key = nan_f > 0.f ? 0xffffffffu : key_signed(mx_all);
-    const int k = p.top_k(row);
-    uint32_t t = 0;
-    if (k > 0 && k < vocab) {
-      const Threshold th = radix_search(ctx, false, false, max_key,
-                                        [k](CM) { return static_cast<unsigned long long>(k); });
-      if (!th.all) t = th.key;
-    }
-    const float ninf = -INFINITY;
-    write_chunk(ctx, out_t, [&](int i) {
-      const float x = ctx.vals[i];
-      return ctx.key(x) >= t ? x : ninf;
-    });
-    return;
+  row_sync(ctx);
+  const int lane = ctx.tid & 31;
+  float a = -INFINITY, b = -INFINITY;
+  uint32_t l = 0xffffffffu;
+  if (lane < ctx.csize) {
+    a = *peer(ctx, &ctx.s->xf[slot], lane);
+    b = *peer(ctx, &ctx.s->xf[slot + 1], lane);
+    l = static_cast<uint32_t>(*peer(ctx, &ctx.s->xu[6 + slot / 2], lane));
   }
-  // Renormalizations: probabilities, negatives clamped to 0.
-  const float mx =
-      cluster_reduce_f(ctx, first_pass(ctx, true, [](float x) { return fmaxf(x, 0.f); }, &nan), 0,
-                       true);
-  ctx.scale = fixed_scale(mx);
-  const uint32_t max_key = key_nonneg(mx);
-  uint32_t t = 0;
-  Threshold th{0, CM{0, 0}, true};
-  if (kind == kTopPRenorm) {
-    const float tp = p.top_p(row);
-    th = radix_search(ctx, true, true, max_key, [tp](CM total) {
-      return static_cast<unsigned long long>(
-                 floor(static_cast<double>(tp) * static_cast<double>(total.m))) + 1ull;
-    });
-  } else {
-    const int k = p.top_k(row);
-    if (k > 0 && k < vocab)
-      th = radix_search(ctx, false, true, max_key,
-                        [k](CM) { return static_cast<unsigned long long>(k); });
+  *mx_all = warp_max(a);
+  *nan_all = warp_max(b);
+  *lo_all = __reduce_min_sync(0xffffffffu, l);
+}
+
+/*!
+ * @brief Softmax of this CTA's chunk (in ctx.vals, not yet scaled) with the row's group: one pass
+ *   of online (max, sum of exp(x - max)) per thread, a block and a group combine (one group
+ *   barrier; exchange slots `slot`, `slot + 1`), then one write pass. x = logit * inv_t. NaN
+ *   anywhere (or +inf) makes the row NaN, a row of -inf is NaN, as torch.softmax.
+ */
+__device__ __forceinline__ void softmax_chunk(const RowCtx& ctx, float inv_t, float* out,
+                                              int slot) {
+  float m = -INFINITY, sum = 0.f;
+  // -inf terms add 0 (also before any finite max); NaN terms add NaN.
+  auto term = [](float x, float mx) { return x == -INFINITY ? 0.f : __expf(x - mx); };
+  const int n4 = ctx.n / 4;
+  const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
+  for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
+    float4 x = v4[i];
+    x = make_float4(x.x * inv_t, x.y * inv_t, x.z * inv_t, x.w * inv_t);
+    const float mm = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
+    if (mm > m) sum *= __expf(m - mm), m = mm;
+    sum += (term(x.x, m) + term(x.y, m)) + (term(x.z, m) + term(x.w, m));
   }
+  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) {
+    const float x = ctx.vals[i] * inv_t;
+    if (x > m) sum *= __expf(m - x), m = x;
+    sum += term(x, m);
+  }
+  // Combine (m, sum) pairs: the block's max, every sum rescaled to it, then the group's.
+  const float bm = block_max(m, ctx.s);
+  sum = block_sum_f(m == bm ? sum : sum * __expf(m - bm), ctx.s);
+  if (ctx.tid == 0) ctx.s->xf[slot] = bm, ctx.s->xf[slot + 1] = sum;
+  row_sync(ctx);
+  const int lane = ctx.tid & 31;
+  float gm = -INFINITY, gs = 0.f;
+  if (lane < ctx.csize) {
+    const float* remote = peer(ctx, &ctx.s->xf[slot], lane);
+    gm = remote[0];
+    gs = remote[1];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {  // the same tree on every CTA: the same (M, S)
+    const float mo = __shfl_xor_sync(0xffffffffu, gm, o);
+    const float so = __shfl_xor_sync(0xffffffffu, gs, o);
+    const float M = fmaxf(gm, mo);
+    gs = (gm == M ? gs : gs * __expf(gm - M)) + (mo == M ? so : so * __expf(mo - M));
+    gm = M;
+  }
+  const float inv = 1.f / gs;
+  write_chunk(ctx, out, [&](int i) { return __expf(ctx.vals[i] * inv_t - gm) * inv; });
+}
+
+/// out = x / (kept mass) for the elements the threshold keeps, 0 elsewhere (th.all: every
+/// element, its mass summed here). ctx.scale set. Group-wide.
+template <typename O>
+__device__ __forceinline__ void renorm_write(const RowCtx& ctx, const Threshold& th, O* out) {
   unsigned long long kept_m = th.kept.m;
+  uint32_t t = 0;
   if (th.all) {
     unsigned long long mine = 0;
     for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) mine += ctx.fixed(ctx.vals[i]);
     CM total;
-    block_scan(CM{0, mine}, s, &total);
+    block_scan(CM{0, mine}, ctx.s, &total);
     unsigned long long before;
     kept_m = cluster_sum_u(ctx, total.m, 0, &before);
   } else {
@@ -707,14 +748,76 @@ __device__ __forceinline__ void transform_row(RowCtx& ctx, const T* __restrict__
   const float inv = kept_m ? static_cast<float>(static_cast<double>(ctx.scale) /
                                                 static_cast<double>(kept_m))
                            : 0.f;
-  auto y = [&](int i) {
+  write_chunk(ctx, out, [&](int i) {
     const float x = ctx.vals[i];
     return ctx.key(x) >= t ? x * inv : 0.f;
-  };
+  });
+}
+
+/// (top-k mask | top-p / top-k renorm | softmax) of row `row`, whose chunk ctx.vals holds (as
+/// loaded, float). Group-wide.
+template <typename T>
+__device__ __forceinline__ void transform_chunk(RowCtx& ctx, int64_t vocab,
+                                                const TransformParams& p, int64_t row) {
+  const int kind = p.kind;
+  float* out_f = static_cast<float*>(p.out) + row * p.out_stride + ctx.begin;
+  T* out_t = static_cast<T*>(p.out) + row * p.out_stride + ctx.begin;
+  bool nan;
+  if (kind == kSoftmax) {
+    softmax_chunk(ctx, 1.f / p.temperature(row), out_f, 0);
+    return;
+  }
+  const int k = p.top_k(row);
+  const bool topk_search = kind != kTopPRenorm && k > 0 && k < vocab;
+  if (kind == kTopKMask || topk_search) {
+    // Top-k: a lower bound for the threshold from the per-thread maxima (topk_lower_prefix)
+    // narrows round 0's window, so only the keys near the top pay shared-memory atomics.
+    const bool mask = kind == kTopKMask;
+    float tm, mx_all, nan_f;
+    bool any;
+    const float mx = first_pass_threads(ctx, !mask, [](float x) { return fmaxf(x, 0.f); }, &nan,
+                                        &tm, &any);
+    uint32_t lo = 0;
+    if (topk_search) lo = topk_lower_prefix(ctx, ctx.key(tm), any, ctx.key(mx), k);
+    group_max_nan_lo(ctx, mx, nan ? 1.f : 0.f, lo, 0, &mx_all, &nan_f, &lo);
+    uint32_t t = 0;
+    Threshold th{0, CM{0, 0}, true};
+    if (mask) {
+      // A NaN's key may exceed the max's: then the window holds no finite value (exact, slower).
+      const uint32_t max_key = nan_f > 0.f ? 0xffffffffu : key_signed(mx_all);
+      if (topk_search) {
+        th = radix_search_from(ctx, false, false, max_key, nan_f > 0.f ? 0u : lo,
+                               [k](CM) { return static_cast<unsigned long long>(k); });
+        if (!th.all) t = th.key;
+      }
+      const float ninf = -INFINITY;
+      write_chunk(ctx, out_t, [&](int i) {
+        const float x = ctx.vals[i];
+        return ctx.key(x) >= t ? x : ninf;
+      });
+      return;
+    }
+    ctx.scale = fixed_scale(mx_all);  // (the clamp removed NaNs)
+    th = radix_search_from(ctx, false, true, key_nonneg(mx_all), lo,
+                           [k](CM) { return static_cast<unsigned long long>(k); });
+    renorm_write(ctx, th, out_t);
+    return;
+  }
+  // Top-p renorm (top-k renorm keeping every element too): probabilities, negatives clamped to 0.
+  const float mx =
+      cluster_reduce_f(ctx, first_pass(ctx, true, [](float x) { return fmaxf(x, 0.f); }, &nan), 0,
+                       true);
+  ctx.scale = fixed_scale(mx);
+  Threshold th{0, CM{0, 0}, true};
   if (kind == kTopPRenorm) {
-    write_chunk(ctx, out_f, y);
+    const float tp = p.top_p(row);
+    th = radix_search(ctx, true, true, key_nonneg(mx), [tp](CM total) {
+      return static_cast<unsigned long long>(
+                 floor(static_cast<double>(tp) * static_cast<double>(total.m))) + 1ull;
+    });
+    renorm_write(ctx, th, out_f);
   } else {
-    write_chunk(ctx, out_t, y);
+    renorm_write(ctx, th, out_t);
   }
 }
 
@@ -727,7 +830,10 @@ __global__ void __launch_bounds__(kThreads, 3) TransformKernel(const T* __restri
   pdl_wait();
   const bool signed_keys = p.kind == kTopKMask;
   RowCtx ctx = row_ctx(smem, g, vocab, chunk, signed_keys);
-  transform_row<T>(ctx, in, stride, vocab, vec, p, row_of(g, ctx));
+  const int64_t row = row_of(g, ctx);
+  load_chunk<T>(ctx, in + row * stride, vec);
+  if (p.kind == kSoftmax) pdl_launch_dependents();
+  transform_chunk<T>(ctx, vocab, p, row);
   row_sync(ctx);
 }
 
@@ -747,28 +853,66 @@ struct ChainParams {
 /// Accept the draft prefix of batch row `row`, then draw the resampled or bonus token.
 __device__ __forceinline__ void chain_row(RowCtx& ctx, const ChainParams& p, int64_t row) {
   Philox rng = p.rng.make(row);
-  // Every thread runs the (short) acceptance chain: the same draws, the same answer.
+  // Every thread runs the (short) acceptance chain: the same draws, the same answer. Four
+  // positions' loads at a time (independent), then their tests in order.
   int reject = p.n, independent = 0;
-  for (int i = 0; i < p.n; ++i) {
-    const float u = static_cast<float>(rng.next()) * 0x1p-32f;
-    const int32_t tok = p.ids[row * p.ids_s0 + i];
-    bool ok = false;
-    if (tok >= 0 && tok < p.vocab) {
-      const float q = p.draft[row * p.draft_s0 + i * p.draft_s1 + tok];
-      const float pt = p.target[row * p.target_s0 + i * p.target_s1 + tok];
-      ok = u * q < pt;
+  for (int i0 = 0; i0 < p.n; i0 += 4) {
+    int32_t tok[4];
+    float q[4], pt[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) tok[j] = i0 + j < p.n ? p.ids[row * p.ids_s0 + i0 + j] : -1;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const bool in = tok[j] >= 0 && tok[j] < p.vocab;
+      q[j] = in ? p.draft[row * p.draft_s0 + (i0 + j) * p.draft_s1 + tok[j]] : 0.f;
+      pt[j] = in ? p.target[row * p.target_s0 + (i0 + j) * p.target_s1 + tok[j]] : 0.f;
     }
-    independent += ok;
-    if (!ok && reject == p.n) reject = i;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (i0 + j >= p.n) break;
+      const float u = static_cast<float>(rng.next()) * 0x1p-32f;
+      const bool ok = tok[j] >= 0 && tok[j] < p.vocab && u * q[j] < pt[j];
+      independent += ok;
+      if (!ok && reject == p.n) reject = i0 + j;
+    }
   }
   const uint32_t r = rng.next();
-  const float* t_row = p.target + row * p.target_s0 + reject * p.target_s1;
-  const float* d_row = p.draft + row * p.draft_s0 + reject * p.draft_s1;
+  const float* t_row = p.target + row * p.target_s0 + reject * p.target_s1 + ctx.begin;
+  const float* d_row = p.draft + row * p.draft_s0 + reject * p.draft_s1 + ctx.begin;
   const bool resample = reject < p.n;
-  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
-    const int64_t c = ctx.begin + i;
-    const float tv = t_row[c];
-    ctx.vals[i] = fmaxf(resample ? tv - d_row[c] : tv, 0.f);
+  // max(target - draft, 0) (resampling) or max(target, 0) (the bonus token) into the chunk:
+  // 16-byte loads, U per thread and row in flight, where both rows are 16-byte aligned.
+  int done = 0;
+  if (((reinterpret_cast<uintptr_t>(t_row) | reinterpret_cast<uintptr_t>(d_row)) & 15) == 0) {
+    constexpr int U = 4;
+    const float4* t4 = reinterpret_cast<const float4*>(t_row);
+    const float4* d4 = reinterpret_cast<const float4*>(d_row);
+    float4* v4 = reinterpret_cast<float4*>(ctx.vals);
+    const int nv = ctx.n / 4;
+    for (int g0 = 0; g0 < nv; g0 += U * ctx.nthreads) {
+      float4 a[U], b[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int g = g0 + u * ctx.nthreads + ctx.tid;
+        b[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (g < nv) {
+          a[u] = __ldg(t4 + g);
+          if (resample) b[u] = __ldg(d4 + g);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int g = g0 + u * ctx.nthreads + ctx.tid;
+        if (g < nv)
+          v4[g] = make_float4(fmaxf(a[u].x - b[u].x, 0.f), fmaxf(a[u].y - b[u].y, 0.f),
+                              fmaxf(a[u].z - b[u].z, 0.f), fmaxf(a[u].w - b[u].w, 0.f));
+      }
+    }
+    done = nv * 4;
+  }
+  for (int i = done + ctx.tid; i < ctx.n; i += ctx.nthreads) {
+    const float tv = t_row[i];
+    ctx.vals[i] = fmaxf(resample ? tv - d_row[i] : tv, 0.f);
   }
   __syncthreads();
   bool nan;
@@ -788,10 +932,11 @@ __device__ __forceinline__ void chain_row(RowCtx& ctx, const ChainParams& p, int
   }
 }
 
-/// One cluster (or one CTA) per batch row. `static`: the one kernel of this header that is not a
-/// template, so every translation unit that includes the header has its own (no duplicate symbol).
-static __global__ void __launch_bounds__(kThreads, 3) ChainKernel(int64_t chunk, RowGrid g,
-                                                                  ChainParams p) {
+/// One cluster (or one CTA) per batch row. A template (of nothing) so that only the translation
+/// unit that launches it compiles it.
+template <int kUnused = 0>
+__global__ void __launch_bounds__(kThreads, 3) ChainKernel(int64_t chunk, RowGrid g,
+                                                           ChainParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_wait();
   RowCtx ctx = row_ctx(smem, g, p.vocab, chunk, false);
@@ -936,16 +1081,16 @@ inline cudaError_t ChainSpeculative(const ChainParams& params, int64_t batch,
     for (int64_t r0 = 0; r0 < batch; r0 += scratch.rows) {
       const RowGrid g{batch, r0, scratch.ptr, scratch.stride};
       const int64_t n = batch - r0 < scratch.rows ? batch - r0 : scratch.rows;
-      const cudaError_t e = launch_kernel(ChainKernel, dim3(n), dim3(kThreads), sizeof(Shared),
+      const cudaError_t e = launch_kernel(ChainKernel<>, dim3(n), dim3(kThreads), sizeof(Shared),
                                           stream, enable_pdl, params.vocab, g, params);
       if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
   }
   const RowPlan plan = plan_rows(params.vocab);
-  cudaError_t e = prepare(ChainKernel, plan);
+  cudaError_t e = prepare(ChainKernel<>, plan);
   if (e != cudaSuccess) return e;
-  return launch_kernel_clustered(ChainKernel, dim3(batch * plan.cluster), dim3(plan.threads),
+  return launch_kernel_clustered(ChainKernel<>, dim3(batch * plan.cluster), dim3(plan.threads),
                                  plan.smem, stream, enable_pdl, plan.cluster, plan.chunk,
                                  RowGrid{batch, 0, nullptr, 0}, params);
 }

@@ -438,11 +438,13 @@ __device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool
 }
 
 /// One pass over the loaded chunk: x = map(x) in place (when `apply`), the chunk's max of the
-/// mapped values, and whether it held a NaN before mapping (*nan); block-wide.
+/// mapped values, and whether it held a NaN before mapping (*nan); block-wide. Also this
+/// thread's own max (*thread_max; meaningful when *any: the thread saw an element).
 template <typename Map>
-__device__ __forceinline__ float first_pass(const RowCtx& ctx, bool apply, Map map, bool* nan) {
+__device__ __forceinline__ float first_pass_threads(const RowCtx& ctx, bool apply, Map map,
+                                                    bool* nan, float* thread_max, bool* any) {
   float m = -INFINITY;
-  bool bad = false;
+  bool bad = false, seen = false;
   const int n4 = ctx.n / 4;
   float4* v4 = reinterpret_cast<float4*>(ctx.vals);
   for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
@@ -453,15 +455,27 @@ __device__ __forceinline__ float first_pass(const RowCtx& ctx, bool apply, Map m
       v4[i] = x;
     }
     m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+    seen = true;
   }
   for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) {
     float x = ctx.vals[i];
     bad |= isnan(x);
     if (apply) ctx.vals[i] = x = map(x);
     m = fmaxf(m, x);
+    seen = true;
   }
+  *thread_max = m;
+  *any = seen;
   *nan = __syncthreads_or(bad);
   return block_max(m, ctx.s);
+}
+
+/// first_pass_threads without the thread's own max.
+template <typename Map>
+__device__ __forceinline__ float first_pass(const RowCtx& ctx, bool apply, Map map, bool* nan) {
+  float thread_max;
+  bool any;
+  return first_pass_threads(ctx, apply, map, nan, &thread_max, &any);
 }
 
 /// Add a fixed-point mass to bin d of histogram `buf` (see Shared::mass). One CTA holding a whole
@@ -506,20 +520,22 @@ struct Threshold {
 inline constexpr int kWindowShift = 21;
 inline constexpr int kWindowBins = kBins - 1;
 
-/// Round 0's histogram: shared-memory atomics for the window's bins (a row's values spread over
-/// them, so a warp's atomics rarely conflict), registers for the bin below it. (Counting round
-/// 0 in 8 register bins of two exponents each, with no atomics, measured slower on an H200:
-/// top-p 195 vs 160 us, top-k 112 vs 94 us at 128 x 128256, since the next round's atomics
-/// then cover a whole pair of exponents.)
+/// Round 0's histogram over the window [top - span, top] of key prefixes (span <=
+/// kWindowBins - 1; default the whole window): shared-memory atomics for the window's bins (a
+/// row's values spread over them, so a warp's atomics rarely conflict), registers for the bin
+/// below it. (Counting round 0 in 8 register bins of two exponents each, with no atomics,
+/// measured slower on an H200: top-p 195 vs 160 us, top-k 112 vs 94 us at 128 x 128256, since
+/// the next round's atomics then cover a whole pair of exponents.)
 template <bool kCount, bool kMass>
-__device__ __forceinline__ void window_histogram(const RowCtx& ctx, int buf, uint32_t top) {
+__device__ __forceinline__ void window_histogram(const RowCtx& ctx, int buf, uint32_t top,
+                                                 uint32_t span = kWindowBins - 1) {
   unsigned int tc = 0;
   unsigned long long tm = 0;
   for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
     const float x = ctx.vals[i];
     const uint32_t p = ctx.key(x) >> kWindowShift;
     const uint32_t r = p >= top ? 0u : top - p;
-    if (r >= static_cast<uint32_t>(kWindowBins)) {
+    if (r > span) {
       tc += 1;
       if (kMass) tm += ctx.fixed(x);
     } else {
@@ -546,13 +562,21 @@ __device__ __forceinline__ void window_histogram(const RowCtx& ctx, int buf, uin
  *   holds the threshold; later rounds take 8-bit digits of the remaining 21 bits over the
  *   elements of that prefix. When the threshold is lower than the window, the search restarts
  *   with 8-bit digits over the elements below it.
+ *
+ *   `lo_prefix`: round 0's window starts there when it is above the default window's lowest
+ *   prefix (and at most the max's); keys below it are counted in registers, not with
+ *   shared-memory atomics, so a caller that knows the threshold is at or above it (a top-k's
+ *   lower bound from per-thread maxima) pays atomics only for the keys above it. The result is
+ *   exact either way: a threshold below the window restarts over the keys under it.
  */
 template <typename TargetOf>
-__device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, uint32_t max_key,
-                                  TargetOf target_of) {
+__device__ Threshold radix_search_from(RowCtx& ctx, bool by_mass, bool need_mass, uint32_t max_key,
+                                       uint32_t lo_prefix, TargetOf target_of) {
   Shared* s = ctx.s;
   const uint32_t top = max_key >> kWindowShift;
-  const uint32_t lo = top >= kWindowBins ? top - (kWindowBins - 1) : 0;  // window: [lo, top]
+  uint32_t lo = top >= kWindowBins ? top - (kWindowBins - 1) : 0;  // window: [lo, top]
+  uint32_t span = kWindowBins - 1;  // (top - lo, or more where lo is 0: nothing lies below)
+  if (lo_prefix > lo && lo_prefix <= top) lo = lo_prefix, span = top - lo_prefix;
   uint32_t prefix = 0, mask = 0, kmax = 0xffffffffu;
   CM above{0, 0};
   unsigned long long target = 0;
@@ -565,11 +589,11 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, uin
     // 1. This CTA's histogram.
     if (round == 0) {
       if (by_mass) {  // a mass search needs no counts here
-        window_histogram<false, true>(ctx, buf, top);
+        window_histogram<false, true>(ctx, buf, top, span);
       } else if (need_mass) {
-        window_histogram<true, true>(ctx, buf, top);
+        window_histogram<true, true>(ctx, buf, top, span);
       } else {
-        window_histogram<true, false>(ctx, buf, top);
+        window_histogram<true, false>(ctx, buf, top, span);
       }
     } else {
       // A mass search's first digit round picks a bin of the bulk (never of one element): its
@@ -655,6 +679,13 @@ __device__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass, uin
     shift = shift > 8 ? shift - 8 : 0;
   }
   return Threshold{prefix, CM{0, 0}, false};  // not reached
+}
+
+/// radix_search_from with the default window (lo_prefix 0).
+template <typename TargetOf>
+__device__ __forceinline__ Threshold radix_search(RowCtx& ctx, bool by_mass, bool need_mass,
+                                                  uint32_t max_key, TargetOf target_of) {
+  return radix_search_from(ctx, by_mass, need_mass, max_key, 0u, target_of);
 }
 
 /// The kept mass (key >= t, weight fixed(x)) of lane `lane`'s 4 columns of 128-column step
