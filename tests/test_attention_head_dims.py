@@ -11,7 +11,7 @@ from attention_ref import attention_ref
 
 import flashinfer
 import flashinfer.attention.runtime as rt
-from flashinfer.attention.plan import schedule, tile_rows, vo_slices
+from flashinfer.attention.plan import cta_occupancy, schedule, tile_rows
 from flashinfer.jit.attention import AttentionVariant
 from flashinfer.testing import cuda_graph_of
 
@@ -372,11 +372,14 @@ def test_variants_of_the_wide_heads():
             assert f"attention_{layout}_f16_of16_d192_{mask}_none_vo128" in names
 
 
-def test_the_plan_counts_both_column_slices_at_512():
-    """At head_dim 512 two CTAs run each (item, KV head): the split heuristic counts both, so a
-    batch that already fills the GPU with them is not split further."""
-    assert [vo_slices(d) for d in (64, 128, 256, 512)] == [1, 1, 1, 2]
+def test_the_plan_counts_one_cta_per_sm_at_512():
+    """At head_dim 512 one CTA (two groups of warps over the output columns) runs each (item,
+    KV head) and one CTA fits an SM: a batch that fills every SM once is not split further, a
+    smaller one is."""
+    assert [cta_occupancy(0, d) for d in (64, 128, 256, 512)] == [2, 2, 2, 1]
     args = dict(group_size=4, num_kv_heads=8, num_sms=132)
     narrow, _ = schedule([1] * 16, [8192] * 16, head_dim=256, **args)
     wide, _ = schedule([1] * 16, [8192] * 16, head_dim=512, **args)
     assert narrow.split_kv and not wide.split_kv
+    small, _ = schedule([1] * 4, [8192] * 4, head_dim=512, **args)
+    assert small.split_kv and small.num_items * 8 <= 132

@@ -78,14 +78,15 @@ struct LaunchChoice {
  * @tparam DTypeQ q element type; DTypeKV k and v's (DTypeQ or fp8); DTypeO the output's
  * @tparam kHeadDim q and k head dim; kHeadDimVO v and output head dim
  *
- * Head dims past 256 (512). One CTA computes at most 256 output columns: a 16-row MMA tile of
+ * Head dims past 256 (512). A warp computes at most 256 output columns: a 16-row MMA tile of
  * 512 would hold 256 fp32 accumulators per thread, past the 255 registers a thread has. Two
- * CTAs side by side split the columns, each computing S in full (KernelTraits::kVoSlices).
- * Shared memory, per CTA (K tile 512 wide, V tile 256): decode (shape 0) takes two key streams
- * instead of four, 16 KB of Q + 2 streams x 2 stages x 16 keys x 1.5 KB = 112 KB (four would
- * be 208 KB: past sm_80's 164 KB, and one CTA per SM on sm_90); the 64-row shapes take 16-key
- * steps, 64 KB of Q + 2 stages x 16 keys x 1.5 KB = 112 KB (32-key steps: 160 KB, one CTA
- * per SM on sm_90 and at sm_80's limit). So two CTAs per SM on sm_90 (228 KB), one on sm_80.
+ * groups of warps in one CTA split the channels of S and the output columns, their partial S
+ * tiles summed through shared memory (KernelTraits::kVoGroups; FLASHINFER_ATTENTION_WIDE_IN_CTA
+ * 0: two CTAs side by side, each computing S in full, KernelTraits::kVoSlices). Shared memory
+ * per CTA (each group: K and V tiles 256 wide): decode (shape 0) takes two key streams, 16 KB
+ * of Q + 2 streams x 2 groups x 2 stages x 16 keys x 512 B + 8 KB of partial S = 152 KB; the
+ * 64-row shapes take 16-key steps, 64 KB of Q + 2 groups x 2 stages x 16 keys x 1 KB + 16 KB
+ * = 144 KB (32-key steps: 224 KB, past sm_80's 164 KB). One CTA per SM (8 or 4 warps).
  * Registers: 128 accumulators per thread, as at head_dim 256.
  */
 template <typename DTypeQ, typename DTypeKV, typename DTypeO, int kHeadDim, int kHeadDimVO,
@@ -95,7 +96,9 @@ struct AttentionLaunch {
   using Traits = KernelTraits<DTypeQ, DTypeKV, DTypeO, kHeadDim, kHeadDimVO, kMask, kPos, kPaged,
                               WQ, WKV, MQ, MKV, STAGES>;
 
-  static constexpr int kCta0WarpsKV = kHeadDim <= 256 ? FLASHINFER_ATTENTION_CTA0_WARPS_KV : 2;
+  static constexpr int kCta0WarpsKV =
+      kHeadDim <= 256 ? FLASHINFER_ATTENTION_CTA0_WARPS_KV
+                      : FLASHINFER_ATTENTION_CTA0_WARPS_KV_WIDE;
   // The 16-row shapes (0, 4, 5) over fp8 K/V converted in registers (head_dim 128, no in-kernel
   // RoPE: KernelTraits::kRegKV) take 32-key steps (tuning.cuh); the others 16.
   static constexpr bool kRegKV = !std::is_same_v<DTypeQ, DTypeKV> && kHeadDim == 128 &&
@@ -210,7 +213,7 @@ struct AttentionLaunch {
                          cudaStream_t stream) {
     // The merge kernel merges the Hopper kernel's split-KV states, and those of CTAs that split
     // the output columns (KernelTraits::kVoSlices: two CTAs would count one item's chunks).
-    if (c.cta == kCtaSm90 || kHeadDimVO > 256) p.merge_counters = nullptr;
+    if (c.cta == kCtaSm90 || Cta1::kVoSlices > 1) p.merge_counters = nullptr;
     p.cluster_merge = c.cluster_merge && c.cta != kCtaSm90;
     cudaError_t status = cudaErrorInvalidValue;
     switch (c.cta) {
