@@ -5,7 +5,9 @@
 # macros (A/B, JIT builds started in the background at the beginning), and for the peer
 # (FlashInfer 0.7.2, warm-up one process per case from the start), merged into one record.
 #   usage (device): COMMIT=abc1234 bash tools/gpu_hd512.sh
-#   env: BUDGET (s, default 310); VARIANTS: "label|cases|macros;..." (default below)
+#   env: BUDGET (s, default 310); VARIANTS: "label|cases|macros;..." (default below; "none":
+#        ours and the peer only); RESERVE: seconds kept after the tests for the timings
+#        (default 150), PEER_RESERVE after ours for the peer (default: RESERVE - 50)
 # Back in $OUT: log.txt, pytest.log, attention.json, a-ours.json, a-peer.json, logs.tgz (every
 # label's a-*.json and the build and timing logs).
 set -uo pipefail
@@ -18,8 +20,9 @@ rm -f /tmp/peer-ready /tmp/a-*.json
       > /tmp/peer-warm-$i.log 2>&1 &
   done; wait; echo done > /tmp/peer-ready ) &
 # Our variants' JIT builds (the macros are part of the JIT cache key), side by side.
-IFS=';' read -ra VS <<< "$VARIANTS"
-for v in "${VS[@]}"; do IFS='|' read -r label cases flags <<< "$v"
+VS=(); [ "$VARIANTS" = none ] || IFS=';' read -ra VS <<< "$VARIANTS"
+RESERVE=${RESERVE:-150}
+for v in "${VS[@]+"${VS[@]}"}"; do IFS='|' read -r label cases flags <<< "$v"
   FLASHINFER_EXTRA_CUDAFLAGS="$flags" ours nice -n 5 python3 benchmarks/attention_vs_peer.py \
     warmup --cases "$cases" > /tmp/warm-$label.log 2>&1 &
 done
@@ -30,21 +33,21 @@ print(','.join(s.name for s in aot.registered_specs()
 log "aot ($(echo "$mods" | tr , '\n' | wc -l) modules)"
 ( time ours timeout 150 python3 -m flashinfer.aot --jobs 16 --only "$mods" ) > /tmp/aot.log 2>&1
 log "aot: $(tail -4 /tmp/aot.log | tr '\n' ' ')"
-t=$(( $(left) - 150 )); log "tests (timeout ${t}s)"
+t=$(( $(left) - RESERVE )); log "tests (timeout ${t}s)"
 ours timeout -s INT $t python3 -m pytest -q -p no:cacheprovider --maxfail=20 -rfE \
   tests/test_attention_head_dims.py > $OUT/pytest.log 2>&1
 log "pytest exit $?: $(tail -1 $OUT/pytest.log)"
 grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head -20 | tee -a $OUT/log.txt
-log "ours"; ours timeout $(( $(left) - 100 )) python3 benchmarks/attention_vs_peer.py measure \
-  --label ours --cases "$CASES" /tmp/a-ours.json > /tmp/a.log 2>&1; log "ours exit $?"
-wait_peer() { while [ ! -f /tmp/peer-ready ] && [ $(left) -gt 50 ]; do sleep 2; done; }
+log "ours"; ours timeout $(( $(left) - ${PEER_RESERVE:-$((RESERVE - 50))} )) python3 \
+  benchmarks/attention_vs_peer.py measure --label ours --cases "$CASES" /tmp/a-ours.json > /tmp/a.log 2>&1; log "ours exit $?"
+wait_peer() { while [ ! -f /tmp/peer-ready ] && [ $(left) -gt 20 ]; do sleep 2; done; }
 wait_peer; log "peer (ready: $(cat /tmp/peer-ready 2>/dev/null))"
-[ -f /tmp/peer-ready ] && peer timeout $(( $(left) - 40 )) python3 \
+[ -f /tmp/peer-ready ] && peer timeout $(( $(left) - 8 )) python3 \
   benchmarks/attention_vs_peer.py measure --label peer --cases "$CASES" /tmp/a-peer.json \
   >> /tmp/a.log 2>&1; log "peer exit $?"
 ours python3 benchmarks/attention_vs_peer.py merge $OUT/attention.json --ours /tmp/a-ours.json \
   --peer /tmp/a-peer.json --commit ${COMMIT:-?} >> $OUT/log.txt 2>&1 || tail -15 /tmp/a.log >> $OUT/log.txt
-for v in "${VS[@]}"; do IFS='|' read -r label cases flags <<< "$v"
+for v in "${VS[@]+"${VS[@]}"}"; do IFS='|' read -r label cases flags <<< "$v"
   [ $(left) -lt 25 ] && { log "no time for $label"; continue; }
   FLASHINFER_EXTRA_CUDAFLAGS="$flags" ours timeout $(( $(left) - 8 )) python3 \
     benchmarks/attention_vs_peer.py measure --label "$label" --cases "$cases" \

@@ -9,6 +9,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -62,6 +63,26 @@ inline bool device_has_sm90(int device_id) {
   return major == 9 && minor == 0;
 }
 
+/// Whether a CTA of the current device may take `bytes` of dynamic shared memory (the opt-in
+/// limit: 227 KB on sm_90 and sm_100, 163 KB on sm_80, 99 KB on sm_86/89/120), asked once per
+/// device.
+inline bool device_smem_fits(size_t bytes) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // opt-in bytes + 1; 0 unknown
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxDevices) return false;
+  int optin = known[device].load(std::memory_order_relaxed) - 1;
+  if (optin < 0) {
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    known[device].store(optin + 1, std::memory_order_relaxed);
+  }
+  return bytes <= size_t(optin);
+}
+
 /// What a launch takes besides AttentionParams: the plan's choices for this launch.
 struct LaunchChoice {
   int cta;             // CTA shape (above)
@@ -86,7 +107,8 @@ struct LaunchChoice {
  * per CTA (each group: K and V tiles 256 wide): decode (shape 0) takes two key streams, 16 KB
  * of Q + 2 streams x 2 groups x 2 stages x 16 keys x 512 B + 8 KB of partial S = 152 KB; the
  * 64-row shapes take 16-key steps, 64 KB of Q + 2 groups x 2 stages x 16 keys x 1 KB + 16 KB
- * = 144 KB (32-key steps: 224 KB, past sm_80's 164 KB). One CTA per SM (8 or 4 warps).
+ * = 144 KB, or shape 1 32-key steps where the device allows 224 KB (sm_90; past sm_80's
+ * 164 KB: Cta1Wide). One CTA per SM (8 or 4 warps).
  * Registers: 128 accumulators per thread, as at head_dim 256.
  */
 template <typename DTypeQ, typename DTypeKV, typename DTypeO, int kHeadDim, int kHeadDimVO,
@@ -108,6 +130,13 @@ struct AttentionLaunch {
   using Cta0 = Traits<1, kCta0WarpsKV, 1, kCta0MmaKV,
                       FLASHINFER_ATTENTION_CTA0_STAGES>;
   using Cta1 = Traits<4, 1, 1, FLASHINFER_ATTENTION_CTA1_MMA_KV>;
+  // head_dim 512 with column groups: shape 1 in FLASHINFER_ATTENTION_CTA1_MMA_KV_WIDE 16-key
+  // steps where the device's shared memory takes them (sm_90: 224 KB, one CTA per SM), else
+  // Cta1's 16-key steps (144 KB: sm_80). Same rows, so the plan does not see it.
+  static constexpr bool kHasCta1Wide =
+      Cta1::kVoGroups > 1 && FLASHINFER_ATTENTION_CTA1_MMA_KV_WIDE != Cta1::kMmaKV;
+  using Cta1Wide = Traits<4, 1, 1, kHasCta1Wide ? FLASHINFER_ATTENTION_CTA1_MMA_KV_WIDE
+                                                : FLASHINFER_ATTENTION_CTA1_MMA_KV>;
   using Cta2 = Traits<FLASHINFER_ATTENTION_CTA2_WARPS_Q, 1, FLASHINFER_ATTENTION_CTA2_MMA_Q,
                       FLASHINFER_ATTENTION_CTA2_MMA_KV, FLASHINFER_ATTENTION_CTA2_STAGES>;
   // Half the warps of shape 0, so four CTAs per SM fit the registers: a decode batch of 2-4
@@ -218,7 +247,15 @@ struct AttentionLaunch {
     cudaError_t status = cudaErrorInvalidValue;
     switch (c.cta) {
       case 0: status = LaunchAttention<Cta0>(p, c.grid_x, enable_pdl, stream); break;
-      case 1: status = LaunchAttention<Cta1>(p, c.grid_x, enable_pdl, stream); break;
+      case 1:
+        if constexpr (kHasCta1Wide) {
+          if (device_smem_fits(Cta1Wide::kSmemBytes)) {
+            status = LaunchAttention<Cta1Wide>(p, c.grid_x, enable_pdl, stream);
+            break;
+          }
+        }
+        status = LaunchAttention<Cta1>(p, c.grid_x, enable_pdl, stream);
+        break;
       case 2: status = LaunchAttention<Cta2>(p, c.grid_x, enable_pdl, stream); break;
       case 3: status = launch_sm90(p, c, enable_pdl, stream); break;
       case 4: status = LaunchAttention<Cta4>(p, c.grid_x, enable_pdl, stream); break;

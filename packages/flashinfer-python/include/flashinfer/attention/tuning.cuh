@@ -64,6 +64,13 @@
 #define FLASHINFER_ATTENTION_CTA1_MMA_KV \
   (kHeadDim <= 128 || (kHeadDim == 192 && kHeadDimVO == 128) ? 4 : kHeadDim <= 256 ? 2 : 1)
 #endif
+// head_dim 512 with column groups (FLASHINFER_ATTENTION_WIDE_IN_CTA): shape 1's 16-key MMA tiles
+// per step where the device's shared memory allows them (launch.cuh, Cta1Wide; 2 = 32 keys,
+// 224 KB: sm_90 and sm_100, not sm_80). H200, bf16, paged causal 4 x 2048, 32/8 heads: 32 keys
+// 2735 us against 3440 at 16 (benchmarks/notes/attention-wide-heads.md).
+#ifndef FLASHINFER_ATTENTION_CTA1_MMA_KV_WIDE
+#define FLASHINFER_ATTENTION_CTA1_MMA_KV_WIDE 2
+#endif
 // 128-row shape (cta 2): warps x 16-row MMA tiles per warp = 128 rows, 64 keys per step. Each
 // K/V tile in shared memory then serves 128 rows (half the L2 reads of shape 1 per key) and each
 // ldmatrix of K or V feeds two MMA tiles (half the shared-memory reads per MMA). At head_dim 128
