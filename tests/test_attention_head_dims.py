@@ -142,6 +142,35 @@ def test_single_prefill_head_dim_512(causal):
 
 
 @pytest.mark.gpu
+def test_single_prefill_head_dim_512_rope():
+    """In-kernel RoPE at 512: the rotated channel pairs (i, i + 256) lie in the two column
+    groups' Q and K tiles, which the kernel rotates across both groups."""
+    gen = torch.Generator().manual_seed(21)
+    dtype, hq, hkv, d = torch.float16, 8, 2, 512
+    q = _randn(gen, dtype, 37, hq, d)
+    k, v = _randn(gen, dtype, 129, hkv, d), _randn(gen, dtype, 129, hkv, d)
+    o = flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True,
+                                                pos_encoding_mode="ROPE_LLAMA")
+    _close(o, attention_ref(q, k, v, causal=True, pos_encoding="ROPE_LLAMA")[0], dtype)
+
+
+@pytest.mark.gpu
+def test_batch_decode_head_dim_512_rope():
+    """RoPE on the decode shape (two key streams, each a warp of both column groups)."""
+    gen = torch.Generator().manual_seed(22)
+    dtype, hq, hkv, d, page = torch.float16, 8, 2, 512, 16
+    kv_lens = [70, 1, 300]
+    cache, indptr, indices, last, seqs = _paged(kv_lens, page, hkv, d, d, dtype, gen)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD", use_tensor_cores=True)
+    w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype,
+           pos_encoding_mode="ROPE_LLAMA")
+    q = _randn(gen, dtype, len(kv_lens), hq, d)
+    o = w.run(q, cache)
+    for b, (k, v) in enumerate(seqs):
+        _close(o[b:b + 1], attention_ref(q[b:b + 1], k, v, pos_encoding="ROPE_LLAMA")[0], dtype)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_ragged_prefill_head_dim_512(causal):
     gen = torch.Generator().manual_seed(11)

@@ -14,7 +14,7 @@ set -uo pipefail
 source tools/gpu_lib.sh; gpu_setup 310 peer
 DEC="hd512 16 x kv 8192 (tensor"; PRE="paged prefill hd512"; CASES="$DEC,$PRE"
 VARIANTS=${VARIANTS:-"two-ctas|$CASES|-DFLASHINFER_ATTENTION_WIDE_IN_CTA=0;kv32|$PRE|-DFLASHINFER_ATTENTION_CTA1_MMA_KV=2;streams3|$DEC|-DFLASHINFER_ATTENTION_CTA0_WARPS_KV_WIDE=3"}
-rm -f /tmp/peer-ready /tmp/a-*.json
+rm -f /tmp/peer-ready /tmp/a-*.json /tmp/rope.log
 ( i=0; for c in "$DEC" "$PRE"; do i=$((i + 1))
     peer nice -n 5 python3 benchmarks/attention_vs_peer.py warmup --cases "$c" \
       > /tmp/peer-warm-$i.log 2>&1 &
@@ -25,6 +25,12 @@ RESERVE=${RESERVE:-150}
 for v in "${VS[@]+"${VS[@]}"}"; do IFS='|' read -r label cases flags <<< "$v"
   FLASHINFER_EXTRA_CUDAFLAGS="$flags" ours nice -n 5 python3 benchmarks/attention_vs_peer.py \
     warmup --cases "$cases" > /tmp/warm-$label.log 2>&1 &
+done
+# The RoPE variants the tests build (not registered for AOT), one process each, beside the AOT.
+for v in "'causal', 'ROPE_LLAMA', False" "'none', 'ROPE_LLAMA', True"; do
+  ours python3 -c "from flashinfer.attention.runtime import get_attention_module
+from flashinfer.jit.attention import AttentionVariant
+get_attention_module(AttentionVariant('float16', 'float16', 512, $v))" >> /tmp/rope.log 2>&1 &
 done
 mods=$(ours python3 -c "
 from flashinfer import aot
@@ -61,5 +67,5 @@ for f in sorted(glob.glob("/tmp/a-*.json")):
         print(f"{d['label']:9s} {r['name'][:48]:48s} {r['median_us']:9.1f} us")
 EOF
 cp /tmp/a-ours.json /tmp/a-peer.json $OUT/ 2>/dev/null
-tar -czf $OUT/logs.tgz /tmp/a-*.json /tmp/aot.log /tmp/a.log /tmp/peer-warm-*.log /tmp/warm-*.log 2>/dev/null
+tar -czf $OUT/logs.tgz /tmp/a-*.json /tmp/rope.log /tmp/aot.log /tmp/a.log /tmp/peer-warm-*.log /tmp/warm-*.log 2>/dev/null
 log "done"
