@@ -11,7 +11,7 @@ from attention_ref import attention_ref
 
 import flashinfer
 import flashinfer.attention.runtime as rt
-from flashinfer.attention.plan import schedule, tile_rows, vo_slices
+from flashinfer.attention.plan import cta_occupancy, schedule, tile_rows
 from flashinfer.jit.attention import AttentionVariant
 from flashinfer.testing import cuda_graph_of
 
@@ -139,6 +139,35 @@ def test_single_prefill_head_dim_512(causal):
     ro, rl = attention_ref(q, k, v, causal=causal)
     _close(o, ro, dtype)
     _lse_close(lse, rl)
+
+
+@pytest.mark.gpu
+def test_single_prefill_head_dim_512_rope():
+    """In-kernel RoPE at 512: the rotated channel pairs (i, i + 256) lie in the two column
+    groups' Q and K tiles, which the kernel rotates across both groups."""
+    gen = torch.Generator().manual_seed(21)
+    dtype, hq, hkv, d = torch.float16, 8, 2, 512
+    q = _randn(gen, dtype, 37, hq, d)
+    k, v = _randn(gen, dtype, 129, hkv, d), _randn(gen, dtype, 129, hkv, d)
+    o = flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True,
+                                                pos_encoding_mode="ROPE_LLAMA")
+    _close(o, attention_ref(q, k, v, causal=True, pos_encoding="ROPE_LLAMA")[0], dtype)
+
+
+@pytest.mark.gpu
+def test_batch_decode_head_dim_512_rope():
+    """RoPE on the decode shape (two key streams, each a warp of both column groups)."""
+    gen = torch.Generator().manual_seed(22)
+    dtype, hq, hkv, d, page = torch.float16, 8, 2, 512, 16
+    kv_lens = [70, 1, 300]
+    cache, indptr, indices, last, seqs = _paged(kv_lens, page, hkv, d, d, dtype, gen)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD", use_tensor_cores=True)
+    w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype,
+           pos_encoding_mode="ROPE_LLAMA")
+    q = _randn(gen, dtype, len(kv_lens), hq, d)
+    o = w.run(q, cache)
+    for b, (k, v) in enumerate(seqs):
+        _close(o[b:b + 1], attention_ref(q[b:b + 1], k, v, pos_encoding="ROPE_LLAMA")[0], dtype)
 
 
 @pytest.mark.gpu
@@ -372,11 +401,14 @@ def test_variants_of_the_wide_heads():
             assert f"attention_{layout}_f16_of16_d192_{mask}_none_vo128" in names
 
 
-def test_the_plan_counts_both_column_slices_at_512():
-    """At head_dim 512 two CTAs run each (item, KV head): the split heuristic counts both, so a
-    batch that already fills the GPU with them is not split further."""
-    assert [vo_slices(d) for d in (64, 128, 256, 512)] == [1, 1, 1, 2]
+def test_the_plan_counts_one_cta_per_sm_at_512():
+    """At head_dim 512 one CTA (two groups of warps over the output columns) runs each (item,
+    KV head) and one CTA fits an SM: a batch that fills every SM once is not split further, a
+    smaller one is."""
+    assert [cta_occupancy(0, d) for d in (64, 128, 256, 512)] == [2, 2, 2, 1]
     args = dict(group_size=4, num_kv_heads=8, num_sms=132)
     narrow, _ = schedule([1] * 16, [8192] * 16, head_dim=256, **args)
     wide, _ = schedule([1] * 16, [8192] * 16, head_dim=512, **args)
     assert narrow.split_kv and not wide.split_kv
+    small, _ = schedule([1] * 4, [8192] * 4, head_dim=512, **args)
+    assert small.split_kv and small.num_items * 8 <= 132

@@ -158,9 +158,14 @@ def tile_rows(cta: int, head_dim: int) -> int:
     return {0: 16, 1: 64, 2: 128 if head_dim <= 128 else 64, 3: 128, 4: 16, 5: 16}[cta]
 
 
-def vo_slices(head_dim_vo: int) -> int:
-    """CTAs per (item, KV head): one computes at most 256 output columns (launch.cuh)."""
-    return -(-head_dim_vo // 256)
+def cta_occupancy(cta: int, head_dim: int) -> int:
+    """CTAs of shape ``cta`` that one SM holds: ``CTAS_PER_SM``, but one for the FA2 shapes at
+    head_dim 512 (two groups of warps per CTA and 144-152 KB of shared memory: launch.cuh).
+
+    >>> cta_occupancy(0, 128), cta_occupancy(0, 512), cta_occupancy(1, 512)
+    (2, 1, 1)
+    """
+    return 1 if head_dim > 256 else CTAS_PER_SM[cta]
 
 
 def _num_chunks(kv_len: int, chunk: int) -> int:
@@ -317,12 +322,11 @@ def schedule(
         Each request's first q row and its first ``kv_indices`` entry (paged) or token (ragged):
         ``qo_indptr[:-1]`` and ``kv_indptr[:-1]``. Default: the running sums of the lengths.
     head_dim_vo : int, optional
-        v's head dim (default ``head_dim``): past 256 each (item, KV head) runs as
-        ``vo_slices`` CTAs (include/flashinfer/attention/launch.cuh), which the CTA counts of
-        the heuristics include.
+        v's head dim (default ``head_dim``): with ``head_dim``, what ``cta_occupancy`` reads.
     ctas_per_sm : int, optional
-        CTAs per SM the split heuristic aims for (default: ``CTAS_PER_SM[cta]``). Decode
-        (cta 0) fits two per SM (its registers); with its two-stage pipeline two per SM measured
+        CTAs per SM the split heuristic aims for (default: ``cta_occupancy(cta, the wider
+        head dim)``). Decode (cta 0) fits two per SM (its registers; one at head_dim 512);
+        with its two-stage pipeline two per SM measured
         56.4 vs 56.8 us (one per SM) on 1 x 32768 (H100, benchmarks/NOTES.md), and CUDA-graph
         plans need it: their captured grid has about that many CTAs per SM.
     """
@@ -332,7 +336,7 @@ def schedule(
     if min(qo_lens, default=0) < 0 or min(kv_lens, default=0) < 0:
         raise ValueError("sequence lengths must be >= 0")
     max_rows = max(qo_lens, default=0) * group_size
-    cta_heads = num_kv_heads * vo_slices(head_dim if head_dim_vo is None else head_dim_vo)
+    cta_heads = num_kv_heads
     if cta is None:
         fixed = kv_chunk_size if kv_chunk_size and not disable_split_kv else 0
         tiles = _tiles(qo_lens, group_size, 16, max_rows)
@@ -341,7 +345,7 @@ def schedule(
         batch_ctas = cta_heads * sum(tiles)
         cta = choose_cta(max_rows, head_dim, backend == "fa3", batch_ctas, num_sms)
     if ctas_per_sm is None:
-        ctas_per_sm = CTAS_PER_SM[cta]
+        ctas_per_sm = cta_occupancy(cta, max(head_dim, head_dim_vo or head_dim))
     tile_q = tile_rows(cta, head_dim)
     qtiles = _tiles(qo_lens, group_size, tile_q, max_rows)
 

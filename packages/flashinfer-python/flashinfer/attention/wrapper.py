@@ -18,7 +18,7 @@ import torch
 from .._checks import check_cuda_device, resolve_pdl
 from ..jit.attention import AttentionVariant, check_fp8_head_dims, check_head_dims
 from . import runtime as rt
-from .plan import CTAS_PER_SM, AttentionPlan, schedule
+from .plan import AttentionPlan, cta_occupancy, schedule
 
 # The options of the deprecated forward() that replace the planned ones.
 LEGACY_OPTIONS = ("causal", "pos_encoding_mode", "use_fp16_qk_reduction", "window_left",
@@ -351,7 +351,8 @@ class BatchAttentionBase:
                 # batch of equal lengths splits only then): idle CTAs are not free (H100, a
                 # one-wave decode 64 x 4096 with 16 idle ones: 353.5 vs 348.5 us,
                 # benchmarks/tuning/graph_decode.py).
-                slots = CTAS_PER_SM[first.cta] * device_num_sms(device)
+                slots = cta_occupancy(first.cta, max(head_dim, self._head_dim_vo)) * \
+                    device_num_sms(device)
                 split_room = first.split_kv or 2 * first.num_items * num_kv_heads <= slots
                 self._fixed = {
                     "cta": first.cta,

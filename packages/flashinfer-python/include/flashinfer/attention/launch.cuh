@@ -9,6 +9,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -62,6 +63,26 @@ inline bool device_has_sm90(int device_id) {
   return major == 9 && minor == 0;
 }
 
+/// Whether a CTA of the current device may take `bytes` of dynamic shared memory (the opt-in
+/// limit: 227 KB on sm_90 and sm_100, 163 KB on sm_80, 99 KB on sm_86/89/120), asked once per
+/// device.
+inline bool device_smem_fits(size_t bytes) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // opt-in bytes + 1; 0 unknown
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxDevices) return false;
+  int optin = known[device].load(std::memory_order_relaxed) - 1;
+  if (optin < 0) {
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    known[device].store(optin + 1, std::memory_order_relaxed);
+  }
+  return bytes <= size_t(optin);
+}
+
 /// What a launch takes besides AttentionParams: the plan's choices for this launch.
 struct LaunchChoice {
   int cta;             // CTA shape (above)
@@ -78,14 +99,16 @@ struct LaunchChoice {
  * @tparam DTypeQ q element type; DTypeKV k and v's (DTypeQ or fp8); DTypeO the output's
  * @tparam kHeadDim q and k head dim; kHeadDimVO v and output head dim
  *
- * Head dims past 256 (512). One CTA computes at most 256 output columns: a 16-row MMA tile of
+ * Head dims past 256 (512). A warp computes at most 256 output columns: a 16-row MMA tile of
  * 512 would hold 256 fp32 accumulators per thread, past the 255 registers a thread has. Two
- * CTAs side by side split the columns, each computing S in full (KernelTraits::kVoSlices).
- * Shared memory, per CTA (K tile 512 wide, V tile 256): decode (shape 0) takes two key streams
- * instead of four, 16 KB of Q + 2 streams x 2 stages x 16 keys x 1.5 KB = 112 KB (four would
- * be 208 KB: past sm_80's 164 KB, and one CTA per SM on sm_90); the 64-row shapes take 16-key
- * steps, 64 KB of Q + 2 stages x 16 keys x 1.5 KB = 112 KB (32-key steps: 160 KB, one CTA
- * per SM on sm_90 and at sm_80's limit). So two CTAs per SM on sm_90 (228 KB), one on sm_80.
+ * groups of warps in one CTA split the channels of S and the output columns, their partial S
+ * tiles summed through shared memory (KernelTraits::kVoGroups; FLASHINFER_ATTENTION_WIDE_IN_CTA
+ * 0: two CTAs side by side, each computing S in full, KernelTraits::kVoSlices). Shared memory
+ * per CTA (each group: K and V tiles 256 wide): decode (shape 0) takes two key streams, 16 KB
+ * of Q + 2 streams x 2 groups x 2 stages x 16 keys x 512 B + 8 KB of partial S = 152 KB; the
+ * 64-row shapes take 16-key steps, 64 KB of Q + 2 groups x 2 stages x 16 keys x 1 KB + 16 KB
+ * = 144 KB, or shape 1 32-key steps where the device allows 224 KB (sm_90; past sm_80's
+ * 164 KB: Cta1Wide). One CTA per SM (8 or 4 warps).
  * Registers: 128 accumulators per thread, as at head_dim 256.
  */
 template <typename DTypeQ, typename DTypeKV, typename DTypeO, int kHeadDim, int kHeadDimVO,
@@ -95,7 +118,9 @@ struct AttentionLaunch {
   using Traits = KernelTraits<DTypeQ, DTypeKV, DTypeO, kHeadDim, kHeadDimVO, kMask, kPos, kPaged,
                               WQ, WKV, MQ, MKV, STAGES>;
 
-  static constexpr int kCta0WarpsKV = kHeadDim <= 256 ? FLASHINFER_ATTENTION_CTA0_WARPS_KV : 2;
+  static constexpr int kCta0WarpsKV =
+      kHeadDim <= 256 ? FLASHINFER_ATTENTION_CTA0_WARPS_KV
+                      : FLASHINFER_ATTENTION_CTA0_WARPS_KV_WIDE;
   // The 16-row shapes (0, 4, 5) over fp8 K/V converted in registers (head_dim 128, no in-kernel
   // RoPE: KernelTraits::kRegKV) take 32-key steps (tuning.cuh); the others 16.
   static constexpr bool kRegKV = !std::is_same_v<DTypeQ, DTypeKV> && kHeadDim == 128 &&
@@ -105,6 +130,13 @@ struct AttentionLaunch {
   using Cta0 = Traits<1, kCta0WarpsKV, 1, kCta0MmaKV,
                       FLASHINFER_ATTENTION_CTA0_STAGES>;
   using Cta1 = Traits<4, 1, 1, FLASHINFER_ATTENTION_CTA1_MMA_KV>;
+  // head_dim 512 with column groups: shape 1 in FLASHINFER_ATTENTION_CTA1_MMA_KV_WIDE 16-key
+  // steps where the device's shared memory takes them (sm_90: 224 KB, one CTA per SM), else
+  // Cta1's 16-key steps (144 KB: sm_80). Same rows, so the plan does not see it.
+  static constexpr bool kHasCta1Wide =
+      Cta1::kVoGroups > 1 && FLASHINFER_ATTENTION_CTA1_MMA_KV_WIDE != Cta1::kMmaKV;
+  using Cta1Wide = Traits<4, 1, 1, kHasCta1Wide ? FLASHINFER_ATTENTION_CTA1_MMA_KV_WIDE
+                                                : FLASHINFER_ATTENTION_CTA1_MMA_KV>;
   using Cta2 = Traits<FLASHINFER_ATTENTION_CTA2_WARPS_Q, 1, FLASHINFER_ATTENTION_CTA2_MMA_Q,
                       FLASHINFER_ATTENTION_CTA2_MMA_KV, FLASHINFER_ATTENTION_CTA2_STAGES>;
   // Half the warps of shape 0, so four CTAs per SM fit the registers: a decode batch of 2-4
@@ -210,12 +242,20 @@ struct AttentionLaunch {
                          cudaStream_t stream) {
     // The merge kernel merges the Hopper kernel's split-KV states, and those of CTAs that split
     // the output columns (KernelTraits::kVoSlices: two CTAs would count one item's chunks).
-    if (c.cta == kCtaSm90 || kHeadDimVO > 256) p.merge_counters = nullptr;
+    if (c.cta == kCtaSm90 || Cta1::kVoSlices > 1) p.merge_counters = nullptr;
     p.cluster_merge = c.cluster_merge && c.cta != kCtaSm90;
     cudaError_t status = cudaErrorInvalidValue;
     switch (c.cta) {
       case 0: status = LaunchAttention<Cta0>(p, c.grid_x, enable_pdl, stream); break;
-      case 1: status = LaunchAttention<Cta1>(p, c.grid_x, enable_pdl, stream); break;
+      case 1:
+        if constexpr (kHasCta1Wide) {
+          if (device_smem_fits(Cta1Wide::kSmemBytes)) {
+            status = LaunchAttention<Cta1Wide>(p, c.grid_x, enable_pdl, stream);
+            break;
+          }
+        }
+        status = LaunchAttention<Cta1>(p, c.grid_x, enable_pdl, stream);
+        break;
       case 2: status = LaunchAttention<Cta2>(p, c.grid_x, enable_pdl, stream); break;
       case 3: status = launch_sm90(p, c, enable_pdl, stream); break;
       case 4: status = LaunchAttention<Cta4>(p, c.grid_x, enable_pdl, stream); break;

@@ -62,14 +62,26 @@ struct KernelTraits {
   using DTypeQ = DTypeQ_;
   using DTypeKV = DTypeKV_;
   using DTypeO = DTypeO_;
-  using Tile = SwizzledTile<HEAD_DIM_>;
   static constexpr int kHeadDim = HEAD_DIM_;
   static constexpr int kHeadDimVO = HEAD_DIM_VO_;
-  // Output columns per CTA: all of them up to 256. Wider outputs (head_dim 512) are split
-  // among kVoSlices CTAs side by side in the grid, each computing S in full and P V for its
-  // columns: 512 columns would need 256 fp32 accumulators per thread for one 16-row MMA tile.
+  // Output columns per warp: all of them up to 256. Wider outputs (head_dim 512) need 256 fp32
+  // accumulators per thread for one 16-row MMA tile of 512 columns, so they are split in 256s.
+  // kVoGroups (FLASHINFER_ATTENTION_WIDE_IN_CTA, head_dim 512 = head_dim_vo): groups of warps
+  // of one CTA over the same rows, group h taking Q and K channels [256 h, 256 h + 256) and
+  // output columns [256 h, 256 h + 256): each computes a partial S over its channels, the
+  // partials are summed through shared memory each step (the main loop), and each computes
+  // P V for its columns; no MMA is duplicated and K is read once. Otherwise kVoSlices CTAs side by
+  // side in the grid, each computing S in full (all channels) and P V for its columns.
   static constexpr int kVoTile = HEAD_DIM_VO_ <= 256 ? HEAD_DIM_VO_ : 256;
-  static constexpr int kVoSlices = HEAD_DIM_VO_ / kVoTile;
+  static constexpr int kVoGroups =
+      FLASHINFER_ATTENTION_WIDE_IN_CTA && HEAD_DIM_VO_ > 256 && HEAD_DIM_ == HEAD_DIM_VO_
+          ? HEAD_DIM_VO_ / kVoTile
+          : 1;
+  static constexpr int kVoSlices = HEAD_DIM_VO_ / kVoTile / kVoGroups;
+  // Q and K channels of one group of warps (the whole head dim where kVoGroups is 1): the
+  // width of its Q and K tiles in shared memory and of its S = Q K^T.
+  static constexpr int kHeadDimG = HEAD_DIM_ / kVoGroups;
+  using Tile = SwizzledTile<kHeadDimG>;
   using VTile = SwizzledTile<kVoTile>;
   static constexpr MaskMode kMask = MASK_;
   static constexpr PosEncoding kPos = POS_;
@@ -78,15 +90,16 @@ struct KernelTraits {
   static constexpr int kWarpsKV = WARPS_KV_;
   static constexpr int kMmaQ = MMA_Q_;
   static constexpr int kMmaKV = MMA_KV_;
-  static constexpr int kThreads = 32 * kWarpsQ * kWarpsKV;
+  static constexpr int kThreads = 32 * kWarpsQ * kWarpsKV * kVoGroups;
+  static constexpr int kThreadsG = kThreads / kVoGroups;  // threads of one column group
   static constexpr int kGroupThreads = 32 * kWarpsQ;  // threads sharing one K/V pipeline
   static constexpr int kTileQ = 16 * kMmaQ * kWarpsQ;
   static constexpr int kTileKV = 16 * kMmaKV;
-  static constexpr int kChunks = HEAD_DIM_ / 8;
+  static constexpr int kChunks = kHeadDimG / 8;
   static constexpr int kChunksVO = kVoTile / 8;
   // Q fragments stay in registers when they are few (decode, head_dim <= 128); otherwise they
   // are re-read from shared memory for each KV tile (the O accumulators need the registers).
-  static constexpr bool kQInRegs = kMmaQ * HEAD_DIM_ <= 128;
+  static constexpr bool kQInRegs = kMmaQ * kHeadDimG <= 128;
   // Tiles in flight per key stream (loads issued kAhead tiles ahead); wider heads keep two for
   // shared memory. fp8 K/V keep the same count: twice the tiles ahead on the fp8 decode shapes
   // measured no faster (H200, 64 x 4096: converted in shared memory 206.1 us against 206.6 at
@@ -112,7 +125,7 @@ struct KernelTraits {
   static_assert(!kConvertKV || (HEAD_DIM_ <= 256 && HEAD_DIM_VO_ == HEAD_DIM_),
                 "fp8 K/V takes head_dim 64, 128 or 256 with head_dim_vo = head_dim");
   static constexpr int kLoadElems = 16 / int(sizeof(DTypeKV));  // elements per 16-byte copy
-  static constexpr int kLoadChunks = HEAD_DIM_ / kLoadElems;    // copies per K row
+  static constexpr int kLoadChunks = kHeadDimG / kLoadElems;    // copies per K row (of a group)
   static constexpr int kLoadChunksVO = kVoTile / kLoadElems;    // copies per V row (of a slice)
   // fp8 K/V on the decode shapes at head_dim 128 (one warp of 16 rows per key stream, several
   // streams, no in-kernel RoPE): no DTypeQ tiles at all. Each lane reads the staged fp8 bytes
@@ -131,9 +144,10 @@ struct KernelTraits {
                                                         (HEAD_DIM_ + kVoTile) * sizeof(DTypeKV)
                                                   : 0;
 
+  // Q: one [kTileQ][kHeadDimG] tile per column group.
   static constexpr size_t kQSmem = size_t(kTileQ) * HEAD_DIM_ * sizeof(DTypeQ);
   static constexpr size_t kMergeSmem =
-      kWarpsKV > 1 ? size_t(kWarpsKV) * kTileQ * (kVoTile + 2) * sizeof(float) : 0;
+      kWarpsKV > 1 ? size_t(kVoGroups) * kWarpsKV * kTileQ * (kVoTile + 2) * sizeof(float) : 0;
   // The decode shapes can merge split KV within a cluster (cluster_merge): the CTA's final
   // partial state, [kTileQ][kVoTile] then [kTileQ] floats, after the key streams' merge area.
   // Not where CTAs split the output columns (their chunks are merged by the merge kernel).
@@ -141,18 +155,26 @@ struct KernelTraits {
   // Per key stream and DTypeQ tile: a K tile [kTileKV][HEAD_DIM_], then a V tile
   // [kTileKV][kVoTile]; then the fp8 staging tiles. kRegKV's staging alone may be smaller than
   // the merge areas: it is padded to them (the cluster merge stays available).
-  static constexpr size_t kKVSmem0 = size_t(kWarpsKV) * kHalfTiles * kTileKV *
-                                         (HEAD_DIM_ + kVoTile) * sizeof(DTypeQ) +
+  // (Per column group: kVoGroups x kWarpsKV key streams' tiles of kHeadDimG + kVoTile.)
+  static constexpr size_t kKVSmem0 = size_t(kVoGroups) * kWarpsKV * kHalfTiles * kTileKV *
+                                         (kHeadDimG + kVoTile) * sizeof(DTypeQ) +
                                      kStageSmem;
   static constexpr size_t kKVSmem = kRegKV && kKVSmem0 < kMergeSmem + kClusterSmem
                                         ? kMergeSmem + kClusterSmem
                                         : kKVSmem0;
-  static constexpr size_t kSmemBytes = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
+  // kVoGroups > 1: the partial S tiles each thread hands to its peer in the other group, two
+  // buffers (a tile is rewritten two steps later, behind the pair barrier of the step between),
+  // after the K/V tiles (the merge areas may take those, never this).
+  static constexpr int kXchgF4 = kMmaQ * 2 * kMmaKV;  // float4s of S per thread and step
+  static constexpr size_t kXchgSmem =
+      kVoGroups > 1 ? size_t(2) * kThreads * kXchgF4 * sizeof(float4) : 0;
+  static constexpr size_t kXchgOffset = kQSmem + (kKVSmem > kMergeSmem ? kKVSmem : kMergeSmem);
+  static constexpr size_t kSmemBytes = kXchgOffset + kXchgSmem;
   // A CTA takes at most 227 KB (sm_90): a tuning build past it would only fail at launch
   // (fp8 decode in 64-key steps on shape 5: 8 streams x 2 stages x 64 keys x 256 B = 256 KB).
   static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per CTA");
   static constexpr bool kClusterMerge = kWarpsQ == 1 && kWarpsKV > 1 && kVoSlices == 1 &&
-                                        kMergeSmem + kClusterSmem <= kKVSmem;
+                                        kVoGroups == 1 && kMergeSmem + kClusterSmem <= kKVSmem;
 
   static_assert(sizeof(DTypeQ) == 2, "the MMA path takes fp16 or bf16 q");
   static_assert(HEAD_DIM_VO_ % kVoTile == 0, "output columns split evenly among CTAs");
@@ -175,12 +197,17 @@ struct KernelTraits {
                 "a K/V tile must split evenly over the threads of a group");
   static_assert(kWarpsQ == 1 || kWarpsKV == 1 || kWarpsQ * kWarpsKV <= 16,
                 "at most 16 warps per CTA");
+  // Named barriers (group_sync, stream_sync, pair_sync): 1 + group, 1 + kVoGroups kWarpsKV +
+  // stream, 15 - warp of a group; 16 per CTA.
+  static_assert(kVoGroups == 1 || (kVoGroups == 2 && 3 * kWarpsKV + kWarpsQ * kWarpsKV <= 15),
+                "column groups: two, and named barriers for their streams and warps");
 };
 
-/// Barrier among the threads of one K/V group (named barrier 1 + group when groups coexist).
+/// Barrier among the threads of one K/V group (named barrier 1 + group when groups coexist;
+/// with column groups, group = column group x kWarpsKV + key stream).
 template <class KT>
 __device__ __forceinline__ void group_sync(int group) {
-  if constexpr (KT::kWarpsKV == 1) {
+  if constexpr (KT::kWarpsKV == 1 && KT::kVoGroups == 1) {
     __syncthreads();
   } else if constexpr (KT::kWarpsQ == 1) {
     __syncwarp();
@@ -189,20 +216,39 @@ __device__ __forceinline__ void group_sync(int group) {
   }
 }
 
+/// Column groups (KernelTraits::kVoGroups > 1): barrier among the threads of both groups
+/// that share key stream `stream` (named barrier 1 + kVoGroups kWarpsKV + stream).
+template <class KT>
+__device__ __forceinline__ void stream_sync(int stream) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + KT::kVoGroups * KT::kWarpsKV + stream),
+               "n"(KT::kVoGroups * KT::kGroupThreads));
+}
+
+/// Column groups: barrier of the warps that hold the same rows and keys in each group (warp
+/// `w` of its group; named barrier 15 - w).
+template <class KT>
+__device__ __forceinline__ void pair_sync(int w) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(15 - w), "n"(32 * KT::kVoGroups));
+}
+
 /// Rotate rows [0, rows) of a swizzled tile by RoPE (rotate-half); row r sits at position
-/// pos(r). Threads tid, tid + nthreads, ... each take one (row, pair).
+/// pos(r). Threads tid, tid + nthreads, ... each take one (row, pair). Channels [D / 2, D)
+/// are in `hi`: `lo` itself, or with column groups (two of D / 2 channels) the second
+/// group's tile.
 template <class KT, typename T, typename Pos>
-__device__ __forceinline__ void rope_tile(T* tile, int rows, Pos pos, int tid, int nthreads,
+__device__ __forceinline__ void rope_tile(T* lo, T* hi, int rows, Pos pos, int tid, int nthreads,
                                           const AttentionParams& p) {
   constexpr int D = KT::kHeadDim;
   constexpr int kHalf = D / 2;
+  static_assert(KT::kVoGroups == 1 || KT::kHeadDimG == kHalf, "rope over two column groups");
+  constexpr int kHiCol = KT::kVoGroups == 1 ? kHalf : 0;
   for (int idx = tid; idx < rows * kHalf; idx += nthreads) {
     const int row = idx / kHalf, i = idx % kHalf;
     const float freq = p.rope_rcp_scale * exp2f(-(2.f * i / D) * p.rope_log2_theta);
     float s, c;
     sincosf(float(pos(row)) * freq, &s, &c);
-    T* a = tile + KT::Tile::elem(row, i);
-    T* b = tile + KT::Tile::elem(row, i + kHalf);
+    T* a = lo + KT::Tile::elem(row, i);
+    T* b = hi + KT::Tile::elem(row, i + kHiCol);
     const float x1 = to_float(*a), x2 = to_float(*b);
     *a = from_float<T>(x1 * c - x2 * s);
     *b = from_float<T>(x2 * c + x1 * s);
@@ -266,7 +312,7 @@ __device__ __forceinline__ void store_o_staged(const AttentionParams& p, const O
   // row % 8 is g (first is a multiple of 16), so chunk n of row first + g + 8 i sits at
   // Tile::offset(first + g, 0) + 8 i D XOR 8 n (8 n < D, a power of two; + 2 t below bit 3):
   // one LOP3 per 4-byte store instead of the swizzle's index arithmetic.
-  static_assert((KT::kHeadDim & (KT::kHeadDim - 1)) == 0, "the staged output's XOR offsets");
+  static_assert((KT::kHeadDimG & (KT::kHeadDimG - 1)) == 0, "the staged output's XOR offsets");
   const uint32_t lane_off = Tile::offset(first + g, 0) + 2 * t;
   PackedRowWalk w(r.row_begin + first + g, 8, G);
 #pragma unroll
@@ -278,9 +324,10 @@ __device__ __forceinline__ void store_o_staged(const AttentionParams& p, const O
       float inv = d[mq][h] > 0.f ? p.o_scale / d[mq][h] : 0.f;
       if (pr < r.packed_len) {
         inv *= fold_sink(p, r, head0 + w.h, row_lse);
-        if (t == 0) out.lse_at(w.qo, head0 + w.h, row_lse);
+        if (t == 0 && (KT::kVoGroups == 1 || out.col0 == 0))
+          out.lse_at(w.qo, head0 + w.h, row_lse);
       }
-      const uint32_t row_off = lane_off + uint32_t(mq * 16 + 8 * h) * KT::kHeadDim;
+      const uint32_t row_off = lane_off + uint32_t(mq * 16 + 8 * h) * KT::kHeadDimG;
 #pragma unroll
       for (int n = 0; n < NC; ++n)
         *reinterpret_cast<uint32_t*>(stage + (row_off ^ (8 * n))) =
@@ -296,7 +343,8 @@ __device__ __forceinline__ void store_o_staged(const AttentionParams& p, const O
   const int c = lane % kRowChunks, row0 = first + lane / kRowChunks;
   PackedRowWalk wr(r.row_begin + row0, kLaneRows, G, p.o_stride_n, p.o_stride_h);
   TO* const o_rows = static_cast<TO*>(p.o) + int64_t(r.qo_begin) * p.o_stride_n +
-                     int64_t(head0) * p.o_stride_h + c * 8;
+                     int64_t(head0) * p.o_stride_h + (KT::kVoGroups > 1 ? out.col0 : 0) +
+                     c * 8;
 #pragma unroll 4
   for (int i = 0; i < kRows / kLaneRows; ++i, wr.next()) {
     const int row = row0 + i * kLaneRows;
@@ -379,6 +427,9 @@ __device__ __forceinline__ void fp8_pv_regs(float (&o)[KT::kVoTile / 8][4],
 }
 
 /// `vo_slice`: which kVoTile output columns of the item this CTA computes (kVoSlices > 1).
+/// With column groups (kVoGroups > 1) D below is a group's kHeadDimG channels and each group
+/// runs this as if it were a CTA of that head dim over its slice of Q, K and V, but for the
+/// partial S tiles it sums with its peer group (xchg) and the shared barriers.
 template <class KT>
 __device__ __forceinline__ void attention_item(const AttentionParams& p, const ItemIds& ids,
                                                uint32_t kv_head, uint32_t vo_slice,
@@ -387,7 +438,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   using TO = typename KT::DTypeO;
   using Tile = typename KT::Tile;
   using VTile = typename KT::VTile;
-  constexpr int D = KT::kHeadDim;
+  constexpr int D = KT::kHeadDimG;
   constexpr int DV = KT::kVoTile;
   // S = Q K^T in steps of 16 channels, unrolled kQKStep at a time: all of them up to head_dim
   // 256; at 512 all 32 spill (112 bytes per thread, paged), eight at a time do not.
@@ -400,9 +451,18 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   constexpr bool kCausal = KT::kMask == MaskMode::kCausal;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wq = warp % KT::kWarpsQ, wkv = warp / KT::kWarpsQ;
+  // Column group h (0 without groups) of warps [h kWarpsQ kWarpsKV, (h + 1) kWarpsQ kWarpsKV):
+  // its warp warp_g, thread gt; grp: its key stream's barrier (group_sync) and K/V tiles.
+  constexpr int kWarpsG = KT::kWarpsQ * KT::kWarpsKV;
+  const int h = KT::kVoGroups > 1 ? warp / kWarpsG : 0;
+  const int warp_g = KT::kVoGroups > 1 ? warp % kWarpsG : warp;
+  const int gt = KT::kVoGroups > 1 ? tid % KT::kThreadsG : tid;
+  const int wq = warp_g % KT::kWarpsQ, wkv = warp_g / KT::kWarpsQ;
+  const int grp = h * KT::kWarpsKV + wkv;
   const int gtid = tid % KT::kGroupThreads;
   const int g = lane / 4, t = lane % 4;
+  // The first output column (and V column) of this CTA's or group's kVoTile.
+  const int vo_col0 = (int(vo_slice) * KT::kVoGroups + h) * DV;
 
   // 1. Where this item's rows and keys are.
   const ItemRange rng = item_range<KT::kPaged, kCausal>(p, ids, kTileQ, kTileKV);
@@ -412,16 +472,19 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   const int my_tiles = num_tiles > wkv ? (num_tiles - wkv + KT::kWarpsKV - 1) / KT::kWarpsKV : 0;
 
   using TKV = typename KT::DTypeKV;
-  T* q_smem = reinterpret_cast<T*>(smem);
+  // This group's Q tile, [kTileQ][D] (channels [h D, (h + 1) D)).
+  constexpr uint32_t kQGroupBytes = uint32_t(kTileQ) * D * sizeof(T);
+  T* q_smem = reinterpret_cast<T*>(smem + h * kQGroupBytes);
   constexpr int kStages = KT::kStages;
   constexpr int kHalfTiles = KT::kHalfTiles;
   // The DTypeQ tiles the MMAs read (with fp8 K/V one K and one V per stream, whatever the
   // stage): a K tile [kTileKV][D], then a V tile [kTileKV][DV].
   // (k_tile_bytes, v_tile_bytes: their byte offsets in the CTA's shared memory.)
-  auto k_tile_bytes = [&](int stage) {
-    return uint32_t(KT::kQSmem) + uint32_t((wkv * kHalfTiles + (KT::kConvertKV ? 0 : stage)) *
+  auto k_tile_bytes_of = [&](int group, int stage) {
+    return uint32_t(KT::kQSmem) + uint32_t((group * kHalfTiles + (KT::kConvertKV ? 0 : stage)) *
                                            kTileKV * (D + DV) * int(sizeof(T)));
   };
+  auto k_tile_bytes = [&](int stage) { return k_tile_bytes_of(grp, stage); };
   auto v_tile_bytes = [&](int stage) {
     return k_tile_bytes(stage) + uint32_t(kTileKV * D * int(sizeof(T)));
   };
@@ -431,20 +494,21 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   // reads back its own 16-byte chunks: a warp covers 512 contiguous bytes per row step).
   uint8_t* kv_stage = smem + KT::kQSmem + (KT::kKVSmem - KT::kStageSmem);
   auto stage_tile = [&](int stage, bool is_v) {
-    return kv_stage + ((wkv * kStages + stage) * 2 + int(is_v)) * kTileKV * D * sizeof(TKV);
+    return kv_stage + ((grp * kStages + stage) * 2 + int(is_v)) * kTileKV * D * sizeof(TKV);
   };
 
   // 2. Q tile -> shared memory (rows past the request are zeros).
   const T* q = static_cast<const T*>(p.q);
-  if constexpr (KT::kThreads % kChunks == 0) {
-    // Thread tid copies chunk tid % kChunks of rows tid / kChunks + k kQRowStep: the chunk is
+  // (Each column group copies its own channels.)
+  if constexpr (KT::kThreadsG % kChunks == 0) {
+    // Thread gt copies chunk gt % kChunks of rows gt / kChunks + k kQRowStep: the chunk is
     // fixed and the rows advance by a constant, so their (q row, head) are walked, not divided.
-    constexpr int kQRowStep = KT::kThreads / kChunks;
+    constexpr int kQRowStep = KT::kThreadsG / kChunks;
     constexpr int kQCopies = (kTileQ + kQRowStep - 1) / kQRowStep;
-    const int c = tid % kChunks, r0 = tid / kChunks;
+    const int c = gt % kChunks, r0 = gt / kChunks;
     PackedRowWalk w(row_begin + r0, kQRowStep, G, p.q_stride_n, p.q_stride_h);
-    const T* const q_rows =
-        q + int64_t(qo_begin) * p.q_stride_n + int64_t(kv_head) * G * p.q_stride_h + c * 8;
+    const T* const q_rows = q + int64_t(qo_begin) * p.q_stride_n +
+                            int64_t(kv_head) * G * p.q_stride_h + h * D + c * 8;
 #pragma unroll 4
     for (int i = 0; i < kQCopies; ++i, w.next()) {
       const int r = r0 + i * kQRowStep;
@@ -453,14 +517,14 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       cp_async_16(q_smem + Tile::offset(r, c), valid ? q_rows + w.off : q, valid);
     }
   } else {
-    for (int i = tid; i < kTileQ * kChunks; i += KT::kThreads) {
+    for (int i = gt; i < kTileQ * kChunks; i += KT::kThreadsG) {
       const int r = i / kChunks, c = i % kChunks;
       const int pr = row_begin + r;
       const bool valid = pr < packed_len;
       const T* src = q;
       if (valid) {
         const auto [qo, head] = qo_head(pr, kv_head, G);
-        src = q + (qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + c * 8;
+        src = q + (qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + h * D + c * 8;
       }
       cp_async_16(q_smem + Tile::offset(r, c), src, valid);
     }
@@ -484,9 +548,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   constexpr int kCopiesK = KT::kLoadChunks / kRowThreads;  // per row and thread
   constexpr int kCopiesV = KT::kLoadChunksVO / kRowThreads;
   const int my_chunk = gtid % kRowThreads, my_row0 = gtid / kRowThreads;
-  const TKV* k_base = k + int64_t(kv_head) * p.k_stride_h + my_chunk * KT::kLoadElems;
-  const TKV* v_base =
-      v + int64_t(kv_head) * p.v_stride_h + vo_slice * DV + my_chunk * KT::kLoadElems;
+  const TKV* k_base = k + int64_t(kv_head) * p.k_stride_h + h * D + my_chunk * KT::kLoadElems;
+  const TKV* v_base = v + int64_t(kv_head) * p.v_stride_h + vo_col0 + my_chunk * KT::kLoadElems;
   if constexpr (!KT::kPaged) {
     k_base += rng.kv_token_begin * p.k_stride_n;
     v_base += rng.kv_token_begin * p.v_stride_n;
@@ -596,8 +659,10 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   trace(kTraceQ);
   if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
     // q row r sits at position delta + (row_begin + r) / G.
-    rope_tile<KT>(q_smem, kTileQ, [&](int r) { return delta + (row_begin + r) / G; }, tid,
-                  KT::kThreads, p);
+    // (Both column groups' Q tiles: pairs of channels i, i + 256 are one in each.)
+    T* const q_all = reinterpret_cast<T*>(smem);
+    rope_tile<KT>(q_all, q_all + (KT::kVoGroups > 1 ? kTileQ * D : 0), kTileQ,
+                  [&](int r) { return delta + (row_begin + r) / G; }, tid, KT::kThreads, p);
     __syncthreads();
   }
 
@@ -622,8 +687,9 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   // index at every tile once registers are tight (~40 instructions per tile at 128 x 64 on
   // sm_90a; ptxas sees through an empty asm).
   const uint32_t smem_base = __shfl_sync(0xffffffffu, smem_addr(smem), 0);
-  const uint32_t q_off0 =
-      __shfl_sync(0xffffffffu, 2 * (Tile::offset(q_row, lane / 16) - q_row0), lane);
+  // (q_off0 includes the group's Q tile: h kQGroupBytes, above every bit the XORs touch.)
+  const uint32_t q_off0 = __shfl_sync(
+      0xffffffffu, h * kQGroupBytes + 2 * (Tile::offset(q_row, lane / 16) - q_row0), lane);
   const uint32_t k_off0 =
       __shfl_sync(0xffffffffu, 2 * (Tile::offset(k_row, (lane / 8) % 2) - k_row0), lane);
   const uint32_t v_off0 =
@@ -696,15 +762,26 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     if (ahead < my_tiles) lookup(wkv + ahead * KT::kWarpsKV);  // lands while S is computed
     cp_async_wait<2 * kAhead - 1>();  // K[j] (V[j] and the later tiles may be in flight)
     convert(stage, std::false_type{});
-    group_sync<KT>(wkv);
+    group_sync<KT>(grp);
     if (j == 0) trace(kTraceFirstK);
     uint32_t q_off = q_off0, k_off = k_off0, v_off = v_off0;
     asm volatile("" : "+r"(q_off), "+r"(k_off), "+r"(v_off));  // per tile (above)
     T* ks = k_tile(stage);
     const uint32_t ks_at = smem_base + k_tile_bytes(stage);
     if constexpr (KT::kPos == PosEncoding::kRopeLlama) {
-      rope_tile<KT>(ks, kTileKV, [&](int r) { return base + r; }, gtid, KT::kGroupThreads, p);
-      group_sync<KT>(wkv);
+      if constexpr (KT::kVoGroups > 1) {  // channel pairs i, i + 256: both groups' K tiles
+        stream_sync<KT>(wkv);
+        const auto tile_of = [&](int hh) {
+          return reinterpret_cast<T*>(smem + k_tile_bytes_of(hh * KT::kWarpsKV + wkv, stage));
+        };
+        rope_tile<KT>(tile_of(0), tile_of(1), kTileKV, [&](int r) { return base + r; },
+                      h * KT::kGroupThreads + gtid, KT::kVoGroups * KT::kGroupThreads, p);
+        stream_sync<KT>(wkv);
+      } else {
+        rope_tile<KT>(ks, ks, kTileKV, [&](int r) { return base + r; }, gtid,
+                      KT::kGroupThreads, p);
+        group_sync<KT>(grp);
+      }
     }
 
     // S = Q K^T
@@ -752,6 +829,33 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     if (ahead < my_tiles) load(ahead % kStages, std::false_type{});
     cp_async_commit();
 
+    // Column groups: S is the sum of the two groups' partial tiles. Each thread hands its
+    // partial to the thread of the same rows and keys in the other group through shared
+    // memory (float4 i of lane l at [i][l]: a warp's 16-byte stores cover 512 contiguous
+    // bytes) and adds the other's: s0 + s1 in both, the same float, so both groups take the
+    // same softmax. Two buffers by tile parity: a group rewrites one only after the pair
+    // barrier of the next tile, which its peer reaches after reading it.
+    if constexpr (KT::kVoGroups > 1) {
+      float4* const xb = reinterpret_cast<float4*>(smem + KT::kXchgOffset) +
+                         (j & 1) * (KT::kThreads * KT::kXchgF4) + lane;
+      float4* const mine = xb + (h * kWarpsG + warp_g) * (KT::kXchgF4 * 32);
+      const float4* const other = xb + ((1 - h) * kWarpsG + warp_g) * (KT::kXchgF4 * 32);
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int n = 0; n < 2 * kMmaKV; ++n)
+          mine[(mq * 2 * kMmaKV + n) * 32] =
+              make_float4(s[mq][n][0], s[mq][n][1], s[mq][n][2], s[mq][n][3]);
+      pair_sync<KT>(warp_g);
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int n = 0; n < 2 * kMmaKV; ++n) {
+          const float4 x = other[(mq * 2 * kMmaKV + n) * 32];
+          s[mq][n][0] += x.x, s[mq][n][1] += x.y, s[mq][n][2] += x.z, s[mq][n][3] += x.w;
+        }
+    }
+
     float qk_scale = 1.f;  // what the softmax still multiplies the logits by
     if constexpr (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE)
       qk_scale = logits_and_mask<KT::kMask, KT::kPos, true>(s, p, rng, rows, base, kTileKV, t);
@@ -771,7 +875,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 
     cp_async_wait<2 * kAhead - 1>();  // V[j]
     convert(stage, std::true_type{});
-    group_sync<KT>(wkv);
+    group_sync<KT>(grp);
     const uint32_t vs_at = smem_base + v_tile_bytes(stage);
     // O += P V
     if constexpr (KT::kRegKV) {
@@ -803,7 +907,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   // 6. Row sums across the quad, then the epilogue.
   quad_sum(d);
   const OutputWriter<TO, DV, KT::kHeadDimVO> out{p, rng, kv_head, writes_partial(p, rng),
-                                                 int(vo_slice) * DV};
+                                                 vo_col0};
   if constexpr (KT::kWarpsKV == 1) {
     // The final output through the warp's own Q rows in shared memory (read by no other warp,
     // and by this one no more): 16-byte stores of whole rows instead of 4-byte stores of a
@@ -822,7 +926,9 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   } else {
     // Groups merge through shared memory (over the K/V stages, all drained above).
     __syncthreads();
-    float* merge = reinterpret_cast<float*>(smem + KT::kQSmem);
+    // (Column groups: each its own merge area, of its columns.)
+    float* merge = reinterpret_cast<float*>(smem + KT::kQSmem) +
+                   h * (KT::kMergeSmem / KT::kVoGroups / sizeof(float));
     float* mo = merge;                                    // [kWarpsKV][kTileQ][DV]
     float* mm = merge + KT::kWarpsKV * kTileQ * DV;       // [kWarpsKV][kTileQ]
     float* md = mm + KT::kWarpsKV * kTileQ;               // [kWarpsKV][kTileQ]
@@ -856,7 +962,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     const bool to_cluster = KT::kClusterMerge && p.cluster_merge;
     float* cluster_o = merge + KT::kMergeSmem / sizeof(float);  // [kTileQ][DV]
     float* cluster_lse = cluster_o + kTileQ * DV;               // [kTileQ]
-    for (int idx = tid; idx < kTileQ * (DV / 2); idx += KT::kThreads) {
+    for (int idx = gt; idx < kTileQ * (DV / 2); idx += KT::kThreadsG) {
       const int row = idx / (DV / 2), col = (idx % (DV / 2)) * 2;
       const int pr = row_begin + row;
       if (pr >= packed_len) continue;
@@ -882,7 +988,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
         continue;
       }
       out.pair(pr, col, x0 * inv, x1 * inv);
-      if (col == 0 && vo_slice == 0) out.lse(pr, lse);
+      if (col == 0 && vo_col0 == 0) out.lse(pr, lse);
     }
     if constexpr (KT::kClusterMerge) {
       if (to_cluster) {
@@ -897,7 +1003,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   // tile, unread since the main loop.
   // (Not where CTAs split the output columns: the launch leaves those to the merge kernel.)
   if constexpr (KT::kVoSlices == 1)
-    merge_if_last<TO, DV, KT::kThreads>(p, rng, kv_head, kTileQ, reinterpret_cast<int*>(smem));
+    merge_if_last<TO, KT::kHeadDimVO, KT::kThreads>(p, rng, kv_head, kTileQ,
+                                                    reinterpret_cast<int*>(smem));
 }
 
 template <class KT>
