@@ -508,12 +508,12 @@ __device__ __forceinline__ int64_t block_locate(const RowCtx& ctx, uint32_t t,
 /// allocate it worse (Wave 5: 8 bytes of spill in the one kernel for every filter, 0 before).
 __host__ __device__ constexpr unsigned filter_bit(int f) { return 1u << f; }
 __host__ __device__ constexpr bool has_filter(unsigned set, int f) {
-  return (set & filter_bit(f)) != 0;
+  return f >= 0 && f < 32 && (set & filter_bit(f)) != 0;
 }
 /// The draw alone: no threshold (plain) or one known up front (min-p).
 inline constexpr unsigned kDrawFilters = filter_bit(kNoFilter) | filter_bit(kMinP);
-/// Top-p: the rejection, the radix search when it falls back. (With the top-k filters in one
-/// kernel, the float32 radix search spills 8 bytes at the cap; apart, neither kernel spills.)
+/// Top-p: the rejection, the radix search when it falls back. (Top-p and the top-k filters in
+/// one kernel still spill 8 bytes for float32 on sm_90a; apart, neither kernel does.)
 inline constexpr unsigned kTopPFilters = filter_bit(kTopP);
 /// The filters whose threshold is always searched by radix select.
 inline constexpr unsigned kTopKFilters =
@@ -919,16 +919,15 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
   if (scratch.ptr) {  // one CTA per row: Shared and the row's block sums and max keys
     const size_t smem =
         sizeof(Shared) + ceil_div(vocab, kBlockCols) * (sizeof(float) + sizeof(uint32_t));
-    cudaError_t e = cudaFuncSetAttribute(kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
     if (e != cudaSuccess) return e;
     const bool vec = rows_vectorizable<T>(in, stride, vocab);
     for (int64_t r0 = 0; r0 < num_out; r0 += scratch.rows) {
       const RowGrid g{num_out, r0, scratch.ptr, scratch.stride};
       const int64_t n = num_out - r0 < scratch.rows ? num_out - r0 : scratch.rows;
-      e = launch_kernel(kernel, dim3(n), dim3(kThreads), smem, stream, enable_pdl, in,
-                        stride, vocab, vocab, vec, g, params);
+      e = launch_kernel(kernel, dim3(n), dim3(kThreads), smem, stream, enable_pdl, in, stride,
+                        vocab, vocab, vec, g, params);
       if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -937,10 +936,9 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
   cudaError_t e = prepare(kernel, plan);
   if (e != cudaSuccess) return e;
   const bool vec = rows_vectorizable<T>(in, stride, plan.chunk);
-  return launch_kernel_clustered(kernel, dim3(num_out * plan.cluster),
-                                 dim3(plan.threads), plan.smem, stream, enable_pdl, plan.cluster,
-                                 in, stride, vocab, plan.chunk, vec, RowGrid{num_out, 0, nullptr, 0},
-                                 params);
+  return launch_kernel_clustered(kernel, dim3(num_out * plan.cluster), dim3(plan.threads),
+                                 plan.smem, stream, enable_pdl, plan.cluster, in, stride, vocab,
+                                 plan.chunk, vec, RowGrid{num_out, 0, nullptr, 0}, params);
 }
 
 /// Declare (PREFIX extern) or define (PREFIX empty) SampleFilters<T, SET> for every input dtype.
