@@ -9,6 +9,7 @@ of 6 standard deviations per token over 2^20 draws (false-failure odds < 1e-7 pe
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -194,6 +195,23 @@ def test_unknown_keyword():
         sampling.sampling_from_probs(P, temperature=1.0)
     with pytest.raises(TypeError):
         sampling.top_p_sampling_from_probs(P, 0.5, top_k=3)
+
+
+def test_sample_kernels_each_in_one_source():
+    """Each filter set's SampleKernel is instantiated in exactly one of the module's translation
+    units, and the binding's (sampling.cu) declares the others extern: a source missing from the
+    spec would only fail when the built module loads (an undefined symbol)."""
+    from flashinfer.jit import toolchain
+    from flashinfer.jit.sampling import gen_sampling_module
+
+    csrc, srcs = toolchain.csrc_dir(), gen_sampling_module().sources
+    assert sorted(p.name for p in csrc.glob("sampling*.cu")) == sorted(srcs)
+    text = {s: (csrc / s).read_text() for s in srcs}
+    defined = [m for t in text.values() for m in re.findall(r"SAMPLE_FILTERS\(, (\w+)\)", t)]
+    assert sorted(defined) == ["kDrawFilters", "kTopKFilters", "kTopPFilters"]
+    declared = re.findall(r"SAMPLE_FILTERS\(extern, (\w+)\)", text["sampling.cu"])
+    assert sorted(declared + re.findall(r"SAMPLE_FILTERS\(, (\w+)\)", text["sampling.cu"])) == \
+        sorted(defined)
 
 
 def test_chain_validation():

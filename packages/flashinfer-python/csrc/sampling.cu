@@ -1,13 +1,20 @@
 // TVM-FFI binding of flashinfer::sampling's draw (include/flashinfer/sampling.cuh): `sample`, every
-// sampling op (the filter is a runtime argument), one kernel per input dtype. The transforms and
-// chain speculative sampling are the module's other translation unit (sampling_transform.cu):
-// the first-call build compiles the two side by side.
+// sampling op (the filter is a runtime argument). One kernel per input dtype and filter set: the
+// draw alone (plain, min-p) here; top-p in sampling_top_p.cu and the top-k filters in
+// sampling_top_k.cu, so the first-call build compiles them side by side, with the transforms
+// and chain speculative sampling (sampling_transform.cu).
 #include "sampling_args.h"
 
 using namespace flashinfer::ffi_utils;
 using namespace flashinfer::sampling;
 using namespace flashinfer::sampling_args;
 using tvm::ffi::Optional;
+
+namespace flashinfer::sampling {
+FLASHINFER_SAMPLE_FILTERS(extern, kTopPFilters)
+FLASHINFER_SAMPLE_FILTERS(extern, kTopKFilters)
+FLASHINFER_SAMPLE_FILTERS(, kDrawFilters)
+}  // namespace flashinfer::sampling
 
 /// out[i] = a token drawn from row indices[i] (or i) of input after `filter`; valid[i] = row has
 /// no NaN and a valid index. input (B, V) probabilities (logits when `logits`).

@@ -502,18 +502,37 @@ __device__ __forceinline__ int64_t block_locate(const RowCtx& ctx, uint32_t t,
   return -1;  // unreachable: the warp's mass exceeds local
 }
 
+/// A set of filters (bit f for filter f): each SampleKernel instance takes one set, so the code
+/// of the others is not in it. The radix search sits at the 80-register cap of
+/// __launch_bounds__(kThreads, 3): a kernel that also holds code it does not run can make ptxas
+/// allocate it worse (Wave 5: 8 bytes of spill in the one kernel for every filter, 0 before).
+__host__ __device__ constexpr unsigned filter_bit(int f) { return 1u << f; }
+__host__ __device__ constexpr bool has_filter(unsigned set, int f) {
+  return f >= 0 && f < 32 && (set & filter_bit(f)) != 0;
+}
+/// The draw alone: no threshold (plain) or one known up front (min-p).
+inline constexpr unsigned kDrawFilters = filter_bit(kNoFilter) | filter_bit(kMinP);
+/// Top-p: the rejection, the radix search when it falls back. (Top-p and the top-k filters in
+/// one kernel still spill 8 bytes for float32 on sm_90a; apart, neither kernel does.)
+inline constexpr unsigned kTopPFilters = filter_bit(kTopP);
+/// The filters whose threshold is always searched by radix select.
+inline constexpr unsigned kTopKFilters =
+    filter_bit(kTopK) | filter_bit(kTopKTopPJoint) | filter_bit(kTopKFirstTopP);
+
 /// Load, filter and draw one token for output row `out_row`. Group-wide. Returns whether this
 /// CTA arrived at the cluster barrier (block_prefix): the kernel then waits on it to exit.
-template <typename T>
+template <typename T, unsigned kFilters>
 __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in, int64_t stride,
                                            int64_t vocab, bool vec, const SampleParams& p,
                                            int64_t out_row) {
   const int64_t in_row = p.rows(out_row);
   const bool row_ok = in_row >= 0 && in_row < p.rows.num_in_rows;
   const bool is_probs = !p.logits;
-  const int f = p.filter;
+  // The filter, known false at compile time for those this kernel does not take.
+  const int filter = p.filter;
+  auto is = [filter](int x) { return has_filter(kFilters, x) && filter == x; };
   // Top-p's rejection draws without block sums: they are summed only if it falls back.
-  const bool sums_first = f != kTopP;
+  const bool sums_first = !is(kTopP);
   float mx = -INFINITY;
   bool nan = false;
   if (row_ok) {
@@ -550,22 +569,22 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       mx = dead ? 0.f : 1.f;
     }
     ctx.scale = fixed_scale(mx);
-    if (f == kTopP && top_p_rejection(ctx, p.top_p(out_row), p.rng, out_row, &col)) {
+    if (is(kTopP) && top_p_rejection(ctx, p.top_p(out_row), p.rng, out_row, &col)) {
       if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, true);
       return false;
     }
     const uint32_t max_key = key_nonneg(mx);
     uint32_t t = 0;
-    if (f == kMinP) {
+    if (is(kMinP)) {
       t = key_nonneg(p.min_p(out_row) * mx);
     }
-    if (f == kTopK || f == kTopKTopPJoint || f == kTopKFirstTopP) {
+    if (is(kTopK) || is(kTopKTopPJoint) || is(kTopKFirstTopP)) {
       const int k = p.top_k(out_row);
       if (k > 0 && k < vocab) {
-        const Threshold th = radix_search(ctx, false, f == kTopKFirstTopP, max_key,
+        const Threshold th = radix_search(ctx, false, is(kTopKFirstTopP), max_key,
                                           [k](CM) { return static_cast<unsigned long long>(k); });
         if (!th.all) t = th.key;
-        if (f == kTopKFirstTopP && !th.all) {
+        if (is(kTopKFirstTopP) && !th.all) {
           // top-p over the renormalized top-k set: target mass p * kept(top-k).
           const double P = static_cast<double>(p.top_p(out_row)) * static_cast<double>(th.kept.m);
           const Threshold tp = radix_search(ctx, true, true, max_key, [P](CM) {
@@ -575,8 +594,8 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
         }
       }
     }
-    if (f == kTopP || f == kTopKTopPJoint ||
-        (f == kTopKFirstTopP && t == 0)) {  // top-k kept everything: plain top-p
+    if (is(kTopP) || is(kTopKTopPJoint) ||
+        (is(kTopKFirstTopP) && t == 0)) {  // top-k kept everything: plain top-p
       const float tp_p = p.top_p(out_row);
       const Threshold tp = radix_search(ctx, true, true, max_key, [tp_p](CM total) {
         return static_cast<unsigned long long>(
@@ -585,7 +604,7 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       if (!tp.all && tp.key > t) t = tp.key;
     }
     // Top-p comes here after its rejected candidates: the uniform after theirs.
-    Philox rng = p.rng.make(out_row, f == kTopP ? kTopPCandidates * kTopPPasses : 0);
+    Philox rng = p.rng.make(out_row, is(kTopP) ? kTopPCandidates * kTopPPasses : 0);
     const uint32_t r = rng.next();
     if (sums_first) {
       refine_block_sums(ctx, t);
@@ -605,7 +624,7 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
 
 /// One cluster (or one CTA) per output row: load, filter, draw one token. Shared memory: the
 /// chunk (clusters), the Shared block, the chunk's block sums and max keys (see plan_sample).
-template <typename T>
+template <typename T, unsigned kFilters>
 __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict__ in, int64_t stride,
                                                     int64_t vocab, int64_t chunk, bool vec,
                                                     RowGrid g, SampleParams p) {
@@ -613,7 +632,7 @@ __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict_
   pdl_wait();
   RowCtx ctx = row_ctx(smem, g, vocab, chunk, false);
   // Peers may still read this CTA's shared memory until they arrive.
-  if (sample_row<T>(ctx, in, stride, vocab, vec, p, row_of(g, ctx))) {
+  if (sample_row<T, kFilters>(ctx, in, stride, vocab, vec, p, row_of(g, ctx))) {
     cluster_wait();
   } else {
     row_sync(ctx);
@@ -1034,36 +1053,67 @@ inline RowPlan plan_sample(int64_t vocab) {
   return plan;
 }
 
-template <typename T>
-cudaError_t Sample(const T* in, int64_t stride, int64_t num_out, int64_t vocab,
-                   const SampleParams& params, const Scratch& scratch, bool enable_pdl,
-                   cudaStream_t stream) {
+/// Launch SampleKernel<T, kFilters> (params.filter is in kFilters). Not inline: the bindings
+/// instantiate each filter set in a translation unit of its own (FLASHINFER_SAMPLE_FILTERS).
+template <typename T, unsigned kFilters>
+cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t vocab,
+                          const SampleParams& params, const Scratch& scratch, bool enable_pdl,
+                          cudaStream_t stream) {
+  auto* const kernel = &SampleKernel<T, kFilters>;
   if (num_out == 0) return cudaSuccess;
   if (scratch.ptr) {  // one CTA per row: Shared and the row's block sums and max keys
     const size_t smem =
         sizeof(Shared) + ceil_div(vocab, kBlockCols) * (sizeof(float) + sizeof(uint32_t));
-    cudaError_t e = cudaFuncSetAttribute(SampleKernel<T>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
     if (e != cudaSuccess) return e;
     const bool vec = rows_vectorizable<T>(in, stride, vocab);
     for (int64_t r0 = 0; r0 < num_out; r0 += scratch.rows) {
       const RowGrid g{num_out, r0, scratch.ptr, scratch.stride};
       const int64_t n = num_out - r0 < scratch.rows ? num_out - r0 : scratch.rows;
-      e = launch_kernel(SampleKernel<T>, dim3(n), dim3(kThreads), smem, stream, enable_pdl, in,
-                        stride, vocab, vocab, vec, g, params);
+      e = launch_kernel(kernel, dim3(n), dim3(kThreads), smem, stream, enable_pdl, in, stride,
+                        vocab, vocab, vec, g, params);
       if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
   }
   const RowPlan plan = plan_sample(vocab);
-  cudaError_t e = prepare(SampleKernel<T>, plan);
+  cudaError_t e = prepare(kernel, plan);
   if (e != cudaSuccess) return e;
   const bool vec = rows_vectorizable<T>(in, stride, plan.chunk);
-  return launch_kernel_clustered(SampleKernel<T>, dim3(num_out * plan.cluster),
-                                 dim3(plan.threads), plan.smem, stream, enable_pdl, plan.cluster,
-                                 in, stride, vocab, plan.chunk, vec, RowGrid{num_out, 0, nullptr, 0},
-                                 params);
+  return launch_kernel_clustered(kernel, dim3(num_out * plan.cluster), dim3(plan.threads),
+                                 plan.smem, stream, enable_pdl, plan.cluster, in, stride, vocab,
+                                 plan.chunk, vec, RowGrid{num_out, 0, nullptr, 0}, params);
+}
+
+/// Declare (PREFIX extern) or define (PREFIX empty) SampleFilters<T, SET> for every input dtype.
+#define FLASHINFER_SAMPLE_FILTERS(PREFIX, SET)                                                     \
+  PREFIX template cudaError_t SampleFilters<float, SET>(const float*, int64_t, int64_t, int64_t,  \
+                                                        const SampleParams&, const Scratch&, bool, \
+                                                        cudaStream_t);                             \
+  PREFIX template cudaError_t SampleFilters<__half, SET>(const __half*, int64_t, int64_t, int64_t, \
+                                                         const SampleParams&, const Scratch&,      \
+                                                         bool, cudaStream_t);                      \
+  PREFIX template cudaError_t SampleFilters<__nv_bfloat16, SET>(                                  \
+      const __nv_bfloat16*, int64_t, int64_t, int64_t, const SampleParams&, const Scratch&, bool, \
+      cudaStream_t);
+
+/// Draw one token per output row with params.filter: the kernel of its filter set.
+template <typename T>
+cudaError_t Sample(const T* in, int64_t stride, int64_t num_out, int64_t vocab,
+                   const SampleParams& params, const Scratch& scratch, bool enable_pdl,
+                   cudaStream_t stream) {
+  const int f = params.filter;
+  if (has_filter(kDrawFilters, f))
+    return SampleFilters<T, kDrawFilters>(in, stride, num_out, vocab, params, scratch, enable_pdl,
+                                          stream);
+  if (has_filter(kTopPFilters, f))
+    return SampleFilters<T, kTopPFilters>(in, stride, num_out, vocab, params, scratch, enable_pdl,
+                                          stream);
+  if (has_filter(kTopKFilters, f))
+    return SampleFilters<T, kTopKFilters>(in, stride, num_out, vocab, params, scratch, enable_pdl,
+                                          stream);
+  return cudaErrorInvalidValue;
 }
 
 template <typename T>

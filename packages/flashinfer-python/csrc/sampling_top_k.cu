@@ -1,0 +1,8 @@
+// SampleKernel for the top-k filters (top-k; top-k and top-p, joint or top-k first), every input
+// dtype: a translation unit of its own (kernels only), built beside csrc/sampling.cu, which
+// launches it.
+#include <flashinfer/sampling.cuh>
+
+namespace flashinfer::sampling {
+FLASHINFER_SAMPLE_FILTERS(, kTopKFilters)
+}  // namespace flashinfer::sampling
