@@ -36,6 +36,35 @@
 #ifndef FLASHINFER_ATTENTION_CTA0_MMA_KV_FP8
 #define FLASHINFER_ATTENTION_CTA0_MMA_KV_FP8 2
 #endif
+// Key streams of shape 4 (the 16-row shape for batches of two to four CTAs per SM; two
+// elsewhere) where fp8 K/V are converted in registers (kRegKV).
+#ifndef FLASHINFER_ATTENTION_CTA4_WARPS_KV_FP8
+#define FLASHINFER_ATTENTION_CTA4_WARPS_KV_FP8 2
+#endif
+// fp8 K/V converted in registers (kRegKV): warps per SM the 16-row shapes are compiled for
+// (__launch_bounds__'s minimum CTAs = this / the shape's warps; 0: CTA0_MIN_BLOCKS as the
+// other 16-row shapes). 12 caps the registers at 170 per thread (three 4-warp CTAs, four of
+// three warps, six of two).
+#ifndef FLASHINFER_ATTENTION_FP8_MIN_WARPS
+#define FLASHINFER_ATTENTION_FP8_MIN_WARPS 0
+#endif
+// fp8 K/V converted in registers (kRegKV): threads per 128-byte K/V row in the loader (8: one
+// 16-byte copy each, 4 rows per warp instruction; 2: four copies each, 16 rows, a quarter of
+// the page lookups and address arithmetic per thread).
+#ifndef FLASHINFER_ATTENTION_FP8_LOAD_ROW_THREADS
+#define FLASHINFER_ATTENTION_FP8_LOAD_ROW_THREADS 2
+#endif
+// fp8 K/V converted in registers (kRegKV): 1 = a bfloat16 q's power-of-two unscale folds into
+// the softmax's deferred scale (no pass over S), and the softmax skips rows 8-15 of a tile that
+// has at most 8 packed rows (decode at group size <= 8); 0 = neither (as fc3ed7b).
+#ifndef FLASHINFER_ATTENTION_FP8_LEAN
+#define FLASHINFER_ATTENTION_FP8_LEAN 1
+#endif
+// fp8 K/V converted in registers (kRegKV): 1 = Q's fp16 fragments in shared memory, read per
+// step (8 more 16-byte shared loads per 32 keys), instead of 32 registers per thread.
+#ifndef FLASHINFER_ATTENTION_FP8_Q_SMEM
+#define FLASHINFER_ATTENTION_FP8_Q_SMEM 0
+#endif
 // CTAs per SM the decode shapes (one warp of rows) are compiled for: their registers (~220 per
 // thread at head_dim 128) allow two 128-thread CTAs per SM; asking for three caps them at 168
 // and spills.
