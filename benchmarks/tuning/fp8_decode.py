@@ -38,19 +38,20 @@ HD512 = AttentionVariant("bfloat16", "bfloat16", 512, "none", "NONE", True)
 # name -> (module, macros). Measured and decided (benchmarks/notes/attention-fp8-kv.md): fp8
 # K/V converted in registers (was: into a half tile in shared memory), 32-key steps (16, and
 # three stages, measured slower or equal); the probes time the loads without the math
-# (no compute) and the math without the cache's bytes (no loads). "fp8 as fc3ed7b" is the
-# kernel before the loader's 2 threads per row (FP8_LOAD_ROW_THREADS) and FP8_LEAN.
+# (no compute) and the math without the cache's bytes (no loads).
 VARIANTS = {
     "fp8": (FP8, ()),
-    "fp8 as fc3ed7b": (FP8, ("FP8_LOAD_ROW_THREADS=8", "FP8_LEAN=0")),
     "fp8, no compute": (FP8, ("PROBE_NO_COMPUTE=1",)),
     "fp8, no loads": (FP8, ("PROBE_NO_LOADS=1",)),
     "fp8, q in smem, 3 streams x 4 CTAs": (FP8, ("FP8_Q_SMEM=1", "CTA4_WARPS_KV_FP8=3",
                                                  "FP8_MIN_WARPS=12")),
-    "fp8, not lean": (FP8, ("FP8_LEAN=0",)),
+    "fp8, lean": (FP8, ("FP8_LEAN=1",)),
+    "fp8, 4 per row, q in smem, 3 streams x 4 CTAs": (FP8, (
+        "FP8_LOAD_ROW_THREADS=4", "FP8_Q_SMEM=1", "CTA4_WARPS_KV_FP8=3", "FP8_MIN_WARPS=12")),
+    "fp8, 4 per row": (FP8, ("FP8_LOAD_ROW_THREADS=4",)),
+    "fp8, 2 per row": (FP8, ("FP8_LOAD_ROW_THREADS=2",)),
     "fp8, q in smem": (FP8, ("FP8_Q_SMEM=1",)),
     "fp8, 3 stages": (FP8, ("CTA0_STAGES=3",)),
-    "fp8, 4 per row": (FP8, ("FP8_LOAD_ROW_THREADS=4",)),
     "bf16": (BF16, ()),
     "hd512": (HD512, ()),
     "hd512, no compute": (HD512, ("PROBE_NO_COMPUTE=1",)),

@@ -52,13 +52,13 @@
 // 16-byte copy each, 4 rows per warp instruction; 2: four copies each, 16 rows, a quarter of
 // the page lookups and address arithmetic per thread).
 #ifndef FLASHINFER_ATTENTION_FP8_LOAD_ROW_THREADS
-#define FLASHINFER_ATTENTION_FP8_LOAD_ROW_THREADS 2
+#define FLASHINFER_ATTENTION_FP8_LOAD_ROW_THREADS 8
 #endif
 // fp8 K/V converted in registers (kRegKV): 1 = a bfloat16 q's power-of-two unscale folds into
 // the softmax's deferred scale (no pass over S), and the softmax skips rows 8-15 of a tile that
 // has at most 8 packed rows (decode at group size <= 8); 0 = neither (as fc3ed7b).
 #ifndef FLASHINFER_ATTENTION_FP8_LEAN
-#define FLASHINFER_ATTENTION_FP8_LEAN 1
+#define FLASHINFER_ATTENTION_FP8_LEAN 0
 #endif
 // fp8 K/V converted in registers (kRegKV): 1 = Q's fp16 fragments in shared memory, read per
 // step (8 more 16-byte shared loads per 32 keys), instead of 32 registers per thread.
