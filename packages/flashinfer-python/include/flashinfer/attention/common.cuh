@@ -228,7 +228,8 @@ __device__ __forceinline__ void for_each_s(float (&s)[MQ][NB][4], int base, int 
  * `scale` false leaves plain logits unscaled (a caller that folds the scale into its exp2).
  */
 /// Whether logits_and_mask<kDeferScale = true> leaves plain logits unscaled (no soft cap, no
-/// ALiBi): a caller may then fold a factor of S into the scale it returns instead of a pass.
+/// ALiBi: its branches below): a caller may then fold a factor of S into the scale it returns
+/// instead of a pass.
 template <PosEncoding kPos>
 __device__ __forceinline__ bool scale_deferred(const AttentionParams& p) {
   return p.softcap_post == 0.f && kPos != PosEncoding::kAlibi;
@@ -244,7 +245,7 @@ __device__ __forceinline__ float logits_and_mask(float (&s)[MQ][NB][4], const At
   if (p.softcap_post != 0.f) {
     for_each_s(s, base, t,
                [&](float& x, int, int, int) { x = p.softcap_post * tanhf(x * p.softcap_pre); });
-  } else if (kDeferScale && scale_deferred<kPos>(p)) {
+  } else if (kDeferScale && kPos != PosEncoding::kAlibi) {  // (scale_deferred: true here)
     deferred = p.sm_scale_log2;
   } else if (scale) {
     for_each_s(s, base, t, [&](float& x, int, int, int) { x *= p.sm_scale_log2; });
