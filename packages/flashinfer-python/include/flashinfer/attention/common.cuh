@@ -20,6 +20,11 @@
 #ifndef FLASHINFER_ATTENTION_PROBE_NO_COMPUTE
 #define FLASHINFER_ATTENTION_PROBE_NO_COMPUTE 0
 #endif
+// PROBE_NO_LOADS (fp8 K/V converted in registers only): the K/V copies zero-fill instead of
+// reading the cache (page lookups and all the math stay): the kernel's time without its bytes.
+#ifndef FLASHINFER_ATTENTION_PROBE_NO_LOADS
+#define FLASHINFER_ATTENTION_PROBE_NO_LOADS 0
+#endif
 #ifndef FLASHINFER_ATTENTION_PROBE_NO_MERGE
 #define FLASHINFER_ATTENTION_PROBE_NO_MERGE 0
 #endif
@@ -222,6 +227,14 @@ __device__ __forceinline__ void for_each_s(float (&s)[MQ][NB][4], int base, int 
  * overlap with the MMAs around them); the mask pass runs only on tiles that need it.
  * `scale` false leaves plain logits unscaled (a caller that folds the scale into its exp2).
  */
+/// Whether logits_and_mask<kDeferScale = true> leaves plain logits unscaled (no soft cap, no
+/// ALiBi: its branches below): a caller may then fold a factor of S into the scale it returns
+/// instead of a pass.
+template <PosEncoding kPos>
+__device__ __forceinline__ bool scale_deferred(const AttentionParams& p) {
+  return p.softcap_post == 0.f && kPos != PosEncoding::kAlibi;
+}
+
 template <MaskMode kMask, PosEncoding kPos, bool kDeferScale = false, int MQ, int NB>
 __device__ __forceinline__ float logits_and_mask(float (&s)[MQ][NB][4], const AttentionParams& p,
                                                  const ItemRange& r, const RowFacts<MQ>& rows,
@@ -232,7 +245,7 @@ __device__ __forceinline__ float logits_and_mask(float (&s)[MQ][NB][4], const At
   if (p.softcap_post != 0.f) {
     for_each_s(s, base, t,
                [&](float& x, int, int, int) { x = p.softcap_post * tanhf(x * p.softcap_pre); });
-  } else if (kDeferScale && kPos != PosEncoding::kAlibi) {
+  } else if (kDeferScale && kPos != PosEncoding::kAlibi) {  // (scale_deferred: true here)
     deferred = p.sm_scale_log2;
   } else if (scale) {
     for_each_s(s, base, t, [&](float& x, int, int, int) { x *= p.sm_scale_log2; });
@@ -272,17 +285,25 @@ __device__ __forceinline__ float logits_and_mask(float (&s)[MQ][NB][4], const At
  *   none did every scale is exactly 1 and the output rescale can be skipped). With `kScaled`,
  *   `qk_scale` (> 0) is the factor logits_and_mask left to apply: the logits are qk_scale * s,
  *   their maximum is qk_scale * max(s) (the same float: rounding is monotonic), and
- *   exp2(qk_scale * s - m) is one FFMA and one MUFU.EX2 per element.
+ *   exp2(qk_scale * s - m) is one FFMA and one MUFU.EX2 per element. `upper_rows` false: rows
+ *   g + 8 of every tile lie past the item (a decode tile of at most 8 packed rows, warp-uniform):
+ *   their step is skipped, with P = 0 and a row scale of 1 there.
  */
 template <bool kScaled = false, int MQ, int NB>
 __device__ __forceinline__ bool softmax_step(float (&s)[MQ][NB][4], float (&m)[MQ][2],
                                              float (&d)[MQ][2], float (&row_scale)[MQ][2],
-                                             float qk_scale = 1.f) {
+                                             float qk_scale = 1.f, bool upper_rows = true) {
   bool rescale = false;
 #pragma unroll
   for (int mq = 0; mq < MQ; ++mq) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      if (h == 1 && !upper_rows) {
+        row_scale[mq][1] = 1.f;
+#pragma unroll
+        for (int n = 0; n < NB; ++n) s[mq][n][2] = s[mq][n][3] = 0.f;
+        continue;
+      }
       float mx = kScaled ? -INFINITY : m[mq][h];  // kScaled: of this tile's unscaled s
 #pragma unroll
       for (int n = 0; n < NB; ++n) mx = fmaxf(mx, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));

@@ -142,7 +142,8 @@ struct AttentionLaunch {
   // Half the warps of shape 0, so four CTAs per SM fit the registers: a decode batch of 2-4
   // CTAs per SM runs in one wave instead of two (H100, 64 x 4096 at 8 KV heads: 348.9 vs 351.2
   // us; it loses on larger and split batches, whose shape stays 0: benchmarks/NOTES.md).
-  using Cta4 = Traits<1, 2, 1, kCta0MmaKV, FLASHINFER_ATTENTION_CTA0_STAGES>;
+  using Cta4 = Traits<1, kRegKV ? FLASHINFER_ATTENTION_CTA4_WARPS_KV_FP8 : 2, 1, kCta0MmaKV,
+                      FLASHINFER_ATTENTION_CTA0_STAGES>;
   // Twice the warps, one CTA per SM (registers; 195 KB of shared memory at head_dim 128): twice
   // the bytes in flight per CTA for batches that fill at most one CTA per SM, split or not
   // (H100, against shape 0 at two per SM: 1 x 32768 55.0 vs 56.3 us, 1 x 131072 183.6 vs 186.2,

@@ -173,6 +173,17 @@ struct KernelTraits {
   // A CTA takes at most 227 KB (sm_90): a tuning build past it would only fail at launch
   // (fp8 decode in 64-key steps on shape 5: 8 streams x 2 stages x 64 keys x 256 B = 256 KB).
   static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per CTA");
+  // kRegKV: Q's fp16 fragments kept in shared memory over the Q tile, not in registers
+  // (FLASHINFER_ATTENTION_FP8_Q_SMEM; they fill it exactly: 8 steps x 32 lanes x 16 bytes).
+  static constexpr bool kFp8QSmem = kRegKV && FLASHINFER_ATTENTION_FP8_Q_SMEM;
+  static_assert(!kFp8QSmem || kQSmem == 8 * 32 * 16, "Q's fragments fill the Q tile");
+  // __launch_bounds__'s minimum CTAs per SM: the 16-row shapes CTA0_MIN_BLOCKS, or under kRegKV
+  // with FP8_MIN_WARPS set, that many warps per SM (tuning.cuh).
+  static constexpr int kFp8MinBlocks = FLASHINFER_ATTENTION_FP8_MIN_WARPS / kWarpsKV;
+  static constexpr int kMinBlocks =
+      kWarpsQ != 1                                          ? 1
+      : kRegKV && FLASHINFER_ATTENTION_FP8_MIN_WARPS > 0 ? (kFp8MinBlocks > 1 ? kFp8MinBlocks : 1)
+                                                          : FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS;
   static constexpr bool kClusterMerge = kWarpsQ == 1 && kWarpsKV > 1 && kVoSlices == 1 &&
                                         kVoGroups == 1 && kMergeSmem + kClusterSmem <= kKVSmem;
 
@@ -188,7 +199,8 @@ struct KernelTraits {
   static constexpr int kLoadRowThreads0 =
       gcd_int(gcd_int(kLoadChunks, kLoadChunksVO), kGroupThreads);
   static constexpr int kLoadRowThreads =
-      kWarpsQ > 1 && FLASHINFER_ATTENTION_LOAD_ROW_THREADS < kLoadRowThreads0
+      kRegKV ? FLASHINFER_ATTENTION_FP8_LOAD_ROW_THREADS
+      : kWarpsQ > 1 && FLASHINFER_ATTENTION_LOAD_ROW_THREADS < kLoadRowThreads0
           ? FLASHINFER_ATTENTION_LOAD_ROW_THREADS
           : kLoadRowThreads0;
   static_assert(kGroupThreads % kLoadRowThreads == 0 &&
@@ -384,6 +396,32 @@ __device__ __forceinline__ void fp8_qk_regs(float (&s)[2 * KT::kMmaKV][4],
     for (int kk = 0; kk < 8; ++kk)
       mma_16816<__half>(s[n], qf[kk], fp8x2_to<__half, TKV>(w[kk]),
                         fp8x2_to<__half, TKV>(w[kk] >> 16));
+  }
+}
+
+/// fp8_qk_regs with Q's fragments in shared memory (KernelTraits::kFp8QSmem: [kk][lane], 16
+/// bytes each): per 16-byte half of the lane's K bytes, one load of each of its four steps' Q
+/// fragment instead of all eight held in registers across the main loop.
+template <class KT>
+__device__ __forceinline__ void fp8_qk_regs_sq(float (&s)[2 * KT::kMmaKV][4], const uint4* qf,
+                                               const uint8_t* tile, int g, int t, int lane) {
+  using TKV = typename KT::DTypeKV;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // chunk 2t + h of the lane's keys: channel steps 4h .. 4h + 3
+    uint4 kw[2 * KT::kMmaKV];
+#pragma unroll
+    for (int n = 0; n < 2 * KT::kMmaKV; ++n)
+      kw[n] = *reinterpret_cast<const uint4*>(tile + (n * 8 + g) * 128 + ((2 * t + h) ^ g) * 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 q4 = qf[(4 * h + i) * 32 + lane];
+      const uint32_t qa[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+      for (int n = 0; n < 2 * KT::kMmaKV; ++n) {
+        const uint32_t w = i == 0 ? kw[n].x : i == 1 ? kw[n].y : i == 2 ? kw[n].z : kw[n].w;
+        mma_16816<__half>(s[n], qa, fp8x2_to<__half, TKV>(w), fp8x2_to<__half, TKV>(w >> 16));
+      }
+    }
   }
 }
 
@@ -596,7 +634,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
         const int chunk = my_chunk + c * kRowThreads;
         const TKV* src = src0 + off + c * kRowThreads * KT::kLoadElems;
         if constexpr (KT::kRegKV) {
-          cp_async_16(stage_tile(stage, is_v) + fp8_stage_offset(row, chunk), src, tok < kv_hi);
+          cp_async_16(stage_tile(stage, is_v) + fp8_stage_offset(row, chunk), src,
+                      tok < kv_hi && !FLASHINFER_ATTENTION_PROBE_NO_LOADS);
         } else if constexpr (KT::kConvertKV) {
           cp_async_16(stage_tile(stage, is_v) + (row * KT::kLoadChunks + chunk) * 16, src,
                       tok < kv_hi);
@@ -734,6 +773,18 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
           q_frag[0][kk][e] = *reinterpret_cast<const uint32_t*>(&h);
         }
     }
+    if constexpr (KT::kFp8QSmem) {
+      // The fragments over the Q tile (every warp holds the same: the key streams share the
+      // rows), [kk][lane] 16 bytes each, for fp8_qk_regs_sq to read per step.
+      __syncthreads();  // every warp has read its Q rows
+      if (wkv == 0) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+          reinterpret_cast<uint4*>(q_smem)[kk * 32 + lane] =
+              make_uint4(q_frag[0][kk][0], q_frag[0][kk][1], q_frag[0][kk][2], q_frag[0][kk][3]);
+      }
+      __syncthreads();
+    }
   } else if constexpr (KT::kQInRegs) {
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq)
@@ -752,6 +803,11 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[mq][n][e] = 0.f;
   }
+
+  // kRegKV with FP8_LEAN: whether rows 8-15 of the warp's tile exist (a decode step of at most
+  // 8 packed rows, e.g. group size 4 or 8, has none: softmax_step skips them). Elsewhere true.
+  const bool upper_rows =
+      !(KT::kRegKV && FLASHINFER_ATTENTION_FP8_LEAN) || row_begin + 8 < packed_len;
 
   // 5. The main loop over this group's KV tiles.
   for (int j = 0; j < my_tiles; ++j) {
@@ -794,8 +850,15 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
         for (int e = 0; e < 4; ++e) s[mq][n][e] = 0.f;
     if constexpr (KT::kRegKV) {
       if constexpr (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE) {
-        fp8_qk_regs<KT>(s[0], q_frag[0], stage_tile(stage, false), g, t);
-        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        if constexpr (KT::kFp8QSmem) {
+          fp8_qk_regs_sq<KT>(s[0], reinterpret_cast<const uint4*>(q_smem),
+                             stage_tile(stage, false), g, t, lane);
+        } else {
+          fp8_qk_regs<KT>(s[0], q_frag[0], stage_tile(stage, false), g, t);
+        }
+        // (FP8_LEAN: folded into the softmax's scale below where it defers the scale)
+        if (std::is_same_v<T, __nv_bfloat16> &&
+            !(FLASHINFER_ATTENTION_FP8_LEAN && scale_deferred<KT::kPos>(p))) {
 #pragma unroll
           for (int n = 0; n < 2 * kMmaKV; ++n)
 #pragma unroll
@@ -859,12 +922,14 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     float qk_scale = 1.f;  // what the softmax still multiplies the logits by
     if constexpr (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE)
       qk_scale = logits_and_mask<KT::kMask, KT::kPos, true>(s, p, rng, rows, base, kTileKV, t);
+    if constexpr (KT::kRegKV && FLASHINFER_ATTENTION_FP8_LEAN && std::is_same_v<T, __nv_bfloat16>)
+      if (scale_deferred<KT::kPos>(p)) qk_scale *= q_unscale;
 
     // Online softmax (base 2). The O rescale is skipped when no row of the warp raised its
     // maximum (the usual case once a row has seen its largest logits).
     float row_scale[kMmaQ][2];
     if (!FLASHINFER_ATTENTION_PROBE_NO_COMPUTE &&
-        softmax_step<true>(s, m, d, row_scale, qk_scale)) {
+        softmax_step<true>(s, m, d, row_scale, qk_scale, upper_rows)) {
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
@@ -1008,8 +1073,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 }
 
 template <class KT>
-__global__ void __launch_bounds__(KT::kThreads,
-                                  KT::kWarpsQ == 1 ? FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS : 1)
+__global__ void __launch_bounds__(KT::kThreads, KT::kMinBlocks)
     attention_kernel(const __grid_constant__ AttentionParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   trace(kTraceEntry);

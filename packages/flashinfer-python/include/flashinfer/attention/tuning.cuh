@@ -36,6 +36,40 @@
 #ifndef FLASHINFER_ATTENTION_CTA0_MMA_KV_FP8
 #define FLASHINFER_ATTENTION_CTA0_MMA_KV_FP8 2
 #endif
+// fp8 K/V converted in registers (kRegKV), the loader: threads per 128-byte K/V row (8: one
+// 16-byte copy each, 4 rows per warp instruction; 2: four copies each, 16 rows per instruction,
+// a quarter of the page lookups and address arithmetic: main loop 1200 -> 1008 SASS
+// instructions). H200, 64 x 4096 (read ceiling 4570 GB/s), 8 / 4 / 2: 130.7 / 132.0 / 163.2 us
+// (4 and 2 with FP8_LEAN); 128 x 8192 536.1 / 507.9 / 613.8; the cache in HND 129.8 / 156.9 /
+// 167.3. 2's load-only probe reads at 160.9 us: per instruction sixteen 32-byte pieces of rows
+// (four times the L2 requests of four whole rows for the same bytes) cap the fetch.
+#ifndef FLASHINFER_ATTENTION_FP8_LOAD_ROW_THREADS
+#define FLASHINFER_ATTENTION_FP8_LOAD_ROW_THREADS 8
+#endif
+// Undecided kRegKV switches, off (fc3ed7b's kernel), each measured so far only on the 2-per-row
+// loader, whose fetch bounded every variant (64 x 4096: 163.0-165.9 us against 163.2):
+//   FP8_LEAN 1: a bfloat16 q's power-of-two unscale folds into the softmax's deferred scale
+//     (no pass over S), and softmax_step skips rows 8-15 of a tile of at most 8 packed rows
+//     (decode at group size <= 8);
+//   FP8_Q_SMEM 1: Q's fp16 fragments in shared memory, read per step (8 more 16-byte shared
+//     loads per 32 keys), instead of 32 registers per thread (ptxas: 222 -> 192 at 8 per row);
+//   CTA4_WARPS_KV_FP8: key streams of shape 4 (two elsewhere); FP8_MIN_WARPS: warps per SM the
+//     16-row shapes are compiled for (__launch_bounds__'s minimum CTAs = this / the shape's
+//     warps; 0: CTA0_MIN_BLOCKS). With FP8_Q_SMEM, 3 and 12 (three streams, four CTAs per SM:
+//     12 warps instead of 8) take 168 registers, 28 bytes of spills outside the main loop.
+// (benchmarks/notes/attention-fp8-kv.md; the next sweep: each on the 8-per-row loader.)
+#ifndef FLASHINFER_ATTENTION_FP8_LEAN
+#define FLASHINFER_ATTENTION_FP8_LEAN 0
+#endif
+#ifndef FLASHINFER_ATTENTION_FP8_Q_SMEM
+#define FLASHINFER_ATTENTION_FP8_Q_SMEM 0
+#endif
+#ifndef FLASHINFER_ATTENTION_CTA4_WARPS_KV_FP8
+#define FLASHINFER_ATTENTION_CTA4_WARPS_KV_FP8 2
+#endif
+#ifndef FLASHINFER_ATTENTION_FP8_MIN_WARPS
+#define FLASHINFER_ATTENTION_FP8_MIN_WARPS 0
+#endif
 // CTAs per SM the decode shapes (one warp of rows) are compiled for: their registers (~220 per
 // thread at head_dim 128) allow two 128-thread CTAs per SM; asking for three caps them at 168
 // and spills.
