@@ -8,7 +8,8 @@
 #   usage (device): COMMIT=abc1234 bash tools/gpu_validate.sh "CASE,SUBSTRINGS"
 #   env: BUDGET (s, default 305), TESTS (pytest files, default the attention files), AOT_S
 #        (most seconds for the AOT, default 150), MODULES (aot --only list, default every
-#        attention module and page, cascade), PEER_FIRST=1 (the peer builds beside our AOT:
+#        attention module and page, cascade), TAIL_S (seconds kept for the timings after the
+#        tests, default 75), PEER_FIRST=1 (the peer builds beside our AOT:
 #        for cases whose peer modules are the long pole, e.g. its fa3 at head_dim 256)
 # Back in $OUT: log.txt, pytest.log, junit.xml (what ran, also when the time limit stopped it),
 # attention.json, a-ours.json / a-peer.json, logs.tgz.
@@ -31,7 +32,7 @@ log "aot ($(echo "$mods" | tr , '\n' | wc -l) modules)"
 ( time ours timeout ${AOT_S:-150} python3 -m flashinfer.aot --jobs 16 --only "$mods" ) > /tmp/aot.log 2>&1
 log "aot: $(tail -4 /tmp/aot.log | tr '\n' ' ')"
 [ "${PEER_FIRST:-0}" = 1 ] || peer_warmup
-t=$(( $(left) - 75 )); log "tests (timeout ${t}s)"
+t=$(( $(left) - ${TAIL_S:-75} )); log "tests (timeout ${t}s)"
 ours timeout -s INT $t python3 -m pytest -q -p no:cacheprovider --maxfail=40 -rfE \
   --junitxml=$OUT/junit.xml ${TESTS:-tests/test_sm90_head_dims.py tests/test_prefill.py \
   tests/test_attention_head_dims.py tests/test_decode.py tests/test_attention_fp8.py \
