@@ -88,8 +88,9 @@ def test_single_decode_head_dim_512(dtype, kv_len):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fixed_split_size", [None, 64])
 def test_batch_decode_head_dim_512(fixed_split_size):
-    """GQA 4, odd lengths, an empty request, page 16, pages shuffled; split KV forced too (the
-    two CTAs of each item write partial states that the merge kernel combines)."""
+    """GQA 4, odd lengths, an empty request, page 16, pages shuffled; split KV forced too (each
+    chunk's CTA writes a partial state of all 512 columns, 256 from each of its two groups of
+    warps)."""
     gen = torch.Generator().manual_seed(512)
     dtype, hq, hkv, d, page = torch.bfloat16, 16, 4, 512, 16
     kv_lens = [1, 0, 300, 4097, 33]

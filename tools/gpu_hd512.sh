@@ -13,7 +13,7 @@
 set -uo pipefail
 source tools/gpu_lib.sh; gpu_setup 310 peer
 DEC="hd512 16 x kv 8192 (tensor"; PRE="paged prefill hd512"; CASES="$DEC,$PRE"
-VARIANTS=${VARIANTS:-"two-ctas|$CASES|-DFLASHINFER_ATTENTION_WIDE_IN_CTA=0;kv32|$PRE|-DFLASHINFER_ATTENTION_CTA1_MMA_KV=2;streams3|$DEC|-DFLASHINFER_ATTENTION_CTA0_WARPS_KV_WIDE=3"}
+VARIANTS=${VARIANTS:-"kv32|$PRE|-DFLASHINFER_ATTENTION_CTA1_MMA_KV=2;streams3|$DEC|-DFLASHINFER_ATTENTION_CTA0_WARPS_KV_WIDE=3"}
 rm -f /tmp/peer-ready /tmp/a-*.json /tmp/rope.log
 ( i=0; for c in "$DEC" "$PRE"; do i=$((i + 1))
     peer nice -n 5 python3 benchmarks/attention_vs_peer.py warmup --cases "$c" \

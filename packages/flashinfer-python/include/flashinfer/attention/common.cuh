@@ -395,8 +395,8 @@ __device__ __forceinline__ float fold_sink(const AttentionParams& p, const ItemR
 
 /// Output stores of one item: the final output (o, lse) or the float32 partial state of the
 /// item's chunk (`partial`: writes_partial). Packed row pr is q row pr / G of head
-/// kv_head * G + pr % G. D columns per row from column col0 of rows of kRowD (a CTA that
-/// computes a slice of the output columns: col0 = its first, kRowD the output's head dim).
+/// kv_head * G + pr % G. D columns per row from column col0 of rows of kRowD (a group of warps
+/// that computes a slice of the output columns: col0 = its first, kRowD the output's head dim).
 template <typename TO, int D, int kRowD = D>
 struct OutputWriter {
   const AttentionParams& p;

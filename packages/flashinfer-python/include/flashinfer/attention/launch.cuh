@@ -102,12 +102,11 @@ struct LaunchChoice {
  * Head dims past 256 (512). A warp computes at most 256 output columns: a 16-row MMA tile of
  * 512 would hold 256 fp32 accumulators per thread, past the 255 registers a thread has. Two
  * groups of warps in one CTA split the channels of S and the output columns, their partial S
- * tiles summed through shared memory (KernelTraits::kVoGroups; FLASHINFER_ATTENTION_WIDE_IN_CTA
- * 0: two CTAs side by side, each computing S in full, KernelTraits::kVoSlices). Shared memory
- * per CTA (each group: K and V tiles 256 wide): decode (shape 0) takes two key streams, 16 KB
- * of Q + 2 streams x 2 groups x 2 stages x 16 keys x 512 B + 8 KB of partial S = 152 KB; the
- * 64-row shapes take 16-key steps, 64 KB of Q + 2 groups x 2 stages x 16 keys x 1 KB + 16 KB
- * = 144 KB, or shape 1 32-key steps where the device allows 224 KB (sm_90; past sm_80's
+ * tiles summed through shared memory (KernelTraits::kVoGroups). Shared memory per CTA (each
+ * group: K and V tiles 256 wide): decode (shape 0) takes two key streams, 16 KB of Q +
+ * 2 streams x 2 groups x 2 stages x 16 keys x 512 B + 8 KB of partial S = 152 KB; the 64-row
+ * shapes take 16-key steps, 64 KB of Q + 2 groups x 2 stages x 16 keys x 1 KB + 16 KB =
+ * 144 KB, or shape 1 32-key steps where the device allows 224 KB (sm_90; past sm_80's
  * 164 KB: Cta1Wide). One CTA per SM (8 or 4 warps).
  * Registers: 128 accumulators per thread, as at head_dim 256.
  */
@@ -241,9 +240,8 @@ struct AttentionLaunch {
    */
   static cudaError_t run(AttentionParams& p, const LaunchChoice& c, bool enable_pdl,
                          cudaStream_t stream) {
-    // The merge kernel merges the Hopper kernel's split-KV states, and those of CTAs that split
-    // the output columns (KernelTraits::kVoSlices: two CTAs would count one item's chunks).
-    if (c.cta == kCtaSm90 || Cta1::kVoSlices > 1) p.merge_counters = nullptr;
+    // The merge kernel merges the Hopper kernel's split-KV states.
+    if (c.cta == kCtaSm90) p.merge_counters = nullptr;
     p.cluster_merge = c.cluster_merge && c.cta != kCtaSm90;
     cudaError_t status = cudaErrorInvalidValue;
     switch (c.cta) {

@@ -66,18 +66,15 @@ struct KernelTraits {
   static constexpr int kHeadDimVO = HEAD_DIM_VO_;
   // Output columns per warp: all of them up to 256. Wider outputs (head_dim 512) need 256 fp32
   // accumulators per thread for one 16-row MMA tile of 512 columns, so they are split in 256s.
-  // kVoGroups (FLASHINFER_ATTENTION_WIDE_IN_CTA, head_dim 512 = head_dim_vo): groups of warps
-  // of one CTA over the same rows, group h taking Q and K channels [256 h, 256 h + 256) and
-  // output columns [256 h, 256 h + 256): each computes a partial S over its channels, the
-  // partials are summed through shared memory each step (the main loop), and each computes
-  // P V for its columns; no MMA is duplicated and K is read once. Otherwise kVoSlices CTAs side by
-  // side in the grid, each computing S in full (all channels) and P V for its columns.
+  // kVoGroups (head_dim 512 = head_dim_vo): groups of warps of one CTA over the same rows,
+  // group h taking Q and K channels [256 h, 256 h + 256) and output columns
+  // [256 h, 256 h + 256): each computes a partial S over its channels, the partials are summed
+  // through shared memory each step (the main loop), and each computes P V for its columns; no
+  // MMA is duplicated and K is read once. (Two CTAs side by side, each computing S over all
+  // 512 channels and P V for 256 columns, measured slower on the H200, same 16-key steps:
+  // decode 519.0 vs 480.1 us, prefill 4404 vs 3440 us; benchmarks/notes/attention-wide-heads.md.)
   static constexpr int kVoTile = HEAD_DIM_VO_ <= 256 ? HEAD_DIM_VO_ : 256;
-  static constexpr int kVoGroups =
-      FLASHINFER_ATTENTION_WIDE_IN_CTA && HEAD_DIM_VO_ > 256 && HEAD_DIM_ == HEAD_DIM_VO_
-          ? HEAD_DIM_VO_ / kVoTile
-          : 1;
-  static constexpr int kVoSlices = HEAD_DIM_VO_ / kVoTile / kVoGroups;
+  static constexpr int kVoGroups = HEAD_DIM_VO_ / kVoTile;
   // Q and K channels of one group of warps (the whole head dim where kVoGroups is 1): the
   // width of its Q and K tiles in shared memory and of its S = Q K^T.
   static constexpr int kHeadDimG = HEAD_DIM_ / kVoGroups;
@@ -126,7 +123,7 @@ struct KernelTraits {
                 "fp8 K/V takes head_dim 64, 128 or 256 with head_dim_vo = head_dim");
   static constexpr int kLoadElems = 16 / int(sizeof(DTypeKV));  // elements per 16-byte copy
   static constexpr int kLoadChunks = kHeadDimG / kLoadElems;    // copies per K row (of a group)
-  static constexpr int kLoadChunksVO = kVoTile / kLoadElems;    // copies per V row (of a slice)
+  static constexpr int kLoadChunksVO = kVoTile / kLoadElems;    // copies per V row (of a group)
   // fp8 K/V on the decode shapes at head_dim 128 (one warp of 16 rows per key stream, several
   // streams, no in-kernel RoPE): no DTypeQ tiles at all. Each lane reads the staged fp8 bytes
   // it needs for the MMAs with 16-byte shared loads and converts them in registers (one cvt per
@@ -150,7 +147,7 @@ struct KernelTraits {
       kWarpsKV > 1 ? size_t(kVoGroups) * kWarpsKV * kTileQ * (kVoTile + 2) * sizeof(float) : 0;
   // The decode shapes can merge split KV within a cluster (cluster_merge): the CTA's final
   // partial state, [kTileQ][kVoTile] then [kTileQ] floats, after the key streams' merge area.
-  // Not where CTAs split the output columns (their chunks are merged by the merge kernel).
+  // Not with column groups (head_dim 512: not planned for that shape).
   static constexpr size_t kClusterSmem = size_t(kTileQ) * (kVoTile + 1) * sizeof(float);
   // Per key stream and DTypeQ tile: a K tile [kTileKV][HEAD_DIM_], then a V tile
   // [kTileKV][kVoTile]; then the fp8 staging tiles. kRegKV's staging alone may be smaller than
@@ -184,11 +181,12 @@ struct KernelTraits {
       kWarpsQ != 1                                          ? 1
       : kRegKV && FLASHINFER_ATTENTION_FP8_MIN_WARPS > 0 ? (kFp8MinBlocks > 1 ? kFp8MinBlocks : 1)
                                                           : FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS;
-  static constexpr bool kClusterMerge = kWarpsQ == 1 && kWarpsKV > 1 && kVoSlices == 1 &&
-                                        kVoGroups == 1 && kMergeSmem + kClusterSmem <= kKVSmem;
+  static constexpr bool kClusterMerge =
+      kWarpsQ == 1 && kWarpsKV > 1 && kVoGroups == 1 && kMergeSmem + kClusterSmem <= kKVSmem;
 
   static_assert(sizeof(DTypeQ) == 2, "the MMA path takes fp16 or bf16 q");
-  static_assert(HEAD_DIM_VO_ % kVoTile == 0, "output columns split evenly among CTAs");
+  static_assert(HEAD_DIM_VO_ % kVoTile == 0 && (kVoGroups == 1 || HEAD_DIM_ == HEAD_DIM_VO_),
+                "past 256 output columns: q's head dim is v's, split evenly among column groups");
   // Threads sharing one K/V row in the loader: every 16-byte copy of it (one each), or where
   // FLASHINFER_ATTENTION_LOAD_ROW_THREADS is fewer, several copies each and fewer rows, so
   // fewer page ids and row offsets in registers (prefill shapes only: decode keeps one copy).
@@ -464,14 +462,12 @@ __device__ __forceinline__ void fp8_pv_regs(float (&o)[KT::kVoTile / 8][4],
   }
 }
 
-/// `vo_slice`: which kVoTile output columns of the item this CTA computes (kVoSlices > 1).
 /// With column groups (kVoGroups > 1) D below is a group's kHeadDimG channels and each group
 /// runs this as if it were a CTA of that head dim over its slice of Q, K and V, but for the
 /// partial S tiles it sums with its peer group (xchg) and the shared barriers.
 template <class KT>
 __device__ __forceinline__ void attention_item(const AttentionParams& p, const ItemIds& ids,
-                                               uint32_t kv_head, uint32_t vo_slice,
-                                               uint8_t* smem) {
+                                               uint32_t kv_head, uint8_t* smem) {
   using T = typename KT::DTypeQ;
   using TO = typename KT::DTypeO;
   using Tile = typename KT::Tile;
@@ -499,8 +495,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   const int grp = h * KT::kWarpsKV + wkv;
   const int gtid = tid % KT::kGroupThreads;
   const int g = lane / 4, t = lane % 4;
-  // The first output column (and V column) of this CTA's or group's kVoTile.
-  const int vo_col0 = (int(vo_slice) * KT::kVoGroups + h) * DV;
+  // The first output column (and V column) of this group's kVoTile.
+  const int vo_col0 = h * DV;
 
   // 1. Where this item's rows and keys are.
   const ItemRange rng = item_range<KT::kPaged, kCausal>(p, ids, kTileQ, kTileKV);
@@ -571,8 +567,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
 
   // 3. K/V tile loader: thread gtid owns 16-byte copies gtid % kRowThreads + c * kRowThreads
   // (8 half or 16 fp8 elements each) of rows gtid / kRowThreads + j * step (kRowThreads =
-  // kLoadChunks: one copy of each of its rows). K and V rows of different widths (192 / 128,
-  // and 512's V slice of 256) take different numbers of copies of the same rows.
+  // kLoadChunks: one copy of each of its rows). K and V rows of different widths (192 / 128)
+  // take different numbers of copies of the same rows.
   // The page ids of its rows are looked up one tile ahead into registers and shared by the K and
   // V loads of that tile: a page table read is a dependent global load, and issuing it just
   // before the copies it feeds would double the latency of each tile. Rows past the end are
@@ -981,7 +977,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
     // 576.7 vs 642.5 us, 64 x 256 290.3 vs 346.0, paged 8 x 2048 1023.2 vs 1066.1, single
     // 16384 6559 vs 6696 (benchmarks/notes/fa2-batches.md). Partial states (float32), outputs
     // of another width than q's rows, and unaligned outputs keep the 4-byte stores.
-    constexpr bool kStageO = sizeof(TO) == 2 && DV == D && KT::kVoSlices == 1;
+    constexpr bool kStageO = sizeof(TO) == 2 && DV == D;
     bool staged = false;
     if constexpr (kStageO) {
       staged = !out.partial && rows_aligned16(p.o, p.o_stride_n, p.o_stride_h);
@@ -1066,10 +1062,8 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
   // Split-KV partial states are merged by the last of the request's CTAs to finish (with
   // merge_counters; otherwise by the merge kernel). The flag takes the first word of the Q
   // tile, unread since the main loop.
-  // (Not where CTAs split the output columns: the launch leaves those to the merge kernel.)
-  if constexpr (KT::kVoSlices == 1)
-    merge_if_last<TO, KT::kHeadDimVO, KT::kThreads>(p, rng, kv_head, kTileQ,
-                                                    reinterpret_cast<int*>(smem));
+  merge_if_last<TO, KT::kHeadDimVO, KT::kThreads>(p, rng, kv_head, kTileQ,
+                                                  reinterpret_cast<int*>(smem));
 }
 
 template <class KT>
@@ -1083,11 +1077,7 @@ __global__ void __launch_bounds__(KT::kThreads, KT::kMinBlocks)
   // rows of the same pages (decode 128 x 8192 1421 vs 1437 us with (blockIdx.x, blockIdx.y)
   // on the H100; benchmarks/NOTES.md).
   // A cluster merge needs the CTAs of one KV head side by side: (blockIdx.x, blockIdx.y).
-  // The kVoSlices CTAs that split an item's output columns are neighbours in x (they read
-  // the same K, which the second then finds in the L2).
-  constexpr uint32_t kSlices = KT::kVoSlices;
-  const uint32_t vo_slice = blockIdx.x % kSlices;
-  const uint32_t block_x = blockIdx.x / kSlices, grid_x = gridDim.x / kSlices;
+  const uint32_t block_x = blockIdx.x, grid_x = gridDim.x;
   const uint32_t linear = blockIdx.y * grid_x + block_x;
   const bool item_major = !(KT::kClusterMerge && p.cluster_merge);
   const int first = item_major ? int(linear / uint32_t(p.num_kv_heads)) : int(block_x);
@@ -1100,7 +1090,7 @@ __global__ void __launch_bounds__(KT::kThreads, KT::kMinBlocks)
   // page ids and the cache may come from that kernel: they are read after.
   pdl_wait();
   for (int item = first; item < num_items; item += grid_x) {
-    attention_item<KT>(p, ids, kv_head, vo_slice, smem);
+    attention_item<KT>(p, ids, kv_head, smem);
     if (item + int(grid_x) < num_items) ids = load_item_ids(p, item + grid_x);
     __syncthreads();  // shared memory is reused by the next item
   }
@@ -1171,7 +1161,7 @@ cudaError_t LaunchAttention(AttentionParams& p, int grid_x, bool enable_pdl, cud
     if (err != cudaSuccess) return err;
   }
   if (grid_x <= 0) return cudaSuccess;
-  const dim3 grid(grid_x * KT::kVoSlices, p.num_kv_heads), block(KT::kThreads);
+  const dim3 grid(grid_x, p.num_kv_heads), block(KT::kThreads);
   // A cluster merge where the shape has one and a wave holds every KV head's cluster; the
   // plan is a valid split-KV plan without it (merge_if_last). p.cluster_merge says which.
   if (p.cluster_merge)

@@ -128,7 +128,8 @@ struct Sm90Maps {
  * keys (S 32, P 16) and the consumers take more of the producer's registers (72 / 216,
  * tuning.cuh).
  * head_dim 512 is not built here: its O would be 256 registers per thread, past the 255 a
- * thread may have, with nothing left for S (the FA2 kernel splits its columns over two CTAs).
+ * thread may have, with nothing left for S (the FA2 kernel splits its columns over two groups
+ * of warps of one CTA).
  * Shared memory (227 KB): Q [128 x D] in kQBuffers buffers, then kStages x (K [kTileKV x D] +
  * V [kTileKV x D_vo]): as many stages as fit, at most four. head_dim 128: 2 Q + 2 x 64 KB
  * = 192 KB; 64: 2 Q + 4 x 32 KB; 256: one Q buffer (64 KB) + 2 x 64 KB of 64-key tiles = 192

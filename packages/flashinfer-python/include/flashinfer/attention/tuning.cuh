@@ -77,14 +77,6 @@
 #define FLASHINFER_ATTENTION_CTA0_MIN_BLOCKS 1
 #endif
 
-// head_dim 512 (KernelTraits::kVoGroups): 1 = two groups of warps in one CTA split the channels
-// of S and the output columns (partial S summed through shared memory); 0 = two CTAs side by
-// side split the output columns, each computing S over all 512 channels (1.5x the useful MMAs
-// in prefill, every K tile read twice in decode). Measured in
-// benchmarks/notes/attention-wide-heads.md.
-#ifndef FLASHINFER_ATTENTION_WIDE_IN_CTA
-#define FLASHINFER_ATTENTION_WIDE_IN_CTA 1
-#endif
 // Key streams of the decode shape (cta 0) at head_dim 512: two (with column groups, 4 warps
 // and 152 KB of shared memory: one CTA per SM; three would take 220 KB, past sm_80's 164 KB).
 #ifndef FLASHINFER_ATTENTION_CTA0_WARPS_KV_WIDE
@@ -98,7 +90,7 @@
 #define FLASHINFER_ATTENTION_CTA1_MMA_KV \
   (kHeadDim <= 128 || (kHeadDim == 192 && kHeadDimVO == 128) ? 4 : kHeadDim <= 256 ? 2 : 1)
 #endif
-// head_dim 512 with column groups (FLASHINFER_ATTENTION_WIDE_IN_CTA): shape 1's 16-key MMA tiles
+// head_dim 512 (two column groups per CTA, KernelTraits::kVoGroups): shape 1's 16-key MMA tiles
 // per step where the device's shared memory allows them (launch.cuh, Cta1Wide; 2 = 32 keys,
 // 224 KB: sm_90 and sm_100, not sm_80). H200, bf16, paged causal 4 x 2048, 32/8 heads: 32 keys
 // 2735 us against 3440 at 16 (benchmarks/notes/attention-wide-heads.md).
