@@ -12,7 +12,8 @@
 #        flags of a second test run, e.g. a variant's -DFLASHINFER_ATTENTION_... macros),
 #        PEER_GROUPS (space-separated groups of CASES indices the peer builds in parallel),
 #        TESTS_K (the tests' -k expression), MAXFAIL (default 1), TESTS_FIRST (set: the tests
-#        run before the peer is timed, leaving it 90 s)
+#        run before the peer is timed, leaving it 90 s), PEER_CASES (CASES indices the peer
+#        times, comma-separated; default all: a case not warmed up builds inside the timing)
 set -uo pipefail
 commit=${1:?commit}; shift
 source tools/gpu_lib.sh; gpu_setup 340 peer
@@ -69,7 +70,8 @@ run_peer() {
   local n_groups=$(echo $groups | wc -w)
   while [ "$(wc -l < /tmp/peer-ready 2>/dev/null || echo 0)" -lt $n_groups ] && [ $(left) -gt 70 ]; do sleep 2; done
   log "peer ready: $(tr '\n' ' ' < /tmp/peer-ready 2>/dev/null)"
-  peer timeout $(( $(left) - ${1:-45} )) python3 benchmarks/tuning/sm90_vs_peer.py peer /tmp/peer.json > $OUT/peer.log 2>&1
+  peer timeout $(( $(left) - ${1:-45} )) python3 benchmarks/tuning/sm90_vs_peer.py peer /tmp/peer.json \
+    ${PEER_CASES:+--cases $PEER_CASES} > $OUT/peer.log 2>&1
   log "peer exit $?"
   ours python3 benchmarks/tuning/sm90_vs_peer.py merge $OUT/sm90-vs-peer.json --ours /tmp/ours.json \
     --peer /tmp/peer.json --commit $commit > $OUT/table.txt 2>&1 || cp /tmp/ours.json /tmp/peer.json $OUT/ 2>/dev/null

@@ -45,11 +45,15 @@ VARIANTS = {
     # setmaxnreg splits (default 88 / 208; the consumers take the rest)
     "producer 40 / consumers 232": (("SM90_PRODUCER_REGS=40",), None),
     "producer 56 / consumers 224": (("SM90_PRODUCER_REGS=56",), None),
-    # The wide heads' tiles (Sm90Traits): default 64 keys, one Q buffer at 256; 96 keys, two
-    # Q buffers at 192 / 128.
+    # O rescaled after P_{j-1} V_{j-1} completes (the default: between issuing S_j and P V).
+    "rescale O after P V": (("SM90_RESCALE_EARLY=0",), ((128, 128), (192, 128))),
+    # The wide heads' tiles (Sm90Traits): default 64 keys, one Q buffer at 256; 128 keys, one
+    # Q buffer at 192 / 128; one Q buffer handed back after the item's last S (EARLY_Q).
     "hd256: 80-key tiles": (("SM90_TILE_KV=80", "SM90_PRODUCER_REGS=72"), ((256, 256),)),
-    "192/128: 1 Q buffer, 128-key tiles": (("SM90_TILE_KV=128", "SM90_Q_BUFFERS=1"),
-                                           ((192, 128),)),
+    "hd256: Q buffer back after the epilogue": (("SM90_EARLY_Q=0",), ((256, 256),)),
+    "192/128: Q buffer back after the epilogue": (("SM90_EARLY_Q=0",), ((192, 128),)),
+    "192/128: 2 Q buffers, 96-key tiles, late rescale": (
+        ("SM90_TILE_KV=96", "SM90_Q_BUFFERS=2", "SM90_RESCALE_EARLY=0"), ((192, 128),)),
     "192/128: 1 Q buffer, 112-key tiles": (("SM90_TILE_KV=112", "SM90_Q_BUFFERS=1"),
                                            ((192, 128),)),
 }
@@ -181,9 +185,10 @@ CASES = [
     lambda: _paged(8, 2048, 16, 8, 256), lambda: _mla(16, 1024, 128),
     lambda: _single(8192, 16, 8, 256, causal=False),
 ]
-#: The (head_dim, head_dim_vo) of each case past the head_dim 64 / 128 rows (a variant limited
-#: to some head dims times only their cases).
-CASE_HEADS = {10: (256, 256), 11: (256, 256), 12: (256, 256), 13: (192, 128), 14: (256, 256)}
+#: The (head_dim, head_dim_vo) of each case (a variant limited to some head dims times only
+#: their cases).
+CASE_HEADS = {**{i: (128, 128) for i in range(10)}, 6: (64, 64), 10: (256, 256), 11: (256, 256),
+              12: (256, 256), 13: (192, 128), 14: (256, 256)}
 
 
 def cases(which=None):

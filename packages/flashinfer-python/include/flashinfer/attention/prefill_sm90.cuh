@@ -153,12 +153,12 @@ struct Sm90Traits {
 #ifdef FLASHINFER_ATTENTION_SM90_TILE_KV  // tuning override (benchmarks/tuning)
   static constexpr int kTileKV = FLASHINFER_ATTENTION_SM90_TILE_KV;
 #else
-  static constexpr int kTileKV = HEAD_DIM_ <= 128 ? 128 : HEAD_DIM_ == 192 ? 96 : 64;
+  static constexpr int kTileKV = HEAD_DIM_ <= 192 ? 128 : 64;
 #endif
 #ifdef FLASHINFER_ATTENTION_SM90_Q_BUFFERS  // tuning override
   static constexpr int kQBuffers = FLASHINFER_ATTENTION_SM90_Q_BUFFERS;
 #else
-  static constexpr int kQBuffers = HEAD_DIM_ <= 192 ? 2 : 1;
+  static constexpr int kQBuffers = HEAD_DIM_ <= 128 ? 2 : 1;
 #endif
   static constexpr size_t kQBytes = size_t(kTileQ) * HEAD_DIM_ * 2;
   static constexpr size_t kKBytes = size_t(kTileKV) * HEAD_DIM_ * 2;
@@ -209,6 +209,12 @@ struct Sm90Traits {
   static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q buffers");
   static_assert(kStages >= 2, "the producer needs two buffers to run ahead");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory: at most 227 KB per CTA");
+  // One Q buffer: the consumers hand it back once the item's last S = Q K^T is done, so the
+  // next item's Q loads during the last softmax, P V and the epilogue (tuning.cuh). The output
+  // is then staged in the last tile's V buffer where that holds 128 x D_vo (kTileKV >= 128),
+  // else stored from registers.
+  static constexpr bool kEarlyQ = kQBuffers == 1 && FLASHINFER_ATTENTION_SM90_EARLY_Q != 0;
+  static constexpr bool kStageOInV = kEarlyQ && kVBytes >= size_t(kTileQ) * HEAD_DIM_VO_ * 2;
 };
 
 /// Where the warpgroups meet in shared memory. The mbarriers of the K/V ring: full (cp.async:
@@ -575,6 +581,31 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
   }
 }
 
+/*!
+ * @brief The final output of one warp's 16 rows straight from the accumulators (one Q buffer
+ *   handed back early, a V buffer too small to stage 128 rows): 4-byte stores, the lse as
+ *   sm90_store_o_smem, `sink` loaded at the item's start.
+ */
+template <class KT>
+__device__ __forceinline__ void sm90_store_o_regs(const OutputWriter<typename KT::DTypeO,
+                                                                      KT::kHeadDimVO>& out,
+                                                  const float (&o)[1][KT::kHeadDimVO / 8][4],
+                                                  const float (&m)[1][2], const float (&d)[1][2],
+                                                  int first_row, int g, int t,
+                                                  const float (&sink)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int pr = first_row + g + 8 * h;
+    if (pr >= out.r.packed_len) continue;
+    float lse = d[0][h] > 0.f ? m[0][h] + log2f(d[0][h]) : -INFINITY;
+    const float inv = (d[0][h] > 0.f ? 1.f / d[0][h] : 0.f) * fold_sink_log2(sink[h], lse);
+#pragma unroll
+    for (int n = 0; n < KT::kHeadDimVO / 8; ++n)
+      out.pair(pr, n * 8 + 2 * t, o[0][n][2 * h] * inv, o[0][n][2 * h + 1] * inv);
+    if (t == 0) out.lse(pr, lse);
+  }
+}
+
 /// A consumer warpgroup: 64 rows of every work item of this CTA.
 template <class KT>
 __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const bool tma_kv,
@@ -588,6 +619,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
   using Mma = sm90::Wgmma<T, kTileKV>;  // S = Q K^T: 64 x kTileKV per warpgroup
   using MmaO = sm90::Wgmma<T, kON>;     // O += P V: 64 x DV per warpgroup, kON at a time
   constexpr int NB = kTileKV / 8;  // 8-key blocks of S per thread
+  constexpr bool kRescaleEarly = FLASHINFER_ATTENTION_SM90_RESCALE_EARLY != 0;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wg = warp / 4;  // consumer warpgroup: rows 64 wg .. 64 wg + 63 of the tile
   const int g = lane / 4, t = lane % 4;
@@ -719,12 +751,25 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
         sm90::wgmma_wait<0>();
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
+        if (KT::kEarlyQ && r.num_tiles == 1) sm90_release(sync.q_empty(qb));
         logits(r, rows, r.kv_lo);
         float scale[1][2];
         softmax(m, d, scale);  // O is still zero: nothing to rescale
         pack_all();
       }
-      // Tiles 1 ..: S_j overlaps the softmax with P_{j-1} V_{j-1}.
+      // Tiles 1 ..: S_j overlaps the softmax with P_{j-1} V_{j-1}. With kRescaleEarly, O
+      // takes the scale of softmax j - 1 while the tensor cores run S_j, just before
+      // P_{j-1} V_{j-1} is issued; otherwise once P_{j-1} V_{j-1} has completed.
+      float pending[1][2];     // the last softmax's scale, not yet applied to O
+      bool rescale_o = false;  // warp-uniform: some row of the warp has a new maximum
+      auto apply_rescale = [&] {
+        if (rescale_o) {
+#pragma unroll
+          for (int n = 0; n < DV / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[0][n][e] *= pending[0][e / 2];
+        }
+      };
       for (int j = 1; j < r.num_tiles; ++j) {
         const uint32_t cj = c + j;
         const int slot = cj % S, prev = (cj - 1) % S;
@@ -732,26 +777,23 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
         sm90_acquire(sync.full_v(prev), ((cj - 1) / S) & 1, !tma_kv);
         zero_v_tail(prev, r.kv_lo + (j - 1) * kTileKV, r);
         issue_qk(qb, slot);
+        if constexpr (kRescaleEarly) apply_rescale();
         issue_pv(prev);
         sm90::wgmma_wait<1>();  // S_j
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
+        if (KT::kEarlyQ && j == r.num_tiles - 1) sm90_release(sync.q_empty(qb));
         logits(r, rows, r.kv_lo + j * kTileKV);
-        float scale[1][2];
-        const bool rescale = softmax(m, d, scale);
+        rescale_o = softmax(m, d, pending);
         sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1}
         sm90::fence_operands(o_flat);
         sm90::fence_operands(pf_flat);
         sm90_release(sync.empty_v(prev));
-        if (rescale) {
-#pragma unroll
-          for (int n = 0; n < DV / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[0][n][e] *= scale[0][e / 2];
-        }
+        if constexpr (!kRescaleEarly) apply_rescale();
         pack_all();
       }
       // The last tile's P V.
+      if constexpr (kRescaleEarly) apply_rescale();
       const uint32_t cl = c + r.num_tiles - 1;
       sm90_acquire(sync.full_v(cl % S), (cl / S) & 1, !tma_kv);
       zero_v_tail(cl % S, r.kv_lo + (r.num_tiles - 1) * kTileKV, r);
@@ -759,26 +801,41 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
       sm90::wgmma_wait<0>();
       sm90::fence_operands(o_flat);
       sm90::fence_operands(pf_flat);
-      sm90_release(sync.empty_v(cl % S));
+      // kStageOInV: the epilogue stages the output in this V buffer and hands it back then.
+      if constexpr (!KT::kStageOInV) sm90_release(sync.empty_v(cl % S));
       c += r.num_tiles;
     }
 
     quad_sum(d);
     // A row that saw no key writes 0 and lse -inf.
     const OutputWriter<TO, DV> out{p, r, kv_head, writes_partial(p, r)};
-    // The item's Q buffer is free: every wgmma of the item has completed (its last P V needed
-    // all four warps of the warpgroup past their last S wait), and each warp writes only the
-    // 16 rows it owns; the producer refills the buffer after q_empty below.
-    if (!p.split_kv) {
-      sm90_store_o_smem<KT>(out, o, m, d, sync.template q_tile<TO>(qb),
-                            wg * 64 + (warp % 4) * 16, first_row, lane, sink);
-    } else {
+    const int tile_row = wg * 64 + (warp % 4) * 16;
+    // Where the Q buffer is still held (two buffers, or an item without tiles) it is free for
+    // the output now: every wgmma of the item has completed (its last P V needed all four
+    // warps of the warpgroup past their last S wait), and each warp writes only the 16 rows it
+    // owns; the producer refills the buffer after q_empty below. Under kEarlyQ the last tile's
+    // V buffer takes the output once both warpgroups' last P V (which read all of it) are done.
+    const bool q_held = !KT::kEarlyQ || r.num_tiles == 0;
+    if (p.split_kv) {
       out.rows(o, m, d, first_row, g, t);
+    } else if (q_held) {
+      sm90_store_o_smem<KT>(out, o, m, d, sync.template q_tile<TO>(qb), tile_row, first_row,
+                            lane, sink);
+    } else if constexpr (KT::kStageOInV) {
+      sm90::named_barrier(2, KT::kConsumerThreads);
+      sm90_store_o_smem<KT>(out, o, m, d,
+                            reinterpret_cast<TO*>(v_smem + (c - 1) % S * kTileKV * DV),
+                            tile_row, first_row, lane, sink);
+    } else {
+      sm90_store_o_regs<KT>(out, o, m, d, first_row, g, t, sink);
     }
     // The epilogue's shared-memory accesses (generic proxy) come before the next TMA write of
-    // this buffer (async proxy).
-    sm90::fence_proxy_async();
-    sm90_release(sync.q_empty(qb));
+    // the buffer it used (async proxy).
+    if (q_held || KT::kStageOInV) sm90::fence_proxy_async();
+    if constexpr (KT::kStageOInV) {
+      if (r.num_tiles > 0) sm90_release(sync.empty_v((c - 1) % S));
+    }
+    if (q_held) sm90_release(sync.q_empty(qb));
   }
 }
 
