@@ -106,6 +106,11 @@
 #ifndef FLASHINFER_ATTENTION_SM90_EARLY_Q
 #define FLASHINFER_ATTENTION_SM90_EARLY_Q 1
 #endif
+// With EARLY_Q: 1 = the output staged in shared memory where it fits (Sm90Traits::kStageO),
+// 0 = stored from registers.
+#ifndef FLASHINFER_ATTENTION_SM90_STAGE_O
+#define FLASHINFER_ATTENTION_SM90_STAGE_O (HEAD_DIM_VO_ <= 128)
+#endif
 // 1 = O is rescaled by the new row maxima between issuing S_j = Q K_j^T and P_{j-1} V_{j-1}
 // (while the tensor cores run S_j), 0 = after P_{j-1} V_{j-1} completes (the tensor cores idle
 // while it runs). Measured: benchmarks/notes/sm90-head-dims.md (2026-11-26, second call).
