@@ -42,6 +42,9 @@ DT = torch.bfloat16
 # default build). "default" is the tree.
 VARIANTS = {
     "default": ((), None),
+    # The plan's item order for batches on the Hopper kernel: longest first (the default:
+    # snake rounds, plan.SM90_SNAKE_ROUNDS). Not a macro: the same modules as the default.
+    "plan: longest first": (("PLAN_LONGEST_FIRST",), None),
     # setmaxnreg splits (default 88 / 208; the consumers take the rest)
     "producer 40 / consumers 232": (("SM90_PRODUCER_REGS=40",), None),
     "producer 56 / consumers 224": (("SM90_PRODUCER_REGS=56",), None),
@@ -289,7 +292,8 @@ def _specs(variant):
         m = AttentionVariant("bfloat16", "bfloat16", d, mask, "NONE", paged, head_dim_vo=dv)
         base = m.spec()
         if heads is None or (d, dv) in heads:
-            macros = tuple(f"-DFLASHINFER_ATTENTION_{f}" for f in flags)
+            macros = tuple(f"-DFLASHINFER_ATTENTION_{f}" for f in flags
+                           if not f.startswith("PLAN_"))
             base = dataclasses.replace(base, extra_cuda_cflags=base.extra_cuda_cflags + macros)
         out[m] = base
     return out
@@ -346,6 +350,9 @@ def ours(args) -> int:
     for i, name in enumerate(names):
         label = name if name not in names[:i] else f"{name} (repeat {names[:i].count(name)})"
         _use(built[name])
+        from flashinfer.attention import plan as plan_mod
+
+        plan_mod.SM90_SNAKE_ROUNDS = "PLAN_LONGEST_FIRST" not in VARIANTS[name][0]
         entry = {"flags": list(VARIANTS[name][0]), "check": check(label)}
         print(f"== {label} ({time.monotonic() - t:.0f} s)", flush=True)
         heads = VARIANTS[name][1]
