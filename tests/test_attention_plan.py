@@ -289,3 +289,23 @@ def test_decode_shape_follows_the_callers_fixed_split(chunk, cta):
     plan, _ = schedule([1], [32768], group_size=4, num_kv_heads=8, head_dim=128, num_sms=SMS,
                        kv_chunk_size=chunk)
     assert plan.cta == cta and plan.kv_chunk_size == chunk
+
+
+def test_hopper_batches_take_their_items_in_snake_rounds():
+    """Several requests on the Hopper kernel (cta 3): the items longest first in rounds of
+    grid_x, every other round reversed (plan.SM90_SNAKE_ROUNDS); one request keeps longest
+    first (the kernel deals that itself)."""
+    for qo_lens, group, heads in (([1024] * 16, 2, 8), ([300, 7, 1000, 64] * 8, 4, 8),
+                                  ([2048] * 8, 4, 1)):
+        plan, buf = schedule(qo_lens, qo_lens, group_size=group, num_kv_heads=heads,
+                             head_dim=128, num_sms=SMS, causal=True, cta=3,
+                             disable_split_kv=True)
+        model = _model_items(qo_lens, qo_lens, plan, group, True)
+        g = plan.grid_x
+        rounds = [model[i:i + g][::-1] if (i // g) % 2 else model[i:i + g]
+                  for i in range(0, len(model), g)]
+        assert _items(plan, buf, columns=4) == [it for r in rounds for it in r]
+        assert len({it[0] for it in model}) > 1 and plan.num_items > g  # several rounds
+    plan, buf = schedule([8192], [8192], group_size=4, num_kv_heads=8, head_dim=128,
+                         num_sms=SMS, causal=True, cta=3, disable_split_kv=True)
+    assert _items(plan, buf, columns=4) == _model_items([8192], [8192], plan, 4, True)

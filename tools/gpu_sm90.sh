@@ -12,7 +12,9 @@
 #        flags of a second test run, e.g. a variant's -DFLASHINFER_ATTENTION_... macros),
 #        PEER_GROUPS (space-separated groups of CASES indices the peer builds in parallel),
 #        TESTS_K (the tests' -k expression), MAXFAIL (default 1), TESTS_FIRST (set: the tests
-#        run before the peer is timed, leaving it 90 s)
+#        run before the peer is timed, leaving it 90 s), PEER_CASES (CASES indices the peer
+#        times, comma-separated; default all: a case not warmed up builds inside the timing),
+#        QUIET (set: the sweep's timing waits for the other builds; raise SWEEP_TIMEOUT)
 set -uo pipefail
 commit=${1:?commit}; shift
 source tools/gpu_lib.sh; gpu_setup 340 peer
@@ -46,8 +48,16 @@ if [ -n "${ALT_FLAGS:-}" ]; then
 fi
 log "ours: build, check, time"
 t=$(( $(left) - 80 )); [ $t -gt ${SWEEP_TIMEOUT:-150} ] && t=${SWEEP_TIMEOUT:-150}
+# QUIET=1: the sweep times once the tests' AOT and the peer's warm-up builds are done (/tmp/quiet),
+# not beside them (rows of one call drifted by up to 15% that way: sm90-head-dims.md).
+rm -f /tmp/quiet
+if [ -n "${QUIET:-}" ]; then
+  ( n=$(echo $groups | wc -w)
+    while { [ ! -f /tmp/aot-tests-done ] || [ "$(wc -l < /tmp/peer-ready 2>/dev/null || echo 0)" -lt $n ]; } \
+          && [ $(left) -gt 150 ]; do sleep 1; done; touch /tmp/quiet ) &
+fi
 ours timeout $t nice -n ${SWEEP_NICE:-0} python3 benchmarks/tuning/sm90_vs_peer.py ours /tmp/ours.json "$@" \
-  > $OUT/ours.log 2>&1
+  ${QUIET:+--wait /tmp/quiet --wait-s $t} > $OUT/ours.log 2>&1
 log "ours exit $?"
 grep -E "^check|built|^== " $OUT/ours.log >> $OUT/log.txt
 for v in ${STRESS:-}; do  # variants whose short cases replay STRESS_N times (a hang ends at 40 s)
@@ -69,7 +79,8 @@ run_peer() {
   local n_groups=$(echo $groups | wc -w)
   while [ "$(wc -l < /tmp/peer-ready 2>/dev/null || echo 0)" -lt $n_groups ] && [ $(left) -gt 70 ]; do sleep 2; done
   log "peer ready: $(tr '\n' ' ' < /tmp/peer-ready 2>/dev/null)"
-  peer timeout $(( $(left) - ${1:-45} )) python3 benchmarks/tuning/sm90_vs_peer.py peer /tmp/peer.json > $OUT/peer.log 2>&1
+  peer timeout $(( $(left) - ${1:-45} )) python3 benchmarks/tuning/sm90_vs_peer.py peer /tmp/peer.json \
+    ${PEER_CASES:+--cases $PEER_CASES} > $OUT/peer.log 2>&1
   log "peer exit $?"
   ours python3 benchmarks/tuning/sm90_vs_peer.py merge $OUT/sm90-vs-peer.json --ours /tmp/ours.json \
     --peer /tmp/peer.json --commit $commit > $OUT/table.txt 2>&1 || cp /tmp/ours.json /tmp/peer.json $OUT/ 2>/dev/null

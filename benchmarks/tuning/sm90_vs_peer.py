@@ -42,16 +42,26 @@ DT = torch.bfloat16
 # default build). "default" is the tree.
 VARIANTS = {
     "default": ((), None),
+    # The plan's item order for batches on the Hopper kernel: longest first (the default:
+    # snake rounds, plan.SM90_SNAKE_ROUNDS). Not a macro: the same modules as the default.
+    "plan: longest first": (("PLAN_LONGEST_FIRST",), None),
     # setmaxnreg splits (default 88 / 208; the consumers take the rest)
     "producer 40 / consumers 232": (("SM90_PRODUCER_REGS=40",), None),
     "producer 56 / consumers 224": (("SM90_PRODUCER_REGS=56",), None),
-    # The wide heads' tiles (Sm90Traits): default 64 keys, one Q buffer at 256; 96 keys, two
-    # Q buffers at 192 / 128.
+    # O rescaled after P_{j-1} V_{j-1} completes (the default: between issuing S_j and P V).
+    "rescale O after P V": (("SM90_RESCALE_EARLY=0",), ((128, 128), (192, 128))),
+    # One Q buffer (192 / 128 and 256 by default) handed back after the item's last S
+    # (EARLY_Q), the output staged in shared memory (STAGE_O: default at 192 / 128) or stored
+    # from registers (default at 256, whose staging spills in the consumers).
+    "hd128: 1 Q buffer, 2 stages, staged output": (("SM90_Q_BUFFERS=1", "SM90_STAGES=2"),
+                                                   ((128, 128),)),
     "hd256: 80-key tiles": (("SM90_TILE_KV=80", "SM90_PRODUCER_REGS=72"), ((256, 256),)),
-    "192/128: 1 Q buffer, 128-key tiles": (("SM90_TILE_KV=128", "SM90_Q_BUFFERS=1"),
-                                           ((192, 128),)),
-    "192/128: 1 Q buffer, 112-key tiles": (("SM90_TILE_KV=112", "SM90_Q_BUFFERS=1"),
-                                           ((192, 128),)),
+    "hd256: Q buffer back after the epilogue": (("SM90_EARLY_Q=0",), ((256, 256),)),
+    "hd256: staged output": (("SM90_STAGE_O=1",), ((256, 256),)),
+    "192/128: Q buffer back after the epilogue": (("SM90_EARLY_Q=0",), ((192, 128),)),
+    "192/128: output from registers": (("SM90_STAGE_O=0",), ((192, 128),)),
+    "192/128: 2 Q buffers, 96-key tiles, late rescale": (
+        ("SM90_TILE_KV=96", "SM90_Q_BUFFERS=2", "SM90_RESCALE_EARLY=0"), ((192, 128),)),
 }
 
 
@@ -136,20 +146,34 @@ def _shape(hq, hkv, d):
     return "" if (hq, hkv, d) == (32, 8, 128) else f", {hq}/{hkv} heads, hd {d}"
 
 
-def _ragged(batch, n, hq=32, hkv=8, d=128):
+def _sinks(hq, on):
+    """run()'s ``sinks=`` keyword (a logit per query head) where ``on``, else nothing."""
+    return {"sinks": torch.rand(hq, dtype=torch.float32, device="cuda") * 4 - 2} if on else {}
+
+
+def _ragged(batch, n, hq=32, hkv=8, d=128, sinks=False):
     import bench_attention as ba
 
     w, q, k, v, out = ba._ragged_setup(batch, n, hq, hkv, d, backend="fa3")
-    return _case(f"ragged prefill causal {batch} x {n}{_shape(hq, hkv, d)}",
-                 lambda: w.run(q, k, v, out=out), batch * _flops(n, n, hq, d, True))
+    kw = _sinks(hq, sinks)
+    return _case(f"ragged prefill causal {batch} x {n}{_shape(hq, hkv, d)}"
+                 f"{', sinks' if sinks else ''}",
+                 lambda: w.run(q, k, v, out=out, **kw), batch * _flops(n, n, hq, d, True))
 
 
-def _paged(batch, n, hq=32, hkv=8, d=128):
+def _paged(batch, n, hq=32, hkv=8, d=128, sinks=False):
     import bench_attention as ba
 
     w, q, cache, out = ba._paged_setup(batch, n, hq, hkv, d, backend="fa3")
-    return _case(f"paged prefill causal {batch} x {n}, page {ba.PAGE}{_shape(hq, hkv, d)}",
-                 lambda: w.run(q, cache, out=out), batch * _flops(n, n, hq, d, True))
+    kw = _sinks(hq, sinks)
+    return _case(f"paged prefill causal {batch} x {n}, page {ba.PAGE}{_shape(hq, hkv, d)}"
+                 f"{', sinks' if sinks else ''}",
+                 lambda: w.run(q, cache, out=out, **kw), batch * _flops(n, n, hq, d, True))
+
+
+def _repeat(case):
+    """A second row of a case, named apart."""
+    return dataclasses.replace(case, name=f"{case.name} (repeat)")
 
 
 def _mla(batch, n, heads):
@@ -180,10 +204,19 @@ CASES = [
     lambda: _single(8192, 16, 8, 256), lambda: _ragged(16, 1024, 16, 8, 256),
     lambda: _paged(8, 2048, 16, 8, 256), lambda: _mla(16, 1024, 128),
     lambda: _single(8192, 16, 8, 256, causal=False),
+    # Sinks (issue 21: <= 1.02 x the same case without), ours only; each beside a repeat of
+    # the case without sinks, timed right before it, for the run-to-run drift.
+    lambda: _repeat(_ragged(16, 1024)), lambda: _ragged(16, 1024, sinks=True),
+    lambda: _repeat(_paged(8, 2048)), lambda: _paged(8, 2048, sinks=True),
 ]
-#: The (head_dim, head_dim_vo) of each case past the head_dim 64 / 128 rows (a variant limited
-#: to some head dims times only their cases).
-CASE_HEADS = {10: (256, 256), 11: (256, 256), 12: (256, 256), 13: (192, 128), 14: (256, 256)}
+#: The (head_dim, head_dim_vo) of each case (a variant limited to some head dims times only
+#: their cases).
+CASE_HEADS = {**{i: (128, 128) for i in (*range(10), 15, 16, 17, 18)}, 6: (64, 64),
+              10: (256, 256), 11: (256, 256), 12: (256, 256), 13: (192, 128), 14: (256, 256)}
+
+#: The cases a variant other than the default times (those of its head dims): issue 22's short
+#: rows, the wide heads, a short-prefill batch.
+KEY_CASES = (0, 2, 4, 9, 10, 11, 12, 13, 14)
 
 
 def cases(which=None):
@@ -258,7 +291,8 @@ def _specs(variant):
         m = AttentionVariant("bfloat16", "bfloat16", d, mask, "NONE", paged, head_dim_vo=dv)
         base = m.spec()
         if heads is None or (d, dv) in heads:
-            macros = tuple(f"-DFLASHINFER_ATTENTION_{f}" for f in flags)
+            macros = tuple(f"-DFLASHINFER_ATTENTION_{f}" for f in flags
+                           if not f.startswith("PLAN_"))
             base = dataclasses.replace(base, extra_cuda_cflags=base.extra_cuda_cflags + macros)
         out[m] = base
     return out
@@ -309,16 +343,25 @@ def ours(args) -> int:
     result = {"label": "ours", "device": harness.device_info(),
               "build_s": round(time.monotonic() - t, 1)}
     print(f"built {len(built)} variants in {result['build_s']} s", flush=True)
+    # Timed with other builds still running, rows of one call drifted by up to 15% (the A/B
+    # of 2026-11-26, benchmarks/notes/sm90-head-dims.md): wait for them where told.
+    while args.wait and not Path(args.wait).exists() and time.monotonic() - t < args.wait_s:
+        time.sleep(1)
+    result["waited_s"] = round(time.monotonic() - t - result["build_s"], 1)
     result["ceilings"] = harness.measure_ceilings()
     print("ceilings", result["ceilings"], flush=True)
     result["variants"] = {}
     for i, name in enumerate(names):
         label = name if name not in names[:i] else f"{name} (repeat {names[:i].count(name)})"
         _use(built[name])
+        from flashinfer.attention import plan as plan_mod
+
+        plan_mod.SM90_SNAKE_ROUNDS = "PLAN_LONGEST_FIRST" not in VARIANTS[name][0]
         entry = {"flags": list(VARIANTS[name][0]), "check": check(label)}
         print(f"== {label} ({time.monotonic() - t:.0f} s)", flush=True)
         heads = VARIANTS[name][1]
-        which = None if heads is None else [i for i, h in CASE_HEADS.items() if h in heads]
+        which = None if name == "default" else [
+            i for i in KEY_CASES if heads is None or CASE_HEADS[i] in heads]
         entry["rows"] = time_cases(cases(which), result["ceilings"])
         result["variants"][label] = entry
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
@@ -372,7 +415,7 @@ def merge(args) -> int:
     print(f"{'case':58s} {'peer':>8s} " + " ".join(f"{lbl[:22]:>22s}" for lbl in variants))
     for n in names:
         cells = [f"{table[lbl][n]['us']:9.1f} ({table[lbl][n]['peer_over_ours'] or 0:.2f})"
-                 for lbl in variants]
+                 if n in table[lbl] else "-" for lbl in variants]  # a variant's own cases
         print(f"{n[:58]:58s} {prow.get(n, float('nan')):8.1f} " +
               " ".join(f"{c:>22s}" for c in cells))
     return 0
@@ -384,6 +427,8 @@ def main(argv=None) -> int:
     o = sub.add_parser("ours")
     o.add_argument("out")
     o.add_argument("variants", nargs="*")
+    o.add_argument("--wait", default="", help="a file to wait for before timing (other builds)")
+    o.add_argument("--wait-s", type=float, default=120.0, help="the longest wait, s")
     p = sub.add_parser("peer")
     p.add_argument("out")
     p.add_argument("--warmup", action="store_true")

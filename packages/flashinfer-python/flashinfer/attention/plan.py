@@ -111,6 +111,17 @@ CTAS_PER_SM = {0: 2, 1: 2, 2: 2, 3: 1, 4: 4, 5: 1}
 # (benchmarks/tuning/tma_q_sweep.py, benchmarks/NOTES.md).
 TMA_Q_MAX_KEYS = 12 * 128
 
+#: The Hopper kernel's persistent grid takes a batch of several requests head-major: CTA x
+#: takes units w = x, x + G, ... of w = kv_head * num_items + item (G CTAs). With the items
+#: longest first, every head's deal then starts N mod G CTAs further on and the CTAs that take
+#: long items in one head take long items in the next: the longest CTA's work over the mean
+#: (sorted costs plus one tile per item) is 1.25 for head_dim 256 ragged 16 x 1024 at 16/8
+#: heads. Ordering the items in snake rounds of G instead (every other round of G reversed, as
+#: the kernel itself walks one request's items) brings it to 1.03 (paged 8 x 2048: 1.27 ->
+#: 1.03; head_dim 128 ragged 16 x 1024 and paged 8 x 2048, 32/8 heads: 1.03 -> 1.02;
+#: benchmarks/notes/sm90-head-dims.md). False: longest first (for the A/B sweep).
+SM90_SNAKE_ROUNDS = True
+
 
 def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, batch_ctas: int = 0,
                num_sms: int = 0) -> int:
@@ -279,6 +290,20 @@ def _items(qo_lens, kv_lens, qtiles, chunks, tile_q, chunk, group_size, causal):
     return req, qtile, kchunk, slot, cost
 
 
+def _sm90_snake_rounds(order: list, req: list, grid: int) -> list:
+    """``order`` (longest first) in rounds of ``grid`` items, every other round reversed, for a
+    batch the Hopper kernel takes head-major (SM90_SNAKE_ROUNDS). A batch whose first and last
+    items are of one request stays as it is: the kernel walks that item-major in snake rounds
+    itself, and it tells the two apart by the first and the last item's request."""
+    if len(order) < 2 or req[order[0]] == req[order[-1]]:
+        return order
+    out = []
+    for start in range(0, len(order), grid):
+        block = order[start:start + grid]
+        out += block[::-1] if (start // grid) % 2 else block
+    return order if req[out[0]] == req[out[-1]] else out
+
+
 def schedule(
     qo_lens: Sequence[int],
     kv_lens: Sequence[int],
@@ -390,6 +415,8 @@ def schedule(
     grid_x = capacity if item_capacity is not None else num_items
     if cta == 3:  # persistent: at most one CTA per SM over all (item, KV head) pairs
         grid_x = max(1, min(grid_x * num_kv_heads, num_sms))
+        if SM90_SNAKE_ROUNDS:
+            order = _sm90_snake_rounds(order, req, grid_x)
     plan_info = AttentionPlan(
         cta=cta, tile_q=tile_q, num_items=num_items, item_capacity=capacity,
         grid_x=grid_x, kv_chunk_size=chunk,

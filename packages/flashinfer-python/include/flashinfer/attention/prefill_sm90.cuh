@@ -133,12 +133,14 @@ struct Sm90Maps {
  * Shared memory (227 KB): Q [128 x D] in kQBuffers buffers, then kStages x (K [kTileKV x D] +
  * V [kTileKV x D_vo]): as many stages as fit, at most four. head_dim 128: 2 Q + 2 x 64 KB
  * = 192 KB; 64: 2 Q + 4 x 32 KB; 256: one Q buffer (64 KB) + 2 x 64 KB of 64-key tiles = 192
- * KB (two Q buffers would leave 48-key tiles); 192 / 128: two Q buffers (96 KB) + 2 x 60 KB of
- * 96-key tiles = 216 KB. Measured (H200, benchmarks/notes/sm90-head-dims.md): 64-key tiles
- * against 80 (224 KB, FlashAttention-3's choice) at 256: ragged 16 x 1024 404 vs 452 us, paged
- * 8 x 2048 701 vs 789, non-causal 8192 1658 vs 1745, causal 8192 848 vs 810; at 192 / 128 two
- * Q buffers and 96-key tiles against one and 128 (or 112): ragged 16 x 1024 1898 vs 2043
- * (1933).
+ * KB (two Q buffers would leave 48-key tiles); 192 / 128: one Q buffer (48 KB) + 2 x 80 KB of
+ * 128-key tiles + 16 KB where the first warpgroup stages its output (kStageO) = 224 KB. With
+ * one Q buffer the consumers hand it back after the item's last S (kEarlyQ), so the next
+ * item's Q loads during the item's last softmax, P V and epilogue. Measured (H200,
+ * benchmarks/notes/sm90-head-dims.md): 64-key tiles against 80 (224 KB, FlashAttention-3's
+ * choice) at 256: ragged 16 x 1024 404 vs 452 us, paged 8 x 2048 701 vs 789, non-causal 8192
+ * 1658 vs 1745, causal 8192 848 vs 810 (both before kEarlyQ); at 192 / 128 the second call's
+ * A/B of one Q buffer handed back early with 128-key tiles against two Q buffers and 96.
  */
 template <typename DTypeQ_, typename DTypeO_, int HEAD_DIM_, int HEAD_DIM_VO_, MaskMode MASK_,
           PosEncoding POS_, bool PAGED_>
@@ -154,12 +156,12 @@ struct Sm90Traits {
 #ifdef FLASHINFER_ATTENTION_SM90_TILE_KV  // tuning override (benchmarks/tuning)
   static constexpr int kTileKV = FLASHINFER_ATTENTION_SM90_TILE_KV;
 #else
-  static constexpr int kTileKV = HEAD_DIM_ <= 128 ? 128 : HEAD_DIM_ == 192 ? 96 : 64;
+  static constexpr int kTileKV = HEAD_DIM_ <= 192 ? 128 : 64;
 #endif
 #ifdef FLASHINFER_ATTENTION_SM90_Q_BUFFERS  // tuning override
   static constexpr int kQBuffers = FLASHINFER_ATTENTION_SM90_Q_BUFFERS;
 #else
-  static constexpr int kQBuffers = HEAD_DIM_ <= 192 ? 2 : 1;
+  static constexpr int kQBuffers = HEAD_DIM_ <= 128 ? 2 : 1;
 #endif
   static constexpr size_t kQBytes = size_t(kTileQ) * HEAD_DIM_ * 2;
   static constexpr size_t kKBytes = size_t(kTileKV) * HEAD_DIM_ * 2;
@@ -190,12 +192,28 @@ struct Sm90Traits {
   using KTile = sm90::Sw128Tile<kTileKV, HEAD_DIM_>;
   using VTile = sm90::Sw128Tile<kTileKV, HEAD_DIM_VO_>;
   using OTile = sm90::Sw128Tile<kTileQ, HEAD_DIM_VO_>;  // the output staged in a Q buffer
+  // One Q buffer: the consumers hand it back once the item's last S = Q K^T is done, so the
+  // next item's Q loads during the last softmax, P V and the epilogue (tuning.cuh). Each
+  // warpgroup then stages its 64 output rows elsewhere (kStageO): the first in a region of
+  // its own past the ring, the second in the last tile's V buffer (once the first's last P V,
+  // which read all of it, is done); where that does not fit (80-key tiles at head_dim 256),
+  // the output is stored from registers.
+  static constexpr bool kEarlyQ = kQBuffers == 1 && FLASHINFER_ATTENTION_SM90_EARLY_Q != 0;
+  using WgOTile = sm90::Sw128Tile<64, HEAD_DIM_VO_>;  // one warpgroup's output rows
+  static constexpr size_t kWgOBytes = size_t(64) * HEAD_DIM_VO_ * 2;
   static constexpr size_t kRingOffset = kQBuffers * kQBytes;  // after the Q buffers
   static constexpr size_t kVOffset = kRingOffset + kStages * kKBytes;  // V tiles after K's
-  static constexpr size_t kBarrierOffset = kVOffset + kStages * kVBytes;
+  static constexpr size_t kOStageOffset = kVOffset + kStages * kVBytes;
   static constexpr int kBarriers = 4 * kStages + 2 * kQBuffers;
+  // Barriers, item slots, and + 1024: the dynamic shared memory base is aligned up to the
+  // swizzle atom in the kernel.
+  static constexpr size_t kTailBytes =
+      kBarriers * sizeof(uint64_t) + kQBuffers * sizeof(ItemSlot) + 1024;
+  static constexpr bool kStageO = kEarlyQ && FLASHINFER_ATTENTION_SM90_STAGE_O != 0 &&
+                                  kVBytes >= kWgOBytes &&
+                                  kOStageOffset + kWgOBytes + kTailBytes <= kSmemLimit;
+  static constexpr size_t kBarrierOffset = kOStageOffset + (kStageO ? kWgOBytes : 0);
   static constexpr size_t kRangeOffset = kBarrierOffset + kBarriers * sizeof(uint64_t);
-  // + 1024: the dynamic shared memory base is aligned up to the swizzle atom in the kernel.
   static constexpr size_t kSmemBytes = kRangeOffset + kQBuffers * sizeof(ItemSlot) + 1024;
 
   static_assert(sizeof(DTypeQ) == 2, "wgmma takes fp16 or bf16 q and kv");
@@ -516,12 +534,13 @@ __device__ __forceinline__ bool sm90_softmax_step(float (&s)[1][NB][4], float (&
 /*!
  * @brief The final output of one warp's 16 rows through shared memory: the accumulators
  *   (normalized and scaled, in the output dtype) into rows `tile_row` .. `tile_row` + 15 of
- *   `stage` (a Q buffer, same swizzled layout: conflict-free for the 4-byte writes of the
- *   accumulator layout and for the 16-byte reads of whole rows), then each row to global
- *   memory as D / 8 16-byte chunks. Rows past the request are skipped; the lse as before.
- *   `sink`: the sink_log2 of the thread's rows g and g + 8, loaded at the item's start.
+ *   `stage`, a Tile (a Q buffer, or one warpgroup's rows: KT::WgOTile; the same swizzled
+ *   layout: conflict-free for the 4-byte writes of the accumulator layout and for the 16-byte
+ *   reads of whole rows), then each row to global memory as D / 8 16-byte chunks. Rows past
+ *   the request are skipped; the lse as before. `sink`: the sink_log2 of the thread's rows g
+ *   and g + 8, loaded at the item's start.
  */
-template <class KT>
+template <class KT, class Tile = typename KT::OTile>
 __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT::DTypeO,
                                                                       KT::kHeadDimVO>& out,
                                                   const float (&o)[1][KT::kHeadDimVO / 8][4],
@@ -530,7 +549,6 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
                                                   int first_row, int lane,
                                                   const float (&sink)[2]) {
   using TO = typename KT::DTypeO;
-  using Tile = typename KT::OTile;
   constexpr int D = KT::kHeadDimVO, kChunks = D / 8, kRowsPerPass = 32 / kChunks;
   static_assert(sizeof(TO) == 2, "the output tile is staged in a 2-byte Q buffer");
   const AttentionParams& p = out.p;
@@ -576,6 +594,31 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
   }
 }
 
+/*!
+ * @brief The final output of one warp's 16 rows straight from the accumulators (one Q buffer
+ *   handed back early, a V buffer too small to stage 128 rows): 4-byte stores, the lse as
+ *   sm90_store_o_smem, `sink` loaded at the item's start.
+ */
+template <class KT>
+__device__ __forceinline__ void sm90_store_o_regs(const OutputWriter<typename KT::DTypeO,
+                                                                      KT::kHeadDimVO>& out,
+                                                  const float (&o)[1][KT::kHeadDimVO / 8][4],
+                                                  const float (&m)[1][2], const float (&d)[1][2],
+                                                  int first_row, int g, int t,
+                                                  const float (&sink)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int pr = first_row + g + 8 * h;
+    if (pr >= out.r.packed_len) continue;
+    float lse = d[0][h] > 0.f ? m[0][h] + log2f(d[0][h]) : -INFINITY;
+    const float inv = (d[0][h] > 0.f ? 1.f / d[0][h] : 0.f) * fold_sink_log2(sink[h], lse);
+#pragma unroll
+    for (int n = 0; n < KT::kHeadDimVO / 8; ++n)
+      out.pair(pr, n * 8 + 2 * t, o[0][n][2 * h] * inv, o[0][n][2 * h + 1] * inv);
+    if (t == 0) out.lse(pr, lse);
+  }
+}
+
 /// A consumer warpgroup: 64 rows of every work item of this CTA.
 template <class KT>
 __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const bool tma_kv,
@@ -589,6 +632,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
   using Mma = sm90::Wgmma<T, kTileKV>;  // S = Q K^T: 64 x kTileKV per warpgroup
   using MmaO = sm90::Wgmma<T, kON>;     // O += P V: 64 x DV per warpgroup, kON at a time
   constexpr int NB = kTileKV / 8;  // 8-key blocks of S per thread
+  constexpr bool kRescaleEarly = FLASHINFER_ATTENTION_SM90_RESCALE_EARLY != 0;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wg = warp / 4;  // consumer warpgroup: rows 64 wg .. 64 wg + 63 of the tile
   const int g = lane / 4, t = lane % 4;
@@ -720,12 +764,25 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
         sm90::wgmma_wait<0>();
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
+        if (KT::kEarlyQ && r.num_tiles == 1) sm90_release(sync.q_empty(qb));
         logits(r, rows, r.kv_lo);
         float scale[1][2];
         softmax(m, d, scale);  // O is still zero: nothing to rescale
         pack_all();
       }
-      // Tiles 1 ..: S_j overlaps the softmax with P_{j-1} V_{j-1}.
+      // Tiles 1 ..: S_j overlaps the softmax with P_{j-1} V_{j-1}. With kRescaleEarly, O
+      // takes the scale of softmax j - 1 while the tensor cores run S_j, just before
+      // P_{j-1} V_{j-1} is issued; otherwise once P_{j-1} V_{j-1} has completed.
+      float pending[1][2];     // the last softmax's scale, not yet applied to O
+      bool rescale_o = false;  // warp-uniform: some row of the warp has a new maximum
+      auto apply_rescale = [&] {
+        if (rescale_o) {
+#pragma unroll
+          for (int n = 0; n < DV / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[0][n][e] *= pending[0][e / 2];
+        }
+      };
       for (int j = 1; j < r.num_tiles; ++j) {
         const uint32_t cj = c + j;
         const int slot = cj % S, prev = (cj - 1) % S;
@@ -733,26 +790,23 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
         sm90_acquire(sync.full_v(prev), ((cj - 1) / S) & 1, !tma_kv);
         zero_v_tail(prev, r.kv_lo + (j - 1) * kTileKV, r);
         issue_qk(qb, slot);
+        if constexpr (kRescaleEarly) apply_rescale();
         issue_pv(prev);
         sm90::wgmma_wait<1>();  // S_j
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
+        if (KT::kEarlyQ && j == r.num_tiles - 1) sm90_release(sync.q_empty(qb));
         logits(r, rows, r.kv_lo + j * kTileKV);
-        float scale[1][2];
-        const bool rescale = softmax(m, d, scale);
+        rescale_o = softmax(m, d, pending);
         sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1}
         sm90::fence_operands(o_flat);
         sm90::fence_operands(pf_flat);
         sm90_release(sync.empty_v(prev));
-        if (rescale) {
-#pragma unroll
-          for (int n = 0; n < DV / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[0][n][e] *= scale[0][e / 2];
-        }
+        if constexpr (!kRescaleEarly) apply_rescale();
         pack_all();
       }
       // The last tile's P V.
+      if constexpr (kRescaleEarly) apply_rescale();
       const uint32_t cl = c + r.num_tiles - 1;
       sm90_acquire(sync.full_v(cl % S), (cl / S) & 1, !tma_kv);
       zero_v_tail(cl % S, r.kv_lo + (r.num_tiles - 1) * kTileKV, r);
@@ -760,26 +814,52 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
       sm90::wgmma_wait<0>();
       sm90::fence_operands(o_flat);
       sm90::fence_operands(pf_flat);
-      sm90_release(sync.empty_v(cl % S));
+      // kStageO: the second warpgroup stages its output in this V buffer (below) and hands
+      // it back then; the first one's arrival tells it that its last P V is done.
+      if (!KT::kStageO || wg == 0) sm90_release(sync.empty_v(cl % S));
       c += r.num_tiles;
     }
 
     quad_sum(d);
     // A row that saw no key writes 0 and lse -inf.
     const OutputWriter<TO, DV> out{p, r, kv_head, writes_partial(p, r)};
-    // The item's Q buffer is free: every wgmma of the item has completed (its last P V needed
-    // all four warps of the warpgroup past their last S wait), and each warp writes only the
-    // 16 rows it owns; the producer refills the buffer after q_empty below.
-    if (!p.split_kv) {
-      sm90_store_o_smem<KT>(out, o, m, d, sync.template q_tile<TO>(qb),
-                            wg * 64 + (warp % 4) * 16, first_row, lane, sink);
-    } else {
+    const int tile_row = wg * 64 + (warp % 4) * 16;
+    // Where the Q buffer is still held (two buffers, or an item without tiles) it is free for
+    // the output now: every wgmma of the item has completed (its last P V needed all four
+    // warps of the warpgroup past their last S wait), and each warp writes only the 16 rows it
+    // owns; the producer refills the buffer after q_empty below. Under kEarlyQ the producer
+    // may be filling it with the next item's Q already: kStageO or registers.
+    const bool q_held = !KT::kEarlyQ || r.num_tiles == 0;
+    // kStageO: hardware barrier 2 or 3 by item parity, so that the first warpgroup's arrival
+    // for one item never counts toward the previous item's (it cannot run two items ahead:
+    // the next item's Q needs the second warpgroup past this item's epilogue).
+    if (p.split_kv) {
       out.rows(o, m, d, first_row, g, t);
+    } else if (q_held) {
+      sm90_store_o_smem<KT>(out, o, m, d, sync.template q_tile<TO>(qb), tile_row, first_row,
+                            lane, sink);
+    } else if constexpr (KT::kStageO) {
+      // The first warpgroup in its own region; the second in the last tile's V buffer once
+      // the first warpgroup's last P V (which read it) is done.
+      TO* stage = reinterpret_cast<TO*>(sync.smem + KT::kOStageOffset);
+      if (wg == 0) {
+        if (k & 1) sm90::named_barrier_arrive(3, KT::kConsumerThreads);
+        else sm90::named_barrier_arrive(2, KT::kConsumerThreads);
+      } else {
+        if (k & 1) sm90::named_barrier(3, KT::kConsumerThreads);
+        else sm90::named_barrier(2, KT::kConsumerThreads);
+        stage = reinterpret_cast<TO*>(v_smem + (c - 1) % S * kTileKV * DV);
+      }
+      sm90_store_o_smem<KT, typename KT::WgOTile>(out, o, m, d, stage, (warp % 4) * 16,
+                                                  first_row, lane, sink);
+    } else {
+      sm90_store_o_regs<KT>(out, o, m, d, first_row, g, t, sink);
     }
     // The epilogue's shared-memory accesses (generic proxy) come before the next TMA write of
-    // this buffer (async proxy).
-    sm90::fence_proxy_async();
-    sm90_release(sync.q_empty(qb));
+    // the buffer it used (async proxy); the first warpgroup's own region takes none.
+    if (q_held || (KT::kStageO && wg == 1)) sm90::fence_proxy_async();
+    if (KT::kStageO && wg == 1 && r.num_tiles > 0) sm90_release(sync.empty_v((c - 1) % S));
+    if (q_held) sm90_release(sync.q_empty(qb));
   }
 }
 

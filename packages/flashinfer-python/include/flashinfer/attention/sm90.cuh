@@ -163,7 +163,7 @@ struct Wgmma;
 // ("+f"(d[i]), N / 2 of them) and their PTX register lists, then one macro per shape that
 // writes both instructions (A from shared memory, or from registers with B MN-major). N is
 // 64 or 128 (head_dim 64 / 128 tiles and the P V of each 128 output columns) or a narrower
-// K/V tile of the wide heads (96 at 192 / 128: Sm90Traits; 80 and 112 for tuning builds).
+// K/V tile of the wide heads (80, 96 and 112 for tuning builds: Sm90Traits).
 #define FI_WGMMA_D32 \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \

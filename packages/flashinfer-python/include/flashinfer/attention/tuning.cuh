@@ -146,6 +146,24 @@
 #ifndef FLASHINFER_ATTENTION_SM90_PRODUCER_REGS
 #define FLASHINFER_ATTENTION_SM90_PRODUCER_REGS (HEAD_DIM_VO_ > 128 ? 72 : 88)
 #endif
+// One Q buffer (head_dim 192 / 128 and 256): 1 = the consumers hand it back after the item's last
+// S = Q K^T (its output staged in the last V buffer, or stored from registers where that is
+// too small), 0 = after the epilogue, which stages the output in the Q buffer. Measured:
+// benchmarks/notes/sm90-head-dims.md (2026-11-26, second call).
+#ifndef FLASHINFER_ATTENTION_SM90_EARLY_Q
+#define FLASHINFER_ATTENTION_SM90_EARLY_Q 1
+#endif
+// With EARLY_Q: 1 = the output staged in shared memory where it fits (Sm90Traits::kStageO),
+// 0 = stored from registers.
+#ifndef FLASHINFER_ATTENTION_SM90_STAGE_O
+#define FLASHINFER_ATTENTION_SM90_STAGE_O (HEAD_DIM_VO_ <= 128)
+#endif
+// 1 = O is rescaled by the new row maxima between issuing S_j = Q K_j^T and P_{j-1} V_{j-1}
+// (while the tensor cores run S_j), 0 = after P_{j-1} V_{j-1} completes (the tensor cores idle
+// while it runs). Measured: benchmarks/notes/sm90-head-dims.md (2026-11-26, second call).
+#ifndef FLASHINFER_ATTENTION_SM90_RESCALE_EARLY
+#define FLASHINFER_ATTENTION_SM90_RESCALE_EARLY 1
+#endif
 // K/V stages of the Hopper kernel: by default as many as shared memory holds (prefill_sm90.cuh,
 // Sm90Traits::kStages); FLASHINFER_ATTENTION_SM90_STAGES overrides it for a tuning build.
 
