@@ -3,6 +3,7 @@ only, so the same file times this package or the peer (FlashInfer 0.7.2) in a se
 of the same device call; ``merge`` writes one results file with both columns and the ratio.
 
     python benchmarks/attention_vs_peer.py measure --label ours OUT.json [--cases SUBSTR,...]
+        [--rounds N]   (the case list N times, interleaved: noisy rows, e.g. sinks against none)
     python benchmarks/attention_vs_peer.py warmup [--cases SUBSTR,...]   (builds only)
     python benchmarks/attention_vs_peer.py merge RESULT.json --ours A.json [...] --peer B.json [...]
 
@@ -202,7 +203,9 @@ def measure(args) -> int:
     payload = {"label": args.label, "device": harness.device_info(),
                "flashinfer_version": getattr(flashinfer, "__version__", "?"),
                "ceilings": harness.measure_ceilings()}
-    payload["rows"] = harness.run_cases(cases, payload["ceilings"], group="attention")
+    payload["rows"] = peer_compare.median_round(
+        [harness.run_cases(cases, payload["ceilings"], group="attention")
+         for _ in range(args.rounds)])
     Path(args.out).write_text(json.dumps(payload, indent=1) + "\n")
     return 0
 
@@ -245,7 +248,7 @@ def merge(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = peer_compare.command_line(__doc__, argv)
+    args = peer_compare.command_line(__doc__, argv, rounds=True)
     if args.cmd == "warmup":
         _build(args)
         return 0

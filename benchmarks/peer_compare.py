@@ -18,8 +18,17 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 
-def command_line(doc: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The ``measure`` / ``warmup`` / ``merge`` arguments (``args.cmd`` names the command)."""
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, received {text!r}")
+    return n
+
+
+def command_line(doc: str, argv: Optional[Sequence[str]] = None,
+                 rounds: bool = False) -> argparse.Namespace:
+    """The ``measure`` / ``warmup`` / ``merge`` arguments (``args.cmd`` names the command);
+    ``rounds``: ``measure`` takes ``--rounds`` (a script that times through median_round)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     cases = dict(default="", help="comma-separated substrings of case names (default: all)")
@@ -27,6 +36,10 @@ def command_line(doc: str, argv: Optional[Sequence[str]] = None) -> argparse.Nam
     m.add_argument("out")
     m.add_argument("--label", default="ours")
     m.add_argument("--cases", **cases)
+    if rounds:
+        m.add_argument("--rounds", type=_positive, default=1,
+                       help="time the case list this many times, interleaved; each row is its "
+                            "median round, every round's median in extra.rounds_us (noisy rows)")
     sub.add_parser("warmup").add_argument("--cases", **cases)
     g = sub.add_parser("merge")
     g.add_argument("out")
@@ -44,6 +57,19 @@ def load_rows(paths: Sequence[str]) -> tuple[dict, list[dict]]:
         head = head or d
         rows.update({r["name"]: r for r in d["rows"]})
     return head, list(rows.values())
+
+
+def median_round(rounds: Sequence[list[dict]]) -> list[dict]:
+    """Rows timed in several interleaved rounds (lists of the same names in the same order): per
+    name the row of the median round by median_us, every round's median in extra.rounds_us."""
+    out = []
+    for same in zip(*rounds):
+        ranked = sorted(same, key=lambda r: r["median_us"])
+        row = dict(ranked[(len(ranked) - 1) // 2])
+        if len(same) > 1:
+            row["extra"] = {**row.get("extra", {}), "rounds_us": [r["median_us"] for r in same]}
+        out.append(row)
+    return out
 
 
 NOT_MEASURED = {"flashinfer_version": None, "ceilings": None,

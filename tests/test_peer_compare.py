@@ -91,3 +91,22 @@ def test_attention_merge_without_the_peer_file_records_ours_and_says_so(tmp_path
     assert "peer_us" not in case and "speedup_vs_peer" not in case
     assert rec["note"].startswith("ours alone: no measure file of the peer")
     assert "not_measured" in rec["extra"]["peer"]
+
+
+def test_median_round_keeps_the_median_rounds_row_and_every_rounds_time():
+    rounds = [[{"name": "a", "median_us": t, "p10_us": t - 1}, {"name": "b", "median_us": 10.0}]
+              for t in (5.0, 3.0, 4.0)]
+    a, b = peer_compare.median_round(rounds)
+    assert a["median_us"] == 4.0 and a["p10_us"] == 3.0
+    assert a["extra"]["rounds_us"] == [5.0, 3.0, 4.0] and b["extra"]["rounds_us"] == [10.0] * 3
+    assert peer_compare.median_round([[{"name": "a", "median_us": 1.0}]]) == [
+        {"name": "a", "median_us": 1.0}]  # one round: the row as timed
+
+
+def test_rounds_is_an_option_only_where_the_script_times_through_median_round():
+    args = peer_compare.command_line("x", ["measure", "o.json", "--rounds", "3"], rounds=True)
+    assert args.rounds == 3
+    with pytest.raises(SystemExit):  # host_cost.py's measure would ignore it: refused
+        peer_compare.command_line("x", ["measure", "o.json", "--rounds", "3"])
+    with pytest.raises(SystemExit):  # at least one round
+        peer_compare.command_line("x", ["measure", "o.json", "--rounds", "0"], rounds=True)
