@@ -9,7 +9,8 @@
 #   env: BUDGET (s, default 305), TESTS (pytest files, default the attention files), AOT_S
 #        (most seconds for the AOT, default 150), MODULES (aot --only list, default every
 #        attention module and page, cascade), TAIL_S (seconds kept for the timings after the
-#        tests, default 75), PEER_FIRST=1 (the peer builds beside our AOT:
+#        tests, default 75), ROUNDS (the cases timed that many times, interleaved; default 1),
+#        PEER_FIRST=1 (the peer builds beside our AOT:
 #        for cases whose peer modules are the long pole, e.g. its fa3 at head_dim 256)
 # Back in $OUT: log.txt, pytest.log, junit.xml (what ran, also when the time limit stopped it),
 # attention.json, a-ours.json / a-peer.json, logs.tgz.
@@ -41,11 +42,11 @@ ours timeout -s INT $t python3 -m pytest -q -p no:cacheprovider --maxfail=40 -rf
 log "pytest exit $?: $(tail -1 $OUT/pytest.log)"
 grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head -20 | tee -a $OUT/log.txt
 log "ours"; ours timeout $(( $(left) - 40 )) python3 benchmarks/attention_vs_peer.py measure \
-  --label ours --cases "$CASES" /tmp/a-ours.json > /tmp/a.log 2>&1; log "ours exit $?"
+  --label ours --rounds ${ROUNDS:-1} --cases "$CASES" /tmp/a-ours.json > /tmp/a.log 2>&1; log "ours exit $?"
 while [ ! -f /tmp/peer-ready ] && [ $(left) -gt 35 ]; do sleep 2; done
 log "peer (ready: $(cat /tmp/peer-ready 2>/dev/null))"
 [ -f /tmp/peer-ready ] && peer timeout $(( $(left) - 6 )) python3 benchmarks/attention_vs_peer.py \
-  measure --label peer --cases "$CASES" /tmp/a-peer.json >> /tmp/a.log 2>&1
+  measure --label peer --rounds ${ROUNDS:-1} --cases "$CASES" /tmp/a-peer.json >> /tmp/a.log 2>&1
 ours python3 benchmarks/attention_vs_peer.py merge $OUT/attention.json --ours /tmp/a-ours.json \
   --peer /tmp/a-peer.json --commit ${COMMIT:-?} >> $OUT/log.txt 2>&1 || tail -15 /tmp/a.log >> $OUT/log.txt
 cp /tmp/a-*.json $OUT/ 2>/dev/null
