@@ -333,11 +333,13 @@ struct BlockStats {
 
 /*!
  * @brief Block-wide: map every value of the chunk by `map` (stored back where it changes) and
- *   write each block's kept (key >= t) sum S_b and max key to block_sums / block_max_keys; ends
- *   with a barrier. Summed with t = 0 before a threshold is known, refine_block_sums keeps the
- *   sums of the threshold found later.
+ *   write each block's max key to block_max_keys and, when kSums, its kept (key >= t) sum S_b to
+ *   block_sums. No barrier: the caller's next one publishes them. Summed with t = 0 before a
+ *   threshold is known, refine_block_sums keeps the sums of the threshold found later; without
+ *   kSums (the top-k filters, whose threshold leaves few blocks to sum) refine_block_sums<true>
+ *   sums the blocks that hold a kept element.
  */
-template <typename Map>
+template <bool kSums = true, typename Map>
 __device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_t t, Map map) {
   float* sums = block_sums(ctx);
   uint32_t* max_keys = block_max_keys(ctx);
@@ -354,11 +356,15 @@ __device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_
     const uint32_t mk = __reduce_max_sync(0xffffffffu, ctx.key(m));
     float k[4 * kBlockSteps];
     lane_kept(ctx, v, t, k);
-    const float sum = warp_sum_f(lane_sum(k));
-    st.nan |= isnan(sum);
-    if (lane == 0) sums[b] = sum, max_keys[b] = mk;
+    if (kSums) {
+      const float sum = warp_sum_f(lane_sum(k));
+      st.nan |= isnan(sum);
+      if (lane == 0) sums[b] = sum;
+    } else {
+      st.nan |= isnan(lane_sum(k));  // a NaN the map kept (the lane's sum shows it)
+    }
+    if (lane == 0) max_keys[b] = mk;
   }
-  __syncthreads();
   return st;
 }
 
@@ -366,10 +372,12 @@ __device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_
  * @brief Block-wide: turn fill_block_sums's t = 0 sums into the kept (key >= t) sums: 0 for a
  *   block whose max key is below t, recomputed (the same order, so the same bits as summing
  *   with t from the start) for a block that holds a kept element. After a top-k or min-p
- *   threshold few blocks hold one: no pass over the chunk. Ends with a barrier.
+ *   threshold few blocks hold one: no pass over the chunk. kFresh: the first pass summed no
+ *   block (fill_block_sums<false>), so t = 0 sums every block. Ends with a barrier.
  */
+template <bool kFresh = false>
 __device__ __forceinline__ void refine_block_sums(const RowCtx& ctx, uint32_t t) {
-  if (t == 0) return;
+  if (!kFresh && t == 0) return;
   float* sums = block_sums(ctx);
   const uint32_t* max_keys = block_max_keys(ctx);
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
@@ -533,6 +541,9 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   auto is = [filter](int x) { return has_filter(kFilters, x) && filter == x; };
   // Top-p's rejection draws without block sums: they are summed only if it falls back.
   const bool sums_first = !is(kTopP);
+  // The top-k filters' threshold leaves few blocks to sum: their first pass keeps each block's
+  // max key only, and refine_block_sums<true> sums the blocks that hold a kept element.
+  constexpr bool kSums = kFilters != kTopKFilters;
   float mx = -INFINITY;
   bool nan = false;
   if (row_ok) {
@@ -541,8 +552,9 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       // Negatives clamped to 0, the draw's block sums (they do not depend on the row's max,
       // only their fixed-point weights do). A NaN stays (its block's sum shows it): the row is
       // then not drawn from.
-      const BlockStats st = fill_block_sums(ctx, 0, [](float x) { return x < 0.f ? 0.f : x; });
-      nan = __syncthreads_or(st.nan);
+      const BlockStats st =
+          fill_block_sums<kSums>(ctx, 0, [](float x) { return x < 0.f ? 0.f : x; });
+      nan = __syncthreads_or(st.nan);  // (also publishes the block sums and max keys)
       mx = block_max(st.max, ctx.s);
     } else {
       mx = first_pass(ctx, is_probs, [](float x) { return fmaxf(x, 0.f); }, &nan);
@@ -561,7 +573,8 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       const float m = mx;
       auto weight = [dead, m](float x) { return dead ? 0.f : __expf(x - m); };
       if (sums_first) {
-        fill_block_sums(ctx, 0, weight);  // the weights and the draw's block sums in one pass
+        fill_block_sums<kSums>(ctx, 0, weight);  // the weights and the draw's block sums
+        __syncthreads();
       } else {
         for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) ctx.vals[i] = weight(ctx.vals[i]);
         __syncthreads();
@@ -607,9 +620,10 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
     Philox rng = p.rng.make(out_row, is(kTopP) ? kTopPCandidates * kTopPPasses : 0);
     const uint32_t r = rng.next();
     if (sums_first) {
-      refine_block_sums(ctx, t);
+      refine_block_sums<!kSums>(ctx, t);
     } else {
       fill_block_sums(ctx, t, [](float x) { return x; });
+      __syncthreads();
     }
     const DrawPrefix d = block_prefix(ctx, 0);
     arrived = ctx.clustered;
