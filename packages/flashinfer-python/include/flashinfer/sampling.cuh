@@ -28,8 +28,8 @@
 // target = floor(u * K) for K = sum of W_b and a 32-bit uniform u, the block whose running W
 // exceeds it, the element by a float scan of the block. Blocks start at multiples of 512 columns
 // of the row, so the draw does not depend on how a row is split: the one-CTA-per-row path below
-// gives the cluster path's samples bit for bit. (ChainKernel still draws per element: the first
-// column whose running fixed(x) exceeds the target.)
+// gives the cluster path's samples bit for bit. (The top-k filters (kBlockDraw) and ChainKernel
+// draw per element: the first column whose running fixed(x) exceeds the target; also split-free.)
 //
 // SM80/89 (no clusters) and FLASHINFER_SAMPLING_NO_CLUSTER: one CTA per row, the row in a global
 // scratch row (L2-resident passes instead of shared memory), the same code with a group of one.
@@ -333,13 +333,11 @@ struct BlockStats {
 
 /*!
  * @brief Block-wide: map every value of the chunk by `map` (stored back where it changes) and
- *   write each block's max key to block_max_keys and, when kSums, its kept (key >= t) sum S_b to
- *   block_sums. No barrier: the caller's next one publishes them. Summed with t = 0 before a
- *   threshold is known, refine_block_sums keeps the sums of the threshold found later; without
- *   kSums (the top-k filters, whose threshold leaves few blocks to sum) refine_block_sums<true>
- *   sums the blocks that hold a kept element.
+ *   write each block's kept (key >= t) sum S_b and max key to block_sums / block_max_keys; ends
+ *   with a barrier. Summed with t = 0 before a threshold is known, refine_block_sums keeps the
+ *   sums of the threshold found later.
  */
-template <bool kSums = true, typename Map>
+template <typename Map>
 __device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_t t, Map map) {
   float* sums = block_sums(ctx);
   uint32_t* max_keys = block_max_keys(ctx);
@@ -356,15 +354,11 @@ __device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_
     const uint32_t mk = __reduce_max_sync(0xffffffffu, ctx.key(m));
     float k[4 * kBlockSteps];
     lane_kept(ctx, v, t, k);
-    if (kSums) {
-      const float sum = warp_sum_f(lane_sum(k));
-      st.nan |= isnan(sum);
-      if (lane == 0) sums[b] = sum;
-    } else {
-      st.nan |= isnan(lane_sum(k));  // a NaN the map kept (the lane's sum shows it)
-    }
-    if (lane == 0) max_keys[b] = mk;
+    const float sum = warp_sum_f(lane_sum(k));
+    st.nan |= isnan(sum);
+    if (lane == 0) sums[b] = sum, max_keys[b] = mk;
   }
+  __syncthreads();
   return st;
 }
 
@@ -372,12 +366,10 @@ __device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_
  * @brief Block-wide: turn fill_block_sums's t = 0 sums into the kept (key >= t) sums: 0 for a
  *   block whose max key is below t, recomputed (the same order, so the same bits as summing
  *   with t from the start) for a block that holds a kept element. After a top-k or min-p
- *   threshold few blocks hold one: no pass over the chunk. kFresh: the first pass summed no
- *   block (fill_block_sums<false>), so t = 0 sums every block. Ends with a barrier.
+ *   threshold few blocks hold one: no pass over the chunk. Ends with a barrier.
  */
-template <bool kFresh = false>
 __device__ __forceinline__ void refine_block_sums(const RowCtx& ctx, uint32_t t) {
-  if (!kFresh && t == 0) return;
+  if (t == 0) return;
   float* sums = block_sums(ctx);
   const uint32_t* max_keys = block_max_keys(ctx);
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
@@ -526,6 +518,13 @@ inline constexpr unsigned kTopPFilters = filter_bit(kTopP);
 /// The filters whose threshold is always searched by radix select.
 inline constexpr unsigned kTopKFilters =
     filter_bit(kTopK) | filter_bit(kTopKTopPJoint) | filter_bit(kTopKFirstTopP);
+/// Whether filter set kFilters draws by 512-column blocks. The top-k filters draw per element
+/// (draw: a pass over the kept elements after the threshold) from plan_rows's chunks: measured
+/// in one H100 call (Wave 8), their block draw's whole-block chunks (16384 columns on 7 of 8
+/// CTAs at 128256 instead of 16032) and first-pass block sums cost 4-8% on top-k and the joint
+/// filters, and summing no block up front won back under 1%.
+template <unsigned kFilters>
+inline constexpr bool kBlockDraw = kFilters != kTopKFilters;
 
 /// Load, filter and draw one token for output row `out_row`. Group-wide. Returns whether this
 /// CTA arrived at the cluster barrier (block_prefix): the kernel then waits on it to exit.
@@ -539,11 +538,9 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   // The filter, known false at compile time for those this kernel does not take.
   const int filter = p.filter;
   auto is = [filter](int x) { return has_filter(kFilters, x) && filter == x; };
-  // Top-p's rejection draws without block sums: they are summed only if it falls back.
-  const bool sums_first = !is(kTopP);
-  // The top-k filters' threshold leaves few blocks to sum: their first pass keeps each block's
-  // max key only, and refine_block_sums<true> sums the blocks that hold a kept element.
-  constexpr bool kSums = kFilters != kTopKFilters;
+  // Top-p's rejection draws without block sums: they are summed only if it falls back. The
+  // top-k filters sum none (kBlockDraw).
+  const bool sums_first = kBlockDraw<kFilters> && !is(kTopP);
   float mx = -INFINITY;
   bool nan = false;
   if (row_ok) {
@@ -552,9 +549,8 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       // Negatives clamped to 0, the draw's block sums (they do not depend on the row's max,
       // only their fixed-point weights do). A NaN stays (its block's sum shows it): the row is
       // then not drawn from.
-      const BlockStats st =
-          fill_block_sums<kSums>(ctx, 0, [](float x) { return x < 0.f ? 0.f : x; });
-      nan = __syncthreads_or(st.nan);  // (also publishes the block sums and max keys)
+      const BlockStats st = fill_block_sums(ctx, 0, [](float x) { return x < 0.f ? 0.f : x; });
+      nan = __syncthreads_or(st.nan);
       mx = block_max(st.max, ctx.s);
     } else {
       mx = first_pass(ctx, is_probs, [](float x) { return fmaxf(x, 0.f); }, &nan);
@@ -573,8 +569,7 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       const float m = mx;
       auto weight = [dead, m](float x) { return dead ? 0.f : __expf(x - m); };
       if (sums_first) {
-        fill_block_sums<kSums>(ctx, 0, weight);  // the weights and the draw's block sums
-        __syncthreads();
+        fill_block_sums(ctx, 0, weight);  // the weights and the draw's block sums in one pass
       } else {
         for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) ctx.vals[i] = weight(ctx.vals[i]);
         __syncthreads();
@@ -619,16 +614,21 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
     // Top-p comes here after its rejected candidates: the uniform after theirs.
     Philox rng = p.rng.make(out_row, is(kTopP) ? kTopPCandidates * kTopPPasses : 0);
     const uint32_t r = rng.next();
-    if (sums_first) {
-      refine_block_sums<!kSums>(ctx, t);
+    unsigned long long K;
+    if constexpr (kBlockDraw<kFilters>) {
+      if (sums_first) {
+        refine_block_sums(ctx, t);
+      } else {
+        fill_block_sums(ctx, t, [](float x) { return x; });
+      }
+      const DrawPrefix d = block_prefix(ctx, 0);
+      arrived = ctx.clustered;
+      col = block_locate(ctx, t, d, r);
+      K = d.K;
     } else {
-      fill_block_sums(ctx, t, [](float x) { return x; });
-      __syncthreads();
+      col = draw(ctx, t, r, 0, &K);
     }
-    const DrawPrefix d = block_prefix(ctx, 0);
-    arrived = ctx.clustered;
-    col = block_locate(ctx, t, d, r);
-    if (d.K == 0 && ctx.rank == 0 && ctx.tid == 0) col = 0;  // nothing to draw from
+    if (K == 0 && ctx.rank == 0 && ctx.tid == 0) col = 0;  // nothing to draw from
   } else if (ctx.rank == 0 && ctx.tid == 0) {
     col = 0;
   }
@@ -1077,7 +1077,9 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
   if (num_out == 0) return cudaSuccess;
   if (scratch.ptr) {  // one CTA per row: Shared and the row's block sums and max keys
     const size_t smem =
-        sizeof(Shared) + ceil_div(vocab, kBlockCols) * (sizeof(float) + sizeof(uint32_t));
+        sizeof(Shared) +
+        (kBlockDraw<kFilters> ? ceil_div(vocab, kBlockCols) * (sizeof(float) + sizeof(uint32_t))
+                              : 0);
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
     if (e != cudaSuccess) return e;
@@ -1091,7 +1093,7 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
     }
     return cudaSuccess;
   }
-  const RowPlan plan = plan_sample(vocab);
+  const RowPlan plan = kBlockDraw<kFilters> ? plan_sample(vocab) : plan_rows(vocab);
   cudaError_t e = prepare(kernel, plan);
   if (e != cudaSuccess) return e;
   const bool vec = rows_vectorizable<T>(in, stride, plan.chunk);
