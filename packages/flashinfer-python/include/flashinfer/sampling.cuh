@@ -519,10 +519,10 @@ inline constexpr unsigned kTopPFilters = filter_bit(kTopP);
 inline constexpr unsigned kTopKFilters =
     filter_bit(kTopK) | filter_bit(kTopKTopPJoint) | filter_bit(kTopKFirstTopP);
 /// Whether filter set kFilters draws by 512-column blocks. The top-k filters draw per element
-/// (draw: a pass over the kept elements after the threshold) from plan_rows's chunks: measured
-/// in one H100 call (Wave 8), their block draw's whole-block chunks (16384 columns on 7 of 8
-/// CTAs at 128256 instead of 16032) and first-pass block sums cost 4-8% on top-k and the joint
-/// filters, and summing no block up front won back under 1%.
+/// (draw: a pass over the kept elements after the threshold) from plan_rows's chunks: in one
+/// H100 call (Wave 8) their block draw, with its whole-block chunks (16384 columns on 7 of 8
+/// CTAs at 128256 instead of 16032), cost 4-10% on top-k and the joint filters; summing no
+/// block in the first pass won back under 1%.
 template <unsigned kFilters>
 inline constexpr bool kBlockDraw = kFilters != kTopKFilters;
 
