@@ -540,6 +540,10 @@ def test_nan_rows():
     assert valid.tolist() == [True, False, True, True] and s[1].item() == 0
     s, valid = sampling.sampling_from_probs(probs, return_valid=True, seed=0, offset=0)
     assert valid.tolist() == [True, False, True, True]
+    # the top-k filters' kernel (per-element draw; k >= vocab keeps every element)
+    for k in (5, 100):
+        t, valid = sampling.top_k_sampling_from_probs(probs, k, return_valid=True, seed=0, offset=0)
+        assert valid.tolist() == [True, False, True, True] and t[1].item() == 0
     with pytest.raises(ValueError, match="NaN"):
         sampling.sampling_from_probs(probs, check_nan=True)
 

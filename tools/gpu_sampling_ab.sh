@@ -7,7 +7,7 @@
 # alongside), the read/copy ceilings, the sampling GPU tests of this tree and each variant,
 # then baseline / this tree / variants / peer / this tree again on the sampling cases.
 #   usage (device, from the checkout root):
-#     OUT=... [VARIANTS="name:dir ..."] [BUDGET=s] bash .gpu/<name>/tools/gpu_sampling_ab.sh
+#     OUT=... [VARIANTS="name:dir ..."] [TEST_TREES="ours ..."] [BUDGET=s] bash .gpu/<name>/tools/gpu_sampling_ab.sh
 # Writes log.txt, ceilings.json, pytest-<tree>.log and <tree>.json per timed tree.
 set -uo pipefail
 root=$PWD
@@ -40,7 +40,7 @@ import json, sys; sys.path.insert(0, 'benchmarks'); import harness
 json.dump(harness.measure_ceilings(), open('/tmp/ceilings.json', 'w'), indent=1)" >/tmp/ceil.log 2>&1
 fi
 cp /tmp/ceilings.json $OUT/ 2>/dev/null; log "ceilings $(tr -d '\n ' < /tmp/ceilings.json | cut -c1-120)"
-for n in "${names[@]}"; do
+for n in ${TEST_TREES:-${names[@]}}; do  # TEST_TREES: the trees to test (default all)
   while [ $n != ours ] && ! grep -q "jit $n exit" /tmp/jit-$n.log; do sleep 1; done
   (cd ${DIR[$n]} && timeout ${TEST_TIMEOUT:-60} env $(env_of $n) python3 -m pytest tests/test_sampling.py -q -p no:cacheprovider --maxfail=25) >$OUT/pytest-$n.log 2>&1
   log "pytest $n exit $? $(tail -1 $OUT/pytest-$n.log)"; grep -E "^(FAILED|ERROR)" $OUT/pytest-$n.log | head -8

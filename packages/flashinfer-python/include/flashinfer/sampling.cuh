@@ -28,8 +28,8 @@
 // target = floor(u * K) for K = sum of W_b and a 32-bit uniform u, the block whose running W
 // exceeds it, the element by a float scan of the block. Blocks start at multiples of 512 columns
 // of the row, so the draw does not depend on how a row is split: the one-CTA-per-row path below
-// gives the cluster path's samples bit for bit. (ChainKernel still draws per element: the first
-// column whose running fixed(x) exceeds the target.)
+// gives the cluster path's samples bit for bit. (The top-k filters (kBlockDraw) and ChainKernel
+// draw per element: the first column whose running fixed(x) exceeds the target; also split-free.)
 //
 // SM80/89 (no clusters) and FLASHINFER_SAMPLING_NO_CLUSTER: one CTA per row, the row in a global
 // scratch row (L2-resident passes instead of shared memory), the same code with a group of one.
@@ -518,6 +518,13 @@ inline constexpr unsigned kTopPFilters = filter_bit(kTopP);
 /// The filters whose threshold is always searched by radix select.
 inline constexpr unsigned kTopKFilters =
     filter_bit(kTopK) | filter_bit(kTopKTopPJoint) | filter_bit(kTopKFirstTopP);
+/// Whether filter set kFilters draws by 512-column blocks. The top-k filters draw per element
+/// (draw: a pass over the kept elements after the threshold) from plan_rows's chunks: in one
+/// H100 call (Wave 8) their block draw, with its whole-block chunks (16384 columns on 7 of 8
+/// CTAs at 128256 instead of 16032), cost 4-10% on top-k and the joint filters; summing no
+/// block in the first pass won back under 1%.
+template <unsigned kFilters>
+inline constexpr bool kBlockDraw = kFilters != kTopKFilters;
 
 /// Load, filter and draw one token for output row `out_row`. Group-wide. Returns whether this
 /// CTA arrived at the cluster barrier (block_prefix): the kernel then waits on it to exit.
@@ -531,8 +538,9 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   // The filter, known false at compile time for those this kernel does not take.
   const int filter = p.filter;
   auto is = [filter](int x) { return has_filter(kFilters, x) && filter == x; };
-  // Top-p's rejection draws without block sums: they are summed only if it falls back.
-  const bool sums_first = !is(kTopP);
+  // Top-p's rejection draws without block sums: they are summed only if it falls back. The
+  // top-k filters sum none (kBlockDraw).
+  const bool sums_first = kBlockDraw<kFilters> && !is(kTopP);
   float mx = -INFINITY;
   bool nan = false;
   if (row_ok) {
@@ -606,15 +614,21 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
     // Top-p comes here after its rejected candidates: the uniform after theirs.
     Philox rng = p.rng.make(out_row, is(kTopP) ? kTopPCandidates * kTopPPasses : 0);
     const uint32_t r = rng.next();
-    if (sums_first) {
-      refine_block_sums(ctx, t);
+    unsigned long long K;
+    if constexpr (kBlockDraw<kFilters>) {
+      if (sums_first) {
+        refine_block_sums(ctx, t);
+      } else {
+        fill_block_sums(ctx, t, [](float x) { return x; });
+      }
+      const DrawPrefix d = block_prefix(ctx, 0);
+      arrived = ctx.clustered;
+      col = block_locate(ctx, t, d, r);
+      K = d.K;
     } else {
-      fill_block_sums(ctx, t, [](float x) { return x; });
+      col = draw(ctx, t, r, 0, &K);
     }
-    const DrawPrefix d = block_prefix(ctx, 0);
-    arrived = ctx.clustered;
-    col = block_locate(ctx, t, d, r);
-    if (d.K == 0 && ctx.rank == 0 && ctx.tid == 0) col = 0;  // nothing to draw from
+    if (K == 0 && ctx.rank == 0 && ctx.tid == 0) col = 0;  // nothing to draw from
   } else if (ctx.rank == 0 && ctx.tid == 0) {
     col = 0;
   }
@@ -1063,7 +1077,9 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
   if (num_out == 0) return cudaSuccess;
   if (scratch.ptr) {  // one CTA per row: Shared and the row's block sums and max keys
     const size_t smem =
-        sizeof(Shared) + ceil_div(vocab, kBlockCols) * (sizeof(float) + sizeof(uint32_t));
+        sizeof(Shared) +
+        (kBlockDraw<kFilters> ? ceil_div(vocab, kBlockCols) * (sizeof(float) + sizeof(uint32_t))
+                              : 0);
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
     if (e != cudaSuccess) return e;
@@ -1077,7 +1093,7 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
     }
     return cudaSuccess;
   }
-  const RowPlan plan = plan_sample(vocab);
+  const RowPlan plan = kBlockDraw<kFilters> ? plan_sample(vocab) : plan_rows(vocab);
   cudaError_t e = prepare(kernel, plan);
   if (e != cudaSuccess) return e;
   const bool vec = rows_vectorizable<T>(in, stride, plan.chunk);
