@@ -417,17 +417,7 @@ __device__ __forceinline__ DrawPrefix block_prefix(const RowCtx& ctx, int slot) 
   d.s1 = min(nb, d.s0 + per);
   unsigned long long mine = 0;
   for (int b = d.s0 + lane; b < d.s1; b += 32) mine += ctx.fixed(sums[b]);
-  d.mine = warp_sum_u(mine);
-  if (lane == 0) ctx.s->wsum[warp] = d.mine;
-  __syncthreads();
-  unsigned long long total = 0, warp_before = 0;
-  for (int w = 0; w < nw; ++w) {
-    if (w == warp) warp_before = total;
-    total += ctx.s->wsum[w];
-  }
-  unsigned long long before;
-  d.K = cluster_sum_u(ctx, total, slot, &before);
-  d.before = before + warp_before;
+  prefix_of_warp_masses(ctx, mine, slot, &d);
   if (ctx.clustered) cluster_arrive();
   return d;
 }

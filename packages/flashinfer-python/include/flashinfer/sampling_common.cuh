@@ -724,15 +724,14 @@ __device__ __forceinline__ void warp_steps(const RowCtx& ctx, int* s0, int* s1) 
   *s1 = min(steps, *s0 + per_warp);
 }
 
-/// Group-wide: one pass over the chunk and one group barrier (exchange slot `slot`).
-__device__ __forceinline__ DrawPrefix draw_prefix(const RowCtx& ctx, uint32_t t, int slot) {
+/// Group-wide: d's K (the row's kept mass), this warp's mass d.mine (the sum of the lanes'
+/// `mine`) and the mass before this warp's share in column order, through one CTA barrier and the
+/// group exchange `slot` (the warps' shares are contiguous and in warp order).
+__device__ __forceinline__ void prefix_of_warp_masses(const RowCtx& ctx, unsigned long long mine,
+                                                      int slot, DrawPrefix* d) {
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
-  DrawPrefix d;
-  warp_steps(ctx, &d.s0, &d.s1);
-  unsigned long long mine = 0;
-  for (int st = d.s0; st < d.s1; ++st) mine += lane_mass(ctx, t, st, lane);
-  d.mine = warp_sum_u(mine);
-  if (lane == 0) ctx.s->wsum[warp] = d.mine;
+  d->mine = warp_sum_u(mine);
+  if (lane == 0) ctx.s->wsum[warp] = d->mine;
   __syncthreads();
   unsigned long long total = 0, warp_before = 0;
   for (int w = 0; w < nw; ++w) {
@@ -740,8 +739,18 @@ __device__ __forceinline__ DrawPrefix draw_prefix(const RowCtx& ctx, uint32_t t,
     total += ctx.s->wsum[w];
   }
   unsigned long long before;  // (cluster_sum_u's barrier orders wsum's next rewrite)
-  d.K = cluster_sum_u(ctx, total, slot, &before);
-  d.before = before + warp_before;
+  d->K = cluster_sum_u(ctx, total, slot, &before);
+  d->before = before + warp_before;
+}
+
+/// Group-wide: one pass over the chunk and one group barrier (exchange slot `slot`).
+__device__ __forceinline__ DrawPrefix draw_prefix(const RowCtx& ctx, uint32_t t, int slot) {
+  const int lane = ctx.tid & 31;
+  DrawPrefix d;
+  warp_steps(ctx, &d.s0, &d.s1);
+  unsigned long long mine = 0;
+  for (int st = d.s0; st < d.s1; ++st) mine += lane_mass(ctx, t, st, lane);
+  prefix_of_warp_masses(ctx, mine, slot, &d);
   return d;
 }
 
