@@ -62,6 +62,17 @@ VARIANTS = {
     "192/128: output from registers": (("SM90_STAGE_O=0",), ((192, 128),)),
     "192/128: 2 Q buffers, 96-key tiles, late rescale": (
         ("SM90_TILE_KV=96", "SM90_Q_BUFFERS=2", "SM90_RESCALE_EARLY=0"), ((192, 128),)),
+    # 192 / 128 on the H100 (its DRAM 3.0 TB/s against the H200's 4.5: the batch's unique
+    # bytes alone take ~0.9 ms there), deeper rings for smaller tiles, Q double-buffered or not.
+    "192/128: 2 Q buffers, 96-key tiles": (("SM90_TILE_KV=96", "SM90_Q_BUFFERS=2"),
+                                           ((192, 128),)),
+    "192/128: rescale O after P V": (("SM90_RESCALE_EARLY=0",), ((192, 128),)),
+    "192/128: 112-key tiles": (("SM90_TILE_KV=112",), ((192, 128),)),
+    "192/128: 80-key tiles, 3 stages": (("SM90_TILE_KV=80",), ((192, 128),)),
+    "192/128: 64-key tiles, 4 stages": (("SM90_TILE_KV=64",), ((192, 128),)),
+    "192/128: 2 Q buffers, 64-key tiles, 3 stages": (("SM90_TILE_KV=64", "SM90_Q_BUFFERS=2"),
+                                                     ((192, 128),)),
+    "192/128: producer 56 / consumers 224": (("SM90_PRODUCER_REGS=56",), ((192, 128),)),
 }
 
 
@@ -239,9 +250,10 @@ def cases(which=None):
     return out
 
 
-def check(label: str) -> dict:
+def check(label: str, heads=None) -> dict:
     """Ours against float64 on shapes that take every new path: ragged K/V tiles past each
-    request (NaN past the last one), non-causal, head_dim 64, paged."""
+    request (NaN past the last one), non-causal, head_dim 64, paged (``heads``: only the
+    shapes of those (head_dim, head_dim_vo) pairs, None: all)."""
     from attention_ref import attention_ref
 
     import flashinfer
@@ -251,6 +263,8 @@ def check(label: str) -> dict:
     qo_lens, kv_lens = [200, 1, 130, 77, 700], [300, 129, 130, 1000, 700]
     for d, dv, causal in ((128, 128, True), (128, 128, False), (64, 64, True),
                           (256, 256, True), (192, 128, True)):
+        if heads is not None and (d, dv) not in heads:
+            continue
         qi = torch.tensor([0, *torch.tensor(qo_lens).cumsum(0).tolist()], dtype=torch.int32)
         ki = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32)
         q = torch.randn(sum(qo_lens), 32, d, dtype=DT, device="cuda")
@@ -267,6 +281,8 @@ def check(label: str) -> dict:
             worst = max(worst, ((o[qi[b]:qi[b + 1]].double() - ref).norm() / ref.norm()).item())
         errs[f"ragged d{d}/{dv} {'causal' if causal else 'none'}"] = worst
     for d in (128, 256):
+        if heads is not None and (d, d) not in heads:
+            continue
         case = _paged(2, 1024, 16, 4, d)  # builds the wrapper; check its output once
         o = case.fn()
         errs[f"paged d{d} finite"] = float(not torch.isfinite(o).all())
@@ -351,21 +367,46 @@ def ours(args) -> int:
     result["ceilings"] = harness.measure_ceilings()
     print("ceilings", result["ceilings"], flush=True)
     result["variants"] = {}
-    for i, name in enumerate(names):
-        label = name if name not in names[:i] else f"{name} (repeat {names[:i].count(name)})"
-        _use(built[name])
-        from flashinfer.attention import plan as plan_mod
+    wanted = [int(i) for i in args.cases.split(",")] if args.cases else None
+    result["rounds"] = args.rounds
+    # --rounds N: every variant's cases once per round, the variants in turn within a round
+    # (drift over the call falls on all of them alike); each row the median of its rounds.
+    from flashinfer.attention import plan as plan_mod
 
-        plan_mod.SM90_SNAKE_ROUNDS = "PLAN_LONGEST_FIRST" not in VARIANTS[name][0]
-        entry = {"flags": list(VARIANTS[name][0]), "check": check(label)}
-        print(f"== {label} ({time.monotonic() - t:.0f} s)", flush=True)
-        heads = VARIANTS[name][1]
-        which = None if name == "default" else [
-            i for i in KEY_CASES if heads is None or CASE_HEADS[i] in heads]
-        entry["rows"] = time_cases(cases(which), result["ceilings"])
-        result["variants"][label] = entry
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for rnd in range(args.rounds):
+        for i, name in enumerate(names):
+            label = name if name not in names[:i] else f"{name} (repeat {names[:i].count(name)})"
+            _use(built[name])
+            plan_mod.SM90_SNAKE_ROUNDS = "PLAN_LONGEST_FIRST" not in VARIANTS[name][0]
+            heads = VARIANTS[name][1]
+            if rnd == 0:
+                result["variants"][label] = {"flags": list(VARIANTS[name][0]),
+                                             "check": check(label, heads), "rounds": []}
+            entry = result["variants"][label]
+            print(f"== {label}, round {rnd + 1} ({time.monotonic() - t:.0f} s)", flush=True)
+            which = wanted if name == "default" else [
+                i for i in (wanted or KEY_CASES) if heads is None or CASE_HEADS[i] in heads]
+            entry["rounds"].append(time_cases(cases(which), result["ceilings"]))
+            entry["rows"] = _median_rows(entry["rounds"], result["ceilings"])
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0
+
+
+def _median_rows(rounds: list, ceilings=None) -> list:
+    """One row per case: the first round's, with the median of every round's median (and the
+    per-round medians as ``rounds_us``) where there are several rounds."""
+    if len(rounds) == 1:
+        return rounds[0]
+    out = []
+    for row in rounds[0]:
+        us = [r["median_us"] for rs in rounds for r in rs if r["name"] == row["name"]]
+        med = sorted(us)[len(us) // 2]
+        row = {**row, "median_us": med, "rounds_us": us,
+               "TFLOPs": round(row["flops"] / (med * 1e-6) / 1e12, 1)}
+        if ceilings:
+            row["pct_of_matmul"] = round(100 * row["TFLOPs"] / ceilings["bf16_matmul_TFLOPs"], 1)
+        out.append(row)
+    return out
 
 
 def peer(args) -> int:
@@ -376,7 +417,8 @@ def peer(args) -> int:
         return 0
     payload = {"label": "peer", "device": harness.device_info(),
                "flashinfer_version": getattr(flashinfer, "__version__", "?")}
-    payload["rows"] = time_cases(built)
+    rounds = [time_cases(built) for _ in range(args.rounds)]
+    payload["rows"] = _median_rows(rounds)
     Path(args.out).write_text(json.dumps(payload, indent=1) + "\n")
     return 0
 
@@ -387,13 +429,15 @@ def merge(args) -> int:
     ours_ = json.loads(Path(args.ours).read_text())
     peer_ = json.loads(Path(args.peer).read_text())
     prow = {r["name"]: r["median_us"] for r in peer_["rows"]}
+    prounds = {r["name"]: r["rounds_us"] for r in peer_["rows"] if "rounds_us" in r}
     variants = ours_["variants"]
     chosen = args.variant or ("default" if "default" in variants else next(iter(variants)))
     table = {}
     for label, entry in variants.items():
         table[label] = {r["name"]: {"us": r["median_us"], "pct_of_matmul": r.get("pct_of_matmul"),
                                     "peer_over_ours": round(prow[r["name"]] / r["median_us"], 3)
-                                    if r["name"] in prow else None}
+                                    if r["name"] in prow else None,
+                                    **({"rounds_us": r["rounds_us"]} if "rounds_us" in r else {})}
                         for r in entry["rows"]}
     cases_ = []
     for r in variants[chosen]["rows"]:
@@ -401,7 +445,9 @@ def merge(args) -> int:
         if r["name"] in prow:
             case["peer_us"] = prow[r["name"]]
             case["speedup_vs_peer"] = round(prow[r["name"]] / r["median_us"], 3)
-        case["extra"] = {"variant": chosen}
+        case["extra"] = {"variant": chosen, **{k: v for k, v in (
+            ("rounds_us", r.get("rounds_us")), ("peer_rounds_us", prounds.get(r["name"])))
+            if v is not None}}
         cases_.append(case)
     schema.write(args.out, schema.record(
         "sweep", args.topic, ours_["device"], commit=args.commit or None,
@@ -429,10 +475,13 @@ def main(argv=None) -> int:
     o.add_argument("variants", nargs="*")
     o.add_argument("--wait", default="", help="a file to wait for before timing (other builds)")
     o.add_argument("--wait-s", type=float, default=120.0, help="the longest wait, s")
+    o.add_argument("--cases", default="", help="indices into CASES, comma-separated")
+    o.add_argument("--rounds", type=int, default=1, help="every variant's cases N times, in turn")
     p = sub.add_parser("peer")
     p.add_argument("out")
     p.add_argument("--warmup", action="store_true")
     p.add_argument("--cases", default="", help="indices into CASES, comma-separated")
+    p.add_argument("--rounds", type=int, default=1, help="the cases N times")
     m = sub.add_parser("merge")
     m.add_argument("out")
     m.add_argument("--ours", required=True)
