@@ -25,7 +25,14 @@ CASES = {
     "single_fa2": lambda: ba._single_prefill(16384, None, "", "fa2"),
     "decode1": lambda: ba._decode(1, 32768, True, 0.0, ""),
     "decode64": lambda: ba._decode(64, 4096, True, 0.0, ""),
+    "mla": lambda: _mla(),  # ragged 192 / 128 causal 16 x 1024, 128 heads
 }
+
+
+def _mla():
+    import attention_vs_peer
+
+    return attention_vs_peer._mla_ragged_prefill(16, 1024, 128)
 
 
 def main() -> int:
