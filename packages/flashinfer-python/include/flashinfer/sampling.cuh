@@ -336,16 +336,23 @@ struct BlockStats {
  *   write each block's kept (key >= t) sum S_b and max key to block_sums / block_max_keys; ends
  *   with a barrier when kSync (without it, the caller's next group barrier publishes them).
  *   Summed with t = 0 before a threshold is known, refine_warp_blocks keeps the sums of the
- *   threshold found later.
+ *   threshold found later. `wait(k)` runs before the warp's k-th block (load_block_lanes's
+ *   copies; a no-op by default).
  */
-template <bool kSync = true, typename Map>
-__device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_t t, Map map) {
+struct NoWait {
+  __device__ __forceinline__ void operator()(int) const {}
+};
+template <bool kSync = true, typename Map, typename Wait = NoWait>
+__device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_t t, Map map,
+                                                      Wait wait = {}) {
   float* sums = block_sums(ctx);
   uint32_t* max_keys = block_max_keys(ctx);
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
   const int nb = num_blocks(ctx);
   BlockStats st{-INFINITY, false};
-  for (int b = warp; b < nb; b += nw) {
+  int k = 0;
+  for (int b = warp; b < nb; b += nw, ++k) {
+    wait(k);
     float4 v[kBlockSteps];
     block_lane<true>(ctx, b, lane, map, v);
     float m = -INFINITY;
@@ -361,6 +368,56 @@ __device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_
   }
   if (kSync) __syncthreads();
   return st;
+}
+
+/*!
+ * @brief load_chunk for the draw set's float32 rows in shared memory (16-byte aligned), fused
+ *   with fill_block_sums: each lane copies the 16 values of each of its warp's blocks that
+ *   fill_block_sums reads on that lane (cp.async, one commit group per block), and the returned
+ *   wait(k) holds the lane until its copies of the warp's k-th block have landed. A lane reads
+ *   only what it copied, so no CTA barrier comes between the load and the sums, and the warp
+ *   sums its first blocks while the later ones still load. Same values as load_chunk.
+ */
+struct BlockCopyWait {
+  int rounds;
+  __device__ __forceinline__ void operator()(int k) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const int pending = rounds - 1 - k;  // commit groups that may still be in flight
+    if (pending >= 3) {
+      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+    } else if (pending == 2) {
+      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+    } else if (pending == 1) {
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    }
+#endif
+  }
+};
+__device__ __forceinline__ BlockCopyWait load_block_lanes(const RowCtx& ctx, const float* row) {
+  const float* src = row + ctx.begin;
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  const int nb = num_blocks(ctx);
+  BlockCopyWait w{0};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(ctx.vals));
+  for (int b = warp; b < nb; b += nw, ++w.rounds) {
+#pragma unroll
+    for (int st = 0; st < kBlockSteps; ++st) {
+      const int c = b * kBlockCols + st * 128 + lane * 4;
+      if (c + 4 <= ctx.n) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + c * 4),
+                     "l"(src + c)
+                     : "memory");
+      } else {
+        for (int j = 0; c + j < ctx.n && j < 4; ++j) ctx.vals[c + j] = src[c + j];  // the tail
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+#endif
+  return w;
 }
 
 /*!
@@ -667,7 +724,11 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   float mx = -INFINITY;
   bool nan = false;
   if (row_ok) {
-    load_chunk<T>(ctx, in + in_row * stride, vec);
+    // The draw set's float32 probabilities in shared memory load block by block (a lane loads
+    // what it sums: load_block_lanes).
+    bool fused = false;
+    if constexpr (kDrawSet && std::is_same_v<T, float>) fused = is_probs && vec && ctx.clustered;
+    if (!fused) load_chunk<T>(ctx, in + in_row * stride, vec);
     if (is_probs && sums_first) {
       // Negatives clamped to 0, the draw's block sums (they do not depend on the row's max,
       // only their fixed-point weights do). A NaN stays (its block's sum shows it): the row is
@@ -675,7 +736,18 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       auto clamp = [](float x) { return x < 0.f ? 0.f : x; };
       if constexpr (kDrawSet) {
         // The group barrier of the exchange publishes the sums (fill's own barrier dropped).
-        group_max_nan_of_warps(ctx, fill_block_sums<false>(ctx, 0, clamp), &mx, &nan);
+        BlockStats st;
+        if constexpr (std::is_same_v<T, float>) {
+          if (fused) {
+            st = fill_block_sums<false>(ctx, 0, clamp,
+                                        load_block_lanes(ctx, in + in_row * stride));
+          } else {
+            st = fill_block_sums<false>(ctx, 0, clamp);
+          }
+        } else {
+          st = fill_block_sums<false>(ctx, 0, clamp);
+        }
+        group_max_nan_of_warps(ctx, st, &mx, &nan);
       } else {
         const BlockStats st = fill_block_sums(ctx, 0, clamp);
         nan = __syncthreads_or(st.nan);
