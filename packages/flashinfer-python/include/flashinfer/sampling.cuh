@@ -511,15 +511,25 @@ static_assert(16 * (kThreads / 32) <= 4 * 32, "a lane reads at most 4 warps' val
  * @brief Group-wide: the row's max of fill_block_sums's per-thread maxima and whether a block sum
  *   was NaN, through Shared::red (the warp's max at [warp], its NaN flag at [16 + warp]). Max and
  *   or do not depend on the order: the values of block_max and a cluster max exchange.
+ *   `meanwhile()` runs between the cluster barrier's arrive and its wait (work that needs no
+ *   peer: the row's uniform).
  */
+template <typename F>
 __device__ __forceinline__ void group_max_nan_of_warps(const RowCtx& ctx, const BlockStats& st,
-                                                       float* mx, bool* nan) {
+                                                       float* mx, bool* nan, F meanwhile) {
   static_assert(kThreads / 32 <= 16, "red[16 + warp] holds the NaN flags");
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
   const float wm = warp_max(st.max);
   const bool wn = __any_sync(0xffffffffu, st.nan);
   if (lane == 0) ctx.s->red[warp] = wm, ctx.s->red[16 + warp] = wn ? 1.f : 0.f;
-  row_sync(ctx);
+  if (ctx.clustered) {
+    cluster_arrive();
+    meanwhile();
+    cluster_wait();
+  } else {
+    __syncthreads();
+    meanwhile();
+  }
   float m = -INFINITY, f = 0.f;
   for (int i = lane; i < ctx.csize * nw; i += 32) {
     const float* r = peer(ctx, ctx.s->red, i / nw);
@@ -723,6 +733,8 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   const bool warp_exchange = kDrawSet && row_ok && is_probs;
   float mx = -INFINITY;
   bool nan = false;
+  uint32_t r = 0;  // the row's uniform, drawn early by the draw set (warp_exchange)
+  auto draw_uniform = [&] { r = p.rng.make(out_row, 0).next(); };
   if (row_ok) {
     // The draw set's float32 probabilities in shared memory load block by block (a lane loads
     // what it sums: load_block_lanes).
@@ -747,7 +759,7 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
         } else {
           st = fill_block_sums<false>(ctx, 0, clamp);
         }
-        group_max_nan_of_warps(ctx, st, &mx, &nan);
+        group_max_nan_of_warps(ctx, st, &mx, &nan, draw_uniform);
       } else {
         const BlockStats st = fill_block_sums(ctx, 0, clamp);
         nan = __syncthreads_or(st.nan);
@@ -813,8 +825,10 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       if (!tp.all && tp.key > t) t = tp.key;
     }
     // Top-p comes here after its rejected candidates: the uniform after theirs.
-    Philox rng = p.rng.make(out_row, is(kTopP) ? kTopPCandidates * kTopPPasses : 0);
-    const uint32_t r = rng.next();
+    if (!warp_exchange) {
+      Philox rng = p.rng.make(out_row, is(kTopP) ? kTopPCandidates * kTopPPasses : 0);
+      r = rng.next();
+    }
     unsigned long long K;
     if constexpr (kBlockDraw<kFilters>) {
       if (!kDrawSet) {  // top-p's fallback
