@@ -241,7 +241,7 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
 // equal seed/offset give equal samples. Filling the sums costs an add and a max per element
 // and 6 warp-wide instructions per 512 (no 64-bit conversion per element); they stay in shared
 // memory after the Shared block with each block's max key, so a threshold found later keeps
-// them without another pass (refine_warp_blocks), and the locate reads them (two short warp
+// them without another pass (refine_block_sums), and the locate reads them (two short warp
 // scans) instead of walking the warp's columns again.
 
 /// Columns of a draw block: lane l of a warp holds columns 128 s + 4 l .. + 3, s < 4.
@@ -334,25 +334,17 @@ struct BlockStats {
 /*!
  * @brief Block-wide: map every value of the chunk by `map` (stored back where it changes) and
  *   write each block's kept (key >= t) sum S_b and max key to block_sums / block_max_keys; ends
- *   with a barrier when kSync (without it, the caller's next group barrier publishes them).
- *   Summed with t = 0 before a threshold is known, refine_warp_blocks keeps the sums of the
- *   threshold found later. `wait(k)` runs before the warp's k-th block (load_block_lanes's
- *   copies; a no-op by default).
+ *   with a barrier. Summed with t = 0 before a threshold is known, refine_block_sums keeps the
+ *   sums of the threshold found later.
  */
-struct NoWait {
-  __device__ __forceinline__ void operator()(int) const {}
-};
-template <bool kSync = true, typename Map, typename Wait = NoWait>
-__device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_t t, Map map,
-                                                      Wait wait = {}) {
+template <typename Map>
+__device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_t t, Map map) {
   float* sums = block_sums(ctx);
   uint32_t* max_keys = block_max_keys(ctx);
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
   const int nb = num_blocks(ctx);
   BlockStats st{-INFINITY, false};
-  int k = 0;
-  for (int b = warp; b < nb; b += nw, ++k) {
-    wait(k);
+  for (int b = warp; b < nb; b += nw) {
     float4 v[kBlockSteps];
     block_lane<true>(ctx, b, lane, map, v);
     float m = -INFINITY;
@@ -366,107 +358,15 @@ __device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_
     st.nan |= isnan(sum);
     if (lane == 0) sums[b] = sum, max_keys[b] = mk;
   }
-  if (kSync) __syncthreads();
+  __syncthreads();
   return st;
-}
-
-/*!
- * @brief load_chunk for the draw set's float32 rows in shared memory (16-byte aligned), fused
- *   with fill_block_sums: each lane copies the 16 values of each of its warp's blocks that
- *   fill_block_sums reads on that lane (cp.async, one commit group per block), and the returned
- *   wait(k) holds the lane until its copies of the warp's k-th block have landed. A lane reads
- *   only what it copied, so no CTA barrier comes between the load and the sums, and the warp
- *   sums its first blocks while the later ones still load. Same values as load_chunk.
- */
-struct BlockCopyWait {
-  int rounds;
-  __device__ __forceinline__ void operator()(int k) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const int pending = rounds - 1 - k;  // commit groups that may still be in flight
-    if (pending >= 3) {
-      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
-    } else if (pending == 2) {
-      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-    } else if (pending == 1) {
-      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    } else {
-      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    }
-#endif
-  }
-};
-__device__ __forceinline__ BlockCopyWait load_block_lanes(const RowCtx& ctx, const float* row) {
-  const float* src = row + ctx.begin;
-  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
-  const int nb = num_blocks(ctx);
-  BlockCopyWait w{0};
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(ctx.vals));
-  for (int b = warp; b < nb; b += nw, ++w.rounds) {
-#pragma unroll
-    for (int st = 0; st < kBlockSteps; ++st) {
-      const int c = b * kBlockCols + st * 128 + lane * 4;
-      if (c + 4 <= ctx.n) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + c * 4),
-                     "l"(src + c)
-                     : "memory");
-      } else {
-        for (int j = 0; c + j < ctx.n && j < 4; ++j) ctx.vals[c + j] = src[c + j];  // the tail
-      }
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-  }
-#endif
-  return w;
-}
-
-/*!
- * @brief Warp-wide: turn fill_block_sums's t = 0 sums of this warp's blocks [s0, s1) into the
- *   kept (key >= t) sums: 0 for a block whose max key is below t, recomputed (the same order,
- *   so the same bits as summing with t from the start) for a block that holds a kept element.
- *   After a min-p threshold few blocks hold one: no pass over the chunk. The blocks go in
- *   batches of kRefineBatch whose butterflies interleave (a block's butterfly is 5 dependent
- *   shuffles), and the warp that refines a block is the one that weighs and locates it
- *   (draw_set_prefix, block_locate): no block barrier.
- */
-inline constexpr int kRefineBatch = 4;
-__device__ __forceinline__ void refine_warp_blocks(const RowCtx& ctx, uint32_t t, int s0, int s1) {
-  float* sums = block_sums(ctx);
-  const uint32_t* max_keys = block_max_keys(ctx);
-  const int lane = ctx.tid & 31;
-  for (int b0 = s0; b0 < s1; b0 += kRefineBatch) {
-    float ls[kRefineBatch];
-#pragma unroll
-    for (int u = 0; u < kRefineBatch; ++u) {
-      ls[u] = 0.f;
-      if (b0 + u < s1 && max_keys[b0 + u] >= t) {  // warp-uniform
-        float4 v[kBlockSteps];
-        block_lane<false>(ctx, b0 + u, lane, [](float x) { return x; }, v);
-        float k[4 * kBlockSteps];
-        lane_kept(ctx, v, t, k);
-        ls[u] = lane_sum(k);
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {  // warp_sum_f of each, interleaved
-#pragma unroll
-      for (int u = 0; u < kRefineBatch; ++u) ls[u] += __shfl_xor_sync(0xffffffffu, ls[u], o);
-    }
-    if (lane == 0) {
-#pragma unroll
-      for (int u = 0; u < kRefineBatch; ++u)
-        if (b0 + u < s1) sums[b0 + u] = ls[u];
-    }
-  }
-  __syncwarp();
 }
 
 /*!
  * @brief Block-wide: turn fill_block_sums's t = 0 sums into the kept (key >= t) sums: 0 for a
  *   block whose max key is below t, recomputed (the same order, so the same bits as summing
  *   with t from the start) for a block that holds a kept element. After a top-k or min-p
- *   threshold few blocks hold one: no pass over the chunk. Ends with a barrier. (Top-p's kernel
- *   holds it for its never-taken non-top-p branch; the draw set uses refine_warp_blocks.)
+ *   threshold few blocks hold one: no pass over the chunk. Ends with a barrier.
  */
 __device__ __forceinline__ void refine_block_sums(const RowCtx& ctx, uint32_t t) {
   if (t == 0) return;
@@ -502,87 +402,6 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-// The draw set's exchanges (plain and min-p from probabilities): one group barrier each and no
-// CTA barrier before it. Each warp publishes its own value; after the group barrier every warp
-// reads the csize * nw values of the group (at most 128: one DSMEM round trip, <= 4 a lane).
-static_assert(16 * (kThreads / 32) <= 4 * 32, "a lane reads at most 4 warps' values");
-
-/*!
- * @brief Group-wide: the row's max of fill_block_sums's per-thread maxima and whether a block sum
- *   was NaN, through Shared::red (the warp's max at [warp], its NaN flag at [16 + warp]). Max and
- *   or do not depend on the order: the values of block_max and a cluster max exchange.
- *   `meanwhile()` runs between the cluster barrier's arrive and its wait (work that needs no
- *   peer: the row's uniform).
- */
-template <typename F>
-__device__ __forceinline__ void group_max_nan_of_warps(const RowCtx& ctx, const BlockStats& st,
-                                                       float* mx, bool* nan, F meanwhile) {
-  static_assert(kThreads / 32 <= 16, "red[16 + warp] holds the NaN flags");
-  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
-  const float wm = warp_max(st.max);
-  const bool wn = __any_sync(0xffffffffu, st.nan);
-  if (lane == 0) ctx.s->red[warp] = wm, ctx.s->red[16 + warp] = wn ? 1.f : 0.f;
-  if (ctx.clustered) {
-    cluster_arrive();
-    meanwhile();
-    cluster_wait();
-  } else {
-    __syncthreads();
-    meanwhile();
-  }
-  float m = -INFINITY, f = 0.f;
-  for (int i = lane; i < ctx.csize * nw; i += 32) {
-    const float* r = peer(ctx, ctx.s->red, i / nw);
-    m = fmaxf(m, r[i % nw]);
-    f = fmaxf(f, r[16 + i % nw]);
-  }
-  *mx = warp_max(m);
-  *nan = warp_max(f) > 0.f;
-}
-
-/*!
- * @brief Group-wide: prefix_of_warp_masses without its CTA barrier: d's K, d->mine (the warp's
- *   sum of `mine`) and the mass before this warp in (rank, warp) order, which is column order,
- *   through Shared::wsum and one group barrier. Integer sums: the same values.
- */
-__device__ __forceinline__ void group_prefix_of_warp_masses(const RowCtx& ctx,
-                                                            unsigned long long mine,
-                                                            DrawPrefix* d) {
-  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
-  d->mine = warp_sum_u(mine);
-  if (lane == 0) ctx.s->wsum[warp] = d->mine;
-  row_sync(ctx);
-  const int n = ctx.csize * nw, me = ctx.rank * nw + warp;
-  unsigned long long all = 0, before = 0;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int i = lane * 4 + j;
-    const unsigned long long x = i < n ? peer(ctx, ctx.s->wsum, i / nw)[i % nw] : 0ull;
-    all += x;
-    if (i < me) before += x;
-  }
-  d->K = warp_sum_u(all);
-  d->before = warp_sum_u(before);
-}
-
-/// The blocks [d->s0, d->s1) of the chunk that this thread's warp weighs and locates (contiguous,
-/// in warp order).
-__device__ __forceinline__ void warp_blocks(const RowCtx& ctx, DrawPrefix* d) {
-  const int warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
-  const int nb = num_blocks(ctx), per = (nb + nw - 1) / nw;
-  d->s0 = min(nb, warp * per);
-  d->s1 = min(nb, d->s0 + per);
-}
-
-/// This lane's share of the fixed-point weights W_b of the warp's blocks.
-__device__ __forceinline__ unsigned long long warp_block_mass(const RowCtx& ctx,
-                                                              const DrawPrefix& d) {
-  const float* sums = block_sums(ctx);
-  unsigned long long mine = 0;
-  for (int b = d.s0 + (ctx.tid & 31); b < d.s1; b += 32) mine += ctx.fixed(sums[b]);
-  return mine;
-}
-
 /*!
  * @brief Group-wide, after fill_block_sums: the row's kept mass K = sum of W_b, and this warp's
  *   share of it (blocks [s0, s1), contiguous, and the mass before them in column order). Its
@@ -599,21 +418,6 @@ __device__ __forceinline__ DrawPrefix block_prefix(const RowCtx& ctx, int slot) 
   unsigned long long mine = 0;
   for (int b = d.s0 + lane; b < d.s1; b += 32) mine += ctx.fixed(sums[b]);
   prefix_of_warp_masses(ctx, mine, slot, &d);
-  if (ctx.clustered) cluster_arrive();
-  return d;
-}
-
-/*!
- * @brief block_prefix for the draw set (plain, min-p), after its one-barrier max exchange:
- *   min-p's threshold t (0: plain) refines the warp's own blocks (refine_warp_blocks), and the
- *   warps' masses go to the group without a CTA barrier (group_prefix_of_warp_masses). Same K,
- *   same prefix, same sample as block_prefix after refining every block.
- */
-__device__ __forceinline__ DrawPrefix draw_set_prefix(const RowCtx& ctx, uint32_t t) {
-  DrawPrefix d;
-  warp_blocks(ctx, &d);
-  if (t != 0) refine_warp_blocks(ctx, t, d.s0, d.s1);
-  group_prefix_of_warp_masses(ctx, warp_block_mass(ctx, d), &d);
   if (ctx.clustered) cluster_arrive();
   return d;
 }
@@ -727,50 +531,23 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   // Top-p's rejection draws without block sums: they are summed only if it falls back. The
   // top-k filters sum none (kBlockDraw).
   const bool sums_first = kBlockDraw<kFilters> && !is(kTopP);
-  // The draw set exchanges per warp, without CTA barriers (group_max_nan_of_warps,
-  // draw_set_prefix); top-p keeps block_max and block_prefix. Uniform over the row's group.
-  constexpr bool kDrawSet = kFilters == kDrawFilters;
-  const bool warp_exchange = kDrawSet && row_ok && is_probs;
   float mx = -INFINITY;
   bool nan = false;
-  uint32_t r = 0;  // the row's uniform, drawn early by the draw set (warp_exchange)
-  auto draw_uniform = [&] { r = p.rng.make(out_row, 0).next(); };
   if (row_ok) {
-    // The draw set's float32 probabilities in shared memory load block by block (a lane loads
-    // what it sums: load_block_lanes).
-    bool fused = false;
-    if constexpr (kDrawSet && std::is_same_v<T, float>) fused = is_probs && vec && ctx.clustered;
-    if (!fused) load_chunk<T>(ctx, in + in_row * stride, vec);
+    load_chunk<T>(ctx, in + in_row * stride, vec);
     if (is_probs && sums_first) {
       // Negatives clamped to 0, the draw's block sums (they do not depend on the row's max,
       // only their fixed-point weights do). A NaN stays (its block's sum shows it): the row is
       // then not drawn from.
-      auto clamp = [](float x) { return x < 0.f ? 0.f : x; };
-      if constexpr (kDrawSet) {
-        // The group barrier of the exchange publishes the sums (fill's own barrier dropped).
-        BlockStats st;
-        if constexpr (std::is_same_v<T, float>) {
-          if (fused) {
-            st = fill_block_sums<false>(ctx, 0, clamp,
-                                        load_block_lanes(ctx, in + in_row * stride));
-          } else {
-            st = fill_block_sums<false>(ctx, 0, clamp);
-          }
-        } else {
-          st = fill_block_sums<false>(ctx, 0, clamp);
-        }
-        group_max_nan_of_warps(ctx, st, &mx, &nan, draw_uniform);
-      } else {
-        const BlockStats st = fill_block_sums(ctx, 0, clamp);
-        nan = __syncthreads_or(st.nan);
-        mx = block_max(st.max, ctx.s);
-      }
+      const BlockStats st = fill_block_sums(ctx, 0, [](float x) { return x < 0.f ? 0.f : x; });
+      nan = __syncthreads_or(st.nan);
+      mx = block_max(st.max, ctx.s);
     } else {
       mx = first_pass(ctx, is_probs, [](float x) { return fmaxf(x, 0.f); }, &nan);
     }
   }
-  float nan_f = nan ? 1.f : 0.f;
-  if (!warp_exchange) cluster_reduce2_f(ctx, mx, nan ? 1.f : 0.f, 0, true, &mx, &nan_f);
+  float nan_f;
+  cluster_reduce2_f(ctx, mx, nan ? 1.f : 0.f, 0, true, &mx, &nan_f);
   const bool any_nan = nan_f > 0.f;
   int64_t col = -1;
   bool arrived = false;
@@ -825,21 +602,16 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       if (!tp.all && tp.key > t) t = tp.key;
     }
     // Top-p comes here after its rejected candidates: the uniform after theirs.
-    if (!warp_exchange) {
-      Philox rng = p.rng.make(out_row, is(kTopP) ? kTopPCandidates * kTopPPasses : 0);
-      r = rng.next();
-    }
+    Philox rng = p.rng.make(out_row, is(kTopP) ? kTopPCandidates * kTopPPasses : 0);
+    const uint32_t r = rng.next();
     unsigned long long K;
     if constexpr (kBlockDraw<kFilters>) {
-      if (!kDrawSet) {  // top-p's fallback
-        if (sums_first) {
-          refine_block_sums(ctx, t);
-        } else {
-          fill_block_sums(ctx, t, [](float x) { return x; });
-        }
+      if (sums_first) {
+        refine_block_sums(ctx, t);
+      } else {
+        fill_block_sums(ctx, t, [](float x) { return x; });
       }
-      // The draw set refines min-p's blocks (t > 0) warp by warp.
-      const DrawPrefix d = kDrawSet ? draw_set_prefix(ctx, t) : block_prefix(ctx, 0);
+      const DrawPrefix d = block_prefix(ctx, 0);
       arrived = ctx.clustered;
       col = block_locate(ctx, t, d, r);
       K = d.K;
