@@ -361,13 +361,12 @@ def schedule(
     if min(qo_lens, default=0) < 0 or min(kv_lens, default=0) < 0:
         raise ValueError("sequence lengths must be >= 0")
     max_rows = max(qo_lens, default=0) * group_size
-    cta_heads = num_kv_heads
     if cta is None:
         fixed = kv_chunk_size if kv_chunk_size and not disable_split_kv else 0
         tiles = _tiles(qo_lens, group_size, 16, max_rows)
         if fixed:
             tiles = [t * (-(-k // fixed) or 1) for t, k in zip(tiles, kv_lens)]
-        batch_ctas = cta_heads * sum(tiles)
+        batch_ctas = num_kv_heads * sum(tiles)
         cta = choose_cta(max_rows, head_dim, backend == "fa3", batch_ctas, num_sms)
     if ctas_per_sm is None:
         ctas_per_sm = cta_occupancy(cta, max(head_dim, head_dim_vo or head_dim))
@@ -383,8 +382,8 @@ def schedule(
     else:
         target = num_sms * ctas_per_sm
         if item_capacity is not None:
-            target = min(target, item_capacity * cta_heads)
-        chunk = choose_chunk_size(kv_lens, qtiles, cta_heads, target)
+            target = min(target, item_capacity * num_kv_heads)
+        chunk = choose_chunk_size(kv_lens, qtiles, num_kv_heads, target)
 
     # The items as four columns and their costs (keys each sees); one slot per (request, tile).
     # Chunks per request (_num_chunks, inlined: this runs once per request per plan).
