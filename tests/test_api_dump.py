@@ -19,6 +19,9 @@ def level10(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHINFER_DUMP_DIR", str(tmp_path / "dumps"))
     for name in ("INCLUDE", "EXCLUDE", "MAX_COUNT", "MAX_SIZE_GB", "SAFETENSORS"):
         monkeypatch.delenv(f"FLASHINFER_DUMP_{name}", raising=False)
+    # The host's free disk must not decide these tests (CI's disk can be nearly full by the
+    # time the release check runs them): the free-space stop has its own test below.
+    monkeypatch.setattr(api_dump, "_FREE_MARGIN", 0)
     api_dump.reset()
     api_logging._reset_sink()
     yield tmp_path / "dumps"
@@ -107,6 +110,22 @@ def test_max_count_and_size_stop_with_one_warning(level10, monkeypatch):
         op(torch.ones(1))
     assert len(_calls(level10)) == 1
     assert sum("MAX_SIZE_GB" in str(w.message) for w in caught) == 1
+
+
+def test_a_nearly_full_disk_stops_dumping_with_one_warning(level10, monkeypatch):
+    op = _decorated(fake_double)
+    op(torch.ones(3))  # room enough: written
+    monkeypatch.setattr(api_dump, "_FREE_MARGIN", 1 << 30)
+    real = api_dump.shutil.disk_usage
+    monkeypatch.setattr(api_dump.shutil, "disk_usage",
+                        lambda path: real(path)._replace(free=(1 << 30) - 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        op(torch.ones(3))  # would leave less than the margin: refused, dumping stops
+        op(torch.ones(3))
+    assert len(_calls(level10)) == 1
+    stops = [str(w.message) for w in caught if "dumps stopped" in str(w.message)]
+    assert len(stops) == 1 and "bytes free under" in stops[0], stops
 
 
 def test_safetensors_and_replay_round_trip(level10, monkeypatch):
