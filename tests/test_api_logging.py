@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -90,10 +91,20 @@ def test_unparsable_level_warns_once_per_process(tmp_path):
     assert "FLASHINFER_LOGLEVEL" in proc.stderr
 
 
-@pytest.mark.parametrize("env, level", [("-1", 0), ("1", 1), ("2", 1), ("4", 3), ("7", 5), ("10", 10), ("12", 10)])
+@pytest.mark.parametrize("env, level", [("1", 1), ("2", 1), ("4", 3), ("7", 5), ("10", 10), ("12", 10)])
 def test_in_between_levels_round_down(monkeypatch, env, level):
     monkeypatch.setenv("FLASHINFER_LOGLEVEL", env)
     assert api_logging._decoration_level() == level
+
+
+def test_a_negative_level_disables_logging_with_a_warning(monkeypatch):
+    monkeypatch.setenv("FLASHINFER_LOGLEVEL", "-1")
+    monkeypatch.setattr(api_logging, "_WARNED_LEVELS", set())  # whatever ran before
+    with pytest.warns(RuntimeWarning, match=r"FLASHINFER_LOGLEVEL must be an integer .* got '-1'"):
+        assert api_logging._decoration_level() == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process: the second call is silent
+        assert api_logging._decoration_level() == 0
 
 
 # ---------------------------------------------------------------------------------------------
