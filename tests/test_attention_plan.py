@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 
-from flashinfer.attention.plan import COLUMNS, HEADER, choose_chunk_size, choose_cta, schedule
+from flashinfer.attention.plan import (COLUMNS, HEADER, SM90_REQUEST_ORDER_BYTES, choose_chunk_size,
+                                       choose_cta, schedule)
 
 SMS = 132
 
@@ -199,9 +200,10 @@ def test_two_and_eight_key_streams_only_for_16_row_tiles():
     assert choose_cta(16, 128) == 0  # nothing known of the batch: four streams
 
 
-def _model_items(qo_lens, kv_lens, plan, group_size, causal):
+def _model_items(qo_lens, kv_lens, plan, group_size, causal, with_cost=False):
     """The plan's items spelled out one at a time: (request, qo tile, kv chunk, merge slot) in
-    request order with each one's visible keys, sorted longest first (stable)."""
+    request order with each one's visible keys, sorted longest first (stable); ``with_cost``:
+    (visible keys, item) pairs."""
     chunk, items, slot = plan.kv_chunk_size, [], 0
     for b, (qo, kv) in enumerate(zip(qo_lens, kv_lens)):
         chunks = max(1, math.ceil(kv / chunk)) if chunk else 1
@@ -213,7 +215,7 @@ def _model_items(qo_lens, kv_lens, plan, group_size, causal):
                 items.append((max(0, min(hi, visible) - c * chunk), (b, qt, c, slot)))
             slot += 1
     items.sort(key=lambda it: -it[0])
-    return [it[1] for it in items]
+    return items if with_cost else [it[1] for it in items]
 
 
 def test_schedule_matches_an_item_by_item_model():
@@ -291,21 +293,26 @@ def test_decode_shape_follows_the_callers_fixed_split(chunk, cta):
     assert plan.cta == cta and plan.kv_chunk_size == chunk
 
 
-def test_hopper_batches_take_their_items_in_snake_rounds():
-    """Several requests on the Hopper kernel (cta 3): the items longest first in rounds of
-    grid_x, every other round reversed (plan.SM90_SNAKE_ROUNDS); one request keeps longest
-    first (the kernel deals that itself)."""
-    for qo_lens, group, heads in (([1024] * 16, 2, 8), ([300, 7, 1000, 64] * 8, 4, 8),
-                                  ([2048] * 8, 4, 1)):
+def test_hopper_batches_outgrowing_the_l2_take_their_items_request_by_request():
+    """Several requests on the Hopper kernel (cta 3), whose CTAs claim the units head-major in
+    plan order: where one KV head's K/V is over plan.SM90_REQUEST_ORDER_BYTES, the requests by
+    their visible keys summed over their items (largest first, ties by index), each one's items
+    longest first; below it, and for one request (the kernel takes it item-major), longest first
+    over the batch."""
+    for qo_lens, group, heads in (([2048] * 64, 4, 8), ([300, 7, 1000, 64] * 200, 4, 8),
+                                  ([5, 40960, 0, 700, 40960], 1, 2)):
+        kv_bytes = sum(qo_lens) * 256 * 2
+        assert kv_bytes > SM90_REQUEST_ORDER_BYTES
         plan, buf = schedule(qo_lens, qo_lens, group_size=group, num_kv_heads=heads,
                              head_dim=128, num_sms=SMS, causal=True, cta=3,
                              disable_split_kv=True)
-        model = _model_items(qo_lens, qo_lens, plan, group, True)
-        g = plan.grid_x
-        rounds = [model[i:i + g][::-1] if (i // g) % 2 else model[i:i + g]
-                  for i in range(0, len(model), g)]
-        assert _items(plan, buf, columns=4) == [it for r in rounds for it in r]
-        assert len({it[0] for it in model}) > 1 and plan.num_items > g  # several rounds
-    plan, buf = schedule([8192], [8192], group_size=4, num_kv_heads=8, head_dim=128,
-                         num_sms=SMS, causal=True, cta=3, disable_split_kv=True)
-    assert _items(plan, buf, columns=4) == _model_items([8192], [8192], plan, 4, True)
+        model = _model_items(qo_lens, qo_lens, plan, group, True, with_cost=True)
+        total = {}
+        for cost, it in model:
+            total[it[0]] = total.get(it[0], 0) + cost
+        expect = [it for _, it in sorted(model, key=lambda m: (-total[m[1][0]], m[1][0]))]
+        assert _items(plan, buf, columns=4) == expect != [it for _, it in model]
+    for qo_lens in ([1024] * 16, [8192], [24576] * 2):  # 8 MB a KV head; one request; 24 MB
+        plan, buf = schedule(qo_lens, qo_lens, group_size=4, num_kv_heads=8, head_dim=128,
+                             num_sms=SMS, causal=True, cta=3, disable_split_kv=True)
+        assert _items(plan, buf, columns=4) == _model_items(qo_lens, qo_lens, plan, 4, True)

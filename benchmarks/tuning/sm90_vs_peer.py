@@ -42,9 +42,6 @@ DT = torch.bfloat16
 # default build). "default" is the tree.
 VARIANTS = {
     "default": ((), None),
-    # The plan's item order for batches on the Hopper kernel: longest first (the default:
-    # snake rounds, plan.SM90_SNAKE_ROUNDS). Not a macro: the same modules as the default.
-    "plan: longest first": (("PLAN_LONGEST_FIRST",), None),
     # setmaxnreg splits (default 88 / 208; the consumers take the rest)
     "producer 40 / consumers 232": (("SM90_PRODUCER_REGS=40",), None),
     "producer 56 / consumers 224": (("SM90_PRODUCER_REGS=56",), None),
@@ -371,13 +368,10 @@ def ours(args) -> int:
     result["rounds"] = args.rounds
     # --rounds N: every variant's cases once per round, the variants in turn within a round
     # (drift over the call falls on all of them alike); each row the median of its rounds.
-    from flashinfer.attention import plan as plan_mod
-
     for rnd in range(args.rounds):
         for i, name in enumerate(names):
             label = name if name not in names[:i] else f"{name} (repeat {names[:i].count(name)})"
             _use(built[name])
-            plan_mod.SM90_SNAKE_ROUNDS = "PLAN_LONGEST_FIRST" not in VARIANTS[name][0]
             heads = VARIANTS[name][1]
             if rnd == 0:
                 result["variants"][label] = {"flags": list(VARIANTS[name][0]),

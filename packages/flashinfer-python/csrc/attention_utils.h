@@ -228,7 +228,8 @@ inline RunRecord check_run_params(const TensorView& params, const TensorView& q)
 }
 
 /// The plan and batch metadata of a record (device addresses that plan() checked and keeps
-/// alive): the plan buffer (int32 on the device) is [num_items, kv_chunk_size, 0, 0,
+/// alive): the plan buffer (int32 on the device) is [num_items, kv_chunk_size, the Hopper
+/// kernel's two work counters (0 as uploaded, and again after each launch),
 /// request_idx[cap], qo_tile_idx[cap], kv_chunk_idx[cap], merge_slot[cap], qo_begin[cap],
 /// qo_len[cap], kv_begin[cap], kv_len[cap], merge_indptr[rows + 1] (split KV)].
 inline void fill_record_params(AttentionParams& p, const RunRecord& rec, bool paged) {
@@ -248,9 +249,10 @@ inline void fill_record_params(AttentionParams& p, const RunRecord& rec, bool pa
   }
   const int64_t cap = rec[kItemCapacity];
   TVM_FFI_CHECK(cap > 0, ValueError) << "params.item_capacity must be positive, got " << cap;
-  const int32_t* base = rec.ptr<const int32_t>(kPlan);
+  int32_t* base = rec.ptr<int32_t>(kPlan);
   p.num_items = base;
   p.kv_chunk_size = base + 1;
+  p.work_counters = base + 2;
   p.request_idx = base + 4;
   p.qo_tile_idx = base + 4 + cap;
   p.kv_chunk_idx = base + 4 + 2 * cap;

@@ -111,16 +111,6 @@ CTAS_PER_SM = {0: 2, 1: 2, 2: 2, 3: 1, 4: 4, 5: 1}
 # (benchmarks/tuning/tma_q_sweep.py, benchmarks/NOTES.md).
 TMA_Q_MAX_KEYS = 12 * 128
 
-#: The Hopper kernel's persistent grid takes a batch of several requests head-major: CTA x
-#: takes units w = x, x + G, ... of w = kv_head * num_items + item (G CTAs). With the items
-#: longest first, every head's deal then starts N mod G CTAs further on and the CTAs that take
-#: long items in one head take long items in the next: the longest CTA's work over the mean
-#: (sorted costs plus one tile per item) is 1.25 for head_dim 256 ragged 16 x 1024 at 16/8
-#: heads. Ordering the items in snake rounds of G instead (every other round of G reversed, as
-#: the kernel itself walks one request's items) brings it to 1.03 (paged 8 x 2048: 1.27 ->
-#: 1.03; head_dim 128 ragged 16 x 1024 and paged 8 x 2048, 32/8 heads: 1.03 -> 1.02;
-#: benchmarks/notes/sm90-head-dims.md). False: longest first (for the A/B sweep).
-SM90_SNAKE_ROUNDS = True
 
 
 def choose_cta(max_packed_rows: int, head_dim: int, sm90: bool = False, batch_ctas: int = 0,
@@ -290,18 +280,32 @@ def _items(qo_lens, kv_lens, qtiles, chunks, tile_q, chunk, group_size, causal):
     return req, qtile, kchunk, slot, cost
 
 
-def _sm90_snake_rounds(order: list, req: list, grid: int) -> list:
-    """``order`` (longest first) in rounds of ``grid`` items, every other round reversed, for a
-    batch the Hopper kernel takes head-major (SM90_SNAKE_ROUNDS). A batch whose first and last
-    items are of one request stays as it is: the kernel walks that item-major in snake rounds
-    itself, and it tells the two apart by the first and the last item's request."""
-    if len(order) < 2 or req[order[0]] == req[order[-1]]:
+#: A batch on the Hopper kernel whose K/V of one KV head (at two bytes an element) is larger
+#: than this goes request by request (_sm90_order). Its CTAs claim the units head-major in plan
+#: order, so those running at one time read about one KV head's K/V: within the L2, longest
+#: first over the whole batch keeps it there and balances the CTAs best; beyond it, only
+#: request by request does. An LRU model of the L2 (benchmarks/probes/sm90_l2_model.py, 50 MB)
+#: at 8 KV heads: 64 x 1024 (32 MB a head) reads 256 MB of K/V from DRAM either way, the
+#: longest CTA's work over the mean 1.002 longest first, 1.006 request by request; 64 x 2048
+#: (64 MB) 4096 vs 512 MB; 64 x 4096 (128 MB) 28.5 GB vs 1.0 GB. Q and the output pass
+#: through the L2 as well, hence a bound below its size.
+SM90_REQUEST_ORDER_BYTES = 32 << 20
+
+
+def _sm90_order(order: list, req: list, cost: list, head_kv_bytes: int) -> list:
+    """``order`` (longest first) for the Hopper kernel: kept where one KV head's K/V
+    (``head_kv_bytes``) fits SM90_REQUEST_ORDER_BYTES or every item is of one request (the
+    kernel takes that item-major, and tells the two apart by the first and the last item's
+    request); otherwise request by request, the requests by their total cost (largest first),
+    each one's items longest first."""
+    if head_kv_bytes <= SM90_REQUEST_ORDER_BYTES or len(order) < 2 \
+            or req[order[0]] == req[order[-1]]:
         return order
-    out = []
-    for start in range(0, len(order), grid):
-        block = order[start:start + grid]
-        out += block[::-1] if (start // grid) % 2 else block
-    return order if req[out[0]] == req[out[-1]] else out
+    total: dict = {}
+    for b, c in zip(req, cost):
+        total[b] = total.get(b, 0) + c
+    rank = {b: i for i, b in enumerate(sorted(total, key=lambda b: (-total[b], b)))}
+    return sorted(order, key=[rank[b] for b in req].__getitem__)
 
 
 def schedule(
@@ -414,8 +418,8 @@ def schedule(
     grid_x = capacity if item_capacity is not None else num_items
     if cta == 3:  # persistent: at most one CTA per SM over all (item, KV head) pairs
         grid_x = max(1, min(grid_x * num_kv_heads, num_sms))
-        if SM90_SNAKE_ROUNDS:
-            order = _sm90_snake_rounds(order, req, grid_x)
+        order = _sm90_order(order, req, cost,
+                            sum(kv_lens) * (head_dim + (head_dim_vo or head_dim)) * 2)
     plan_info = AttentionPlan(
         cta=cta, tile_q=tile_q, num_items=num_items, item_capacity=capacity,
         grid_x=grid_x, kv_chunk_size=chunk,

@@ -64,6 +64,9 @@ struct AttentionParams {
   const int32_t* item_kv_len;
   const int32_t* num_items;
   const int32_t* kv_chunk_size;
+  // The Hopper kernel's work counters (the plan header's two spare ints): units claimed past
+  // the first round, and CTAs done claiming. 0 between launches: the last CTA resets them.
+  int32_t* work_counters;
 
   // Split KV: when set, item outputs go to o_part [P, Hq, D] / lse_part [P, Hq] (float32) at
   // partial index merge_indptr[q_row] + chunk, and a merge kernel combines them into o / lse.

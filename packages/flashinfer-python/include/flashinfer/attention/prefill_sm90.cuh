@@ -19,13 +19,14 @@
 // finish P V; wait, rescale O, pack P_j. The softmax folds the logits' scale into its exp2
 // (sm90_softmax_step); masks, soft cap and ALiBi are the FA2 kernel's (common.cuh).
 //
-// Work. The grid is persistent: CTA x takes its units of the num_items * num_kv_heads (item,
-// KV head) pairs in rounds of gridDim.x (WorkOrder), so a CTA's producer starts on its next
-// item while its consumers finish the current one.
+// Work. The grid is persistent: each CTA claims its units of the num_items * num_kv_heads
+// (item, KV head) pairs one at a time (WorkOrder), its producer claiming the next while it
+// issues the current one's tiles, so that it starts on the next item while its consumers finish
+// the current one. A slot with no KV head (kNoUnit) ends the consumers' loop.
 //
 // Shared memory (128-byte swizzle, wgmma's own layout): kQBuffers x Q [128 x D], kStages x
-// K [kTileKV x D], kStages x V [kTileKV x D_vo], the mbarriers and an ItemRange slot per Q
-// buffer; the sizes per head dim are in Sm90Traits (one CTA per SM). An item's Q buffer also
+// K [kTileKV x D], kStages x V [kTileKV x D_vo], the mbarriers, an ItemRange slot per Q
+// buffer and two ints that hand the producer's claims to its other threads; the sizes per head dim are in Sm90Traits (one CTA per SM). An item's Q buffer also
 // stages its output rows for coalesced 16-byte stores once its last S = Q K^T is done
 // (sm90_store_o_smem).
 #pragma once
@@ -41,12 +42,17 @@
 
 
 // Work order of the persistent grid for a batch of several requests: head-major, w = kv_head *
-// num_items + item, so the CTAs running at one time share a KV head and read each request's K/V
-// together (8-16 CTAs per stream on 16 x 1024 ragged / 8 x 2048 paged prefill), and the L2
-// serves it (benchmarks/probes/sm90_l2_model.py); one request: WorkOrder. The epilogue stages
-// each warp's 16 output rows in its rows of the item's Q buffer and stores whole rows with
-// 16-byte coalesced stores. The measurements that chose these, and ping-pong between the
-// consumer warpgroups (measured slower twice), are in benchmarks/notes/attention-ab-switches.md.
+// num_items + item, over the plan's items (longest first; request by request where one KV
+// head's K/V outgrows the L2: plan.py), so the CTAs running at one time share a KV head, whose
+// K/V the L2 then serves; one request: item-major (WorkOrder). The CTAs claim the units in that order as
+// they become free (WorkOrder::claim), which keeps them within a few units of each other: the
+// static deal it replaced (CTA x took w = x, x + gridDim.x, ...) let CTAs that drew short items
+// run tens of rounds ahead, and 192/128 ragged 16 x 1024 at 128 heads read 5.9 GB from DRAM
+// (2.3 GB the peer, 2.15 GB Q + K + V; Nsight Compute, H100: benchmarks/notes/
+// sm90-dynamic-claims.md). The epilogue stages each warp's 16 output rows in its rows of the
+// item's Q buffer and stores whole rows with 16-byte coalesced stores. The measurements that
+// chose these, and ping-pong between the consumer warpgroups (measured slower twice), are in
+// benchmarks/notes/attention-ab-switches.md.
 
 namespace flashinfer {
 namespace attn {
@@ -57,41 +63,50 @@ struct WorkUnit {
   uint32_t kv_head;
 };
 
+/// The KV head of the slot that tells the consumers there is no further item.
+constexpr uint32_t kNoUnit = 0xffffffffu;
+
 /*!
- * @brief The order in which the CTAs of the persistent grid take the work units. Head-major
- *   (above) in rounds of gridDim.x: CTA x takes w = x, x + gridDim.x, ... Where every item is
- *   of one request (its K/V streams are only the KV heads, which the CTAs running together
- *   share in either order), item-major, w = item * num_kv_heads + kv_head over the plan's
- *   items longest first, in snake order: odd rounds hand the units to the CTAs in reverse, so
- *   the CTA that took the longest unit of one round takes the shortest of the next. The longest
- *   CTA's work over the mean, single causal prefill 4096 (32/8 heads): 1.78 head-major, 1.00
- *   snake; 16384: 1.03 and 1.00. Measured (H200, one build each way): 4096 307 vs 456 us,
- *   head_dim 64 at 8192 755 vs 928 (benchmarks/notes/sm90-tma-kv.md).
+ * @brief The units of the persistent grid and their claiming. Head-major (above), w = kv_head *
+ *   num_items + item; where every item is of one request (its K/V streams are only the KV
+ *   heads, which the CTAs running together share in either order), item-major, w = item *
+ *   num_kv_heads + kv_head. The plan puts the items longest first (within each request where
+ *   it goes request by request), so the short units come last. CTA x takes unit x, then each time its producer looks ahead claims
+ *   the next unclaimed one: gridDim.x + the first counter's old value (one atomic per unit). A
+ *   CTA whose claim comes back past the end is done; the last CTA done resets both counters,
+ *   so they are 0 again for the next launch on the stream (or a graph replay). The claims
+ *   replace a static deal in rounds of gridDim.x with every other round reversed where
+ *   item-major; the greedy claims balance the CTAs at least as well (the longest CTA over the
+ *   mean: benchmarks/probes/sm90_l2_model.py).
  */
 struct WorkOrder {
   int num_items, num_work;
   uint32_t num_kv_heads;
-  bool snake;
+  bool item_major;
+  int32_t* counters;  // [claimed past the first round, CTAs done claiming]
 
   __device__ __forceinline__ WorkOrder(const AttentionParams& p) {
     num_items = *p.num_items;
     num_kv_heads = uint32_t(p.num_kv_heads);
     num_work = num_items * p.num_kv_heads;
-    snake = num_items > 0 && p.request_idx[0] == p.request_idx[num_items - 1];
+    item_major = num_items > 0 && p.request_idx[0] == p.request_idx[num_items - 1];
+    counters = p.work_counters;
   }
-  /// This CTA's n-th unit (n = 0, 1, ...); >= num_work: none (nor any later one).
-  __device__ __forceinline__ int w(uint32_t n) const {
-    const int x = snake && (n & 1) ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
-    return int(n * gridDim.x) + x;
+  __device__ __forceinline__ int first() const { return int(blockIdx.x); }
+  __device__ __forceinline__ int claim() const {
+    return int(gridDim.x) + atomicAdd(counters, 1);
   }
-  /// How many units this CTA takes: the rounds that hold one for it.
-  __device__ __forceinline__ uint32_t count() const {
-    const uint32_t rounds = uint32_t(num_work) / gridDim.x, rest = uint32_t(num_work) % gridDim.x;
-    const uint32_t x = snake && (rounds & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    return rounds + (x < rest ? 1 : 0);
+  /// Once this CTA's last claim is made (or it had none to make).
+  __device__ __forceinline__ void finish() const {
+    __threadfence();  // this CTA's claims before its count
+    if (atomicAdd(counters + 1, 1) == int(gridDim.x) - 1) {
+      __threadfence();
+      atomicExch(counters, 0);
+      atomicExch(counters + 1, 0);
+    }
   }
   __device__ __forceinline__ WorkUnit unit(int w) const {
-    if (snake) return {int(uint32_t(w) / num_kv_heads), uint32_t(w) % num_kv_heads};
+    if (item_major) return {int(uint32_t(w) / num_kv_heads), uint32_t(w) % num_kv_heads};
     return {w % num_items, uint32_t(w / num_items)};
   }
 };
@@ -205,16 +220,18 @@ struct Sm90Traits {
   static constexpr size_t kVOffset = kRingOffset + kStages * kKBytes;  // V tiles after K's
   static constexpr size_t kOStageOffset = kVOffset + kStages * kVBytes;
   static constexpr int kBarriers = 4 * kStages + 2 * kQBuffers;
+  static constexpr size_t kClaimBytes = 2 * sizeof(int);  // the producer's claims, by parity
   // Barriers, item slots, and + 1024: the dynamic shared memory base is aligned up to the
   // swizzle atom in the kernel.
   static constexpr size_t kTailBytes =
-      kBarriers * sizeof(uint64_t) + kQBuffers * sizeof(ItemSlot) + 1024;
+      kBarriers * sizeof(uint64_t) + kQBuffers * sizeof(ItemSlot) + kClaimBytes + 1024;
   static constexpr bool kStageO = kEarlyQ && FLASHINFER_ATTENTION_SM90_STAGE_O != 0 &&
                                   kVBytes >= kWgOBytes &&
                                   kOStageOffset + kWgOBytes + kTailBytes <= kSmemLimit;
   static constexpr size_t kBarrierOffset = kOStageOffset + (kStageO ? kWgOBytes : 0);
   static constexpr size_t kRangeOffset = kBarrierOffset + kBarriers * sizeof(uint64_t);
-  static constexpr size_t kSmemBytes = kRangeOffset + kQBuffers * sizeof(ItemSlot) + 1024;
+  static constexpr size_t kClaimOffset = kRangeOffset + kQBuffers * sizeof(ItemSlot);
+  static constexpr size_t kSmemBytes = kClaimOffset + kClaimBytes + 1024;
 
   static_assert(sizeof(DTypeQ) == 2, "wgmma takes fp16 or bf16 q and kv");
   static_assert((HEAD_DIM_ == HEAD_DIM_VO_ &&
@@ -253,6 +270,9 @@ struct Sm90Sync {
   }
   __device__ __forceinline__ ItemSlot* slot(int b) const {
     return reinterpret_cast<ItemSlot*>(smem + KT::kRangeOffset) + b;
+  }
+  __device__ __forceinline__ volatile int* claim(int n) const {
+    return reinterpret_cast<volatile int*>(smem + KT::kClaimOffset) + (n & 1);
   }
   template <typename T>
   __device__ __forceinline__ T* q_tile(int b) const {
@@ -310,21 +330,35 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
   };
   const bool tma_kv = !KT::kPaged && tm.tma_kv;
   // Q and K/V both through the TMA: thread 0 issues everything, the others have nothing to do.
-  if (tma_kv && tm.tma_q && ptid != 0) return;
-  ItemRange r_next = order.w(0) < num_work ? range_of(order.w(0)) : ItemRange{};
-  for (uint32_t n = 0; order.w(n) < num_work; ++n) {
-    const int w = order.w(n);
+  const bool solo = tma_kv && tm.tma_q;
+  if (solo && ptid != 0) return;
+  // The next unit: thread 0 claims it and, where the other producer threads copy too, hands it
+  // to them through one of two ints (by parity: the barrier of claim n + 1 comes after every
+  // thread's read of claim n).
+  uint32_t claims = 0;
+  auto claim_next = [&] {
+    if (solo) return order.claim();
+    if (ptid == 0) *sync.claim(claims) = order.claim();
+    sm90::named_barrier(4, KT::kProducerThreads);
+    return *sync.claim(claims++);
+  };
+  int w_next = order.first();
+  ItemRange r_next = w_next < num_work ? range_of(w_next) : ItemRange{};
+  for (int w = w_next; w < num_work; w = w_next) {
     const ItemRange r = r_next;
     const uint32_t kv_head = order.unit(w).kv_head;
-    const int w_next = order.w(n + 1);
-    bool looked_up = w_next >= num_work;
+    bool looked_up = false;
+    // The next unit is claimed and its bounds looked up while this item's tiles are issued.
     // With its bounds known, the next item's Q rows are prefetched into the L2 (one row per
     // thread), so its Q load after this item's last tile hits the L2. That matters most for
     // the cp.async path, where every K/V copy issued after the Q copies waits for them too
     // (cp.async.mbarrier.arrive counts all of a thread's earlier copies). Issuing the Q load
     // itself earlier was slower (benchmarks/NOTES.md).
     auto look_up_next = [&] {
-      if (!looked_up) {
+      if (looked_up) return;
+      looked_up = true;
+      w_next = claim_next();
+      if (w_next < num_work) {
         r_next = range_of(w_next);
         const int pr = r_next.row_begin + ptid;
         if (pr < r_next.packed_len) {
@@ -335,7 +369,6 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
           for (int b = 0; b < D / 64; ++b) prefetch_l2(src + 64 * b);  // 128-byte lines
         }
       }
-      looked_up = true;
     };
 
     // Tile i of the item through the TMA (thread 0): wait for the ring buffer, arm its
@@ -476,6 +509,13 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
     }
     look_up_next();
   }
+  if (ptid == 0) order.finish();
+  // The end: a slot with no KV head, published as an item's would be (without its copies).
+  const int qb = k % NQ;
+  if (k >= NQ) sm90::mbar_wait(sync.q_empty(qb), (k / NQ + 1) & 1);
+  if (ptid == 0) *sync.slot(qb) = ItemSlot{ItemRange{}, kNoUnit};
+  if (!tm.tma_q) sm90::cp_async_arrive_noinc(sync.q_full(qb));
+  if (ptid == 0) sm90::mbar_arrive(sync.q_full(qb));
 }
 
 /// Hands a buffer back to the producer: one arrival per warp, after the warp's wgmma wait (which
@@ -737,12 +777,12 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
   };
 
   uint32_t c = 0;  // tiles consumed by this CTA so far (the producer counts the same way)
-  const uint32_t num_mine = WorkOrder(p).count();
-  for (uint32_t k = 0; k < num_mine; ++k) {  // k: items so far
+  for (uint32_t k = 0;; ++k) {  // k: items so far
     const int qb = k % KT::kQBuffers;
     sm90_acquire(sync.q_full(qb), (k / KT::kQBuffers) & 1);
-    const ItemRange r = sync.slot(qb)->r;
     const uint32_t kv_head = sync.slot(qb)->kv_head;
+    if (kv_head == kNoUnit) break;
+    const ItemRange r = sync.slot(qb)->r;
     const int first_row = r.row_begin + wg * 64 + (warp % 4) * 16;  // this warp's 16 rows
     // The sinks of this thread's two rows, loaded now so that the epilogue does not wait on
     // them (a load there cost paged 8 x 2048 prefill 5%; -inf: none, sink_log2).
