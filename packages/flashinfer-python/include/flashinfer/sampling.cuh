@@ -668,7 +668,7 @@ __device__ __forceinline__ uint32_t topk_lower_prefix(const RowCtx& ctx, uint32_
   const uint32_t top = cta_max_key >> kWindowShift, p = thread_max_key >> kWindowShift;
   const uint32_t r = p >= top ? 0u : top - p;
   const bool in = any && r < static_cast<uint32_t>(kWindowBins);
-  if (in) atomicAdd(&h[r], 1u);
+  if (in) shared_add(&h[r], 1u);
   __syncthreads();
   const unsigned long long c = ctx.tid < kBins ? h[ctx.tid] : 0u;
   CM total;

@@ -478,6 +478,16 @@ __device__ __forceinline__ float first_pass(const RowCtx& ctx, bool apply, Map m
   return first_pass_threads(ctx, apply, map, nan, &thread_max, &any);
 }
 
+/// atomicAdd(p, v) for a word of this CTA's shared memory, issued as a shared-memory atomic
+/// (ATOMS). Through `ctx.s` (a pointer held in a struct) the compiler no longer knows the
+/// address space and emits the generic ATOM.E for a plain atomicAdd.
+__device__ __forceinline__ void shared_add(unsigned int* p, unsigned int v) {
+  asm volatile("red.shared.add.u32 [%0], %1;"
+               :
+               : "r"(static_cast<unsigned int>(__cvta_generic_to_shared(p))), "r"(v)
+               : "memory");
+}
+
 /// Add a fixed-point mass to bin d of histogram `buf` (see Shared::mass). One CTA holding a whole
 /// row (up to 2^20 elements) would overflow the 16-bit words' sums: it adds u64s instead.
 __device__ __forceinline__ void add_mass(const RowCtx& ctx, int buf, int d, unsigned long long w) {
@@ -488,9 +498,9 @@ __device__ __forceinline__ void add_mass(const RowCtx& ctx, int buf, int d, unsi
   }
   const unsigned int hi = static_cast<unsigned int>(w >> 32);
   const unsigned int mid = static_cast<unsigned int>(w >> 16) & 0xffffu;
-  if (hi) atomicAdd(&mass[0][d], hi);
-  if (mid) atomicAdd(&mass[1][d], mid);
-  atomicAdd(&mass[2][d], static_cast<unsigned int>(w) & 0xffffu);
+  if (hi) shared_add(&mass[0][d], hi);
+  if (mid) shared_add(&mass[1][d], mid);
+  shared_add(&mass[2][d], static_cast<unsigned int>(w) & 0xffffu);
 }
 
 /// The mass of bin b of a histogram written by add_mass (possibly a peer's).
@@ -540,14 +550,14 @@ __device__ __forceinline__ void window_histogram(const RowCtx& ctx, int buf, uin
       if (kMass) tm += ctx.fixed(x);
     } else {
       const int d = kBins - 1 - static_cast<int>(r);
-      if (kCount) atomicAdd(&ctx.s->cnt[buf][d], 1u);
+      if (kCount) shared_add(&ctx.s->cnt[buf][d], 1u);
       if (kMass) add_mass(ctx, buf, d, ctx.fixed(x));
     }
   }
   tc = __reduce_add_sync(0xffffffffu, tc);
   tm = warp_sum_u(tm);
   if ((ctx.tid & 31) == 0) {
-    if (kCount && tc) atomicAdd(&ctx.s->cnt[buf][0], tc);
+    if (kCount && tc) shared_add(&ctx.s->cnt[buf][0], tc);
     if (kMass && tm) add_mass(ctx, buf, 0, tm);
   }
 }
@@ -604,7 +614,7 @@ __device__ Threshold radix_search_from(RowCtx& ctx, bool by_mass, bool need_mass
         const uint32_t k = ctx.key(x);
         if ((k & mask) == prefix && k <= kmax) {
           const int d = (k >> shift) & (kBins - 1);
-          if (count) atomicAdd(&s->cnt[buf][d], 1u);
+          if (count) shared_add(&s->cnt[buf][d], 1u);
           if (need_mass) add_mass(ctx, buf, d, ctx.fixed(x));
         }
       }
