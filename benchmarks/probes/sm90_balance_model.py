@@ -4,12 +4,12 @@ one (the item's unoverlapped start and end). No GPU.
 
     python benchmarks/probes/sm90_balance_model.py
 
-The kernel takes several requests head-major: CTA x of G takes units w = x, x + G, ... of
-w = kv_head * N + item (N items, prefill_sm90.cuh, WorkOrder), so head h's item j runs on CTA
-(h * N + j) mod G.
+The static deals the kernel used until its CTAs claimed their units one at a time (027ecfa;
+benchmarks/probes/sm90_l2_model.py models the claims): CTA x of G took units w = x, x + G, ...
+of w = kv_head * N + item (N items), so head h's item j ran on CTA (h * N + j) mod G.
 "longest first": the plan's items sorted by visible keys, longest first (before 34293aa).
-"snake rounds": the same, in rounds of G with every other round reversed (plan.py,
-SM90_SNAKE_ROUNDS), so the CTA that took a round's longest item takes the next round's shortest.
+"snake rounds": the same, in rounds of G with every other round reversed (the plan's order
+until 027ecfa), so the CTA that took a round's longest item takes the next round's shortest.
 "LPT": each unit, longest first, to the least loaded CTA (a bound no static order reaches).
 """
 
