@@ -42,9 +42,6 @@ DT = torch.bfloat16
 # default build). "default" is the tree.
 VARIANTS = {
     "default": ((), None),
-    # The next item's Q into the L2 by one thread's prefetch.global.L2 of one row (what the TMA-Q
-    # path did until the bulk tensor prefetch of its whole box, the default).
-    "Q prefetch: one row": (("SM90_PREFETCH_Q_TMA=0",), None),
     # setmaxnreg splits (default 88 / 208; the consumers take the rest)
     "producer 40 / consumers 232": (("SM90_PRODUCER_REGS=40",), None),
     "producer 56 / consumers 224": (("SM90_PRODUCER_REGS=56",), None),

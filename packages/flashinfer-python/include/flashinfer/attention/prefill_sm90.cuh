@@ -349,9 +349,8 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
     const uint32_t kv_head = order.unit(w).kv_head;
     bool looked_up = false;
     // The next unit is claimed and its bounds looked up while this item's tiles are issued.
-    // With its bounds known, the next item's Q rows are prefetched into the L2 (Q through the
-    // TMA: its box, by thread 0; otherwise one row per thread), so its Q load after this item's
-    // last tile (one Q buffer: after its last S) hits the L2. That matters most for
+    // With its bounds known, the next item's Q rows are prefetched into the L2 (one row per
+    // thread), so its Q load after this item's last tile hits the L2. That matters most for
     // the cp.async path, where every K/V copy issued after the Q copies waits for them too
     // (cp.async.mbarrier.arrive counts all of a thread's earlier copies). Issuing the Q load
     // itself earlier was slower (benchmarks/NOTES.md).
@@ -359,26 +358,16 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
       if (looked_up) return;
       looked_up = true;
       w_next = claim_next();
-      if (w_next >= num_work) return;
-      r_next = range_of(w_next);
-      const uint32_t head_next = order.unit(w_next).kv_head;
-      if (FLASHINFER_ATTENTION_SM90_PREFETCH_Q_TMA && tm.tma_q) {
-        // The box the Q load will read (below), one 64-column block at a time.
-        if (ptid == 0) {
+      if (w_next < num_work) {
+        r_next = range_of(w_next);
+        const int pr = r_next.row_begin + ptid;
+        if (pr < r_next.packed_len) {
+          const auto [qo, head] =
+              qo_head(pr, order.unit(w_next).kv_head, p.group_size);
+          const T* src = q + (r_next.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h;
 #pragma unroll
-          for (int b = 0; b < D / 64; ++b) {
-            sm90::tma_prefetch_3d(&tm.q, 64 * b, int(head_next) * p.group_size,
-                                  r_next.qo_begin + r_next.row_begin / p.group_size);
-          }
+          for (int b = 0; b < D / 64; ++b) prefetch_l2(src + 64 * b);  // 128-byte lines
         }
-        return;
-      }
-      const int pr = r_next.row_begin + ptid;
-      if (pr < r_next.packed_len) {
-        const auto [qo, head] = qo_head(pr, head_next, p.group_size);
-        const T* src = q + (r_next.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h;
-#pragma unroll
-        for (int b = 0; b < D / 64; ++b) prefetch_l2(src + 64 * b);  // 128-byte lines
       }
     };
 

@@ -164,14 +164,6 @@
 #ifndef FLASHINFER_ATTENTION_SM90_RESCALE_EARLY
 #define FLASHINFER_ATTENTION_SM90_RESCALE_EARLY 1
 #endif
-// Q through the TMA: the producer's thread 0 (the only one left where K/V come through the TMA
-// too) prefetches the next item's Q tile into the L2 with one bulk tensor prefetch per 64-column
-// block, as soon as it has claimed the item; 0 = one row per producer thread by
-// prefetch.global.L2 (what the cp.async path does), which left thread 0 alone prefetching one
-// of the 128 rows. Measured: benchmarks/notes/sm90-dynamic-claims.md.
-#ifndef FLASHINFER_ATTENTION_SM90_PREFETCH_Q_TMA
-#define FLASHINFER_ATTENTION_SM90_PREFETCH_Q_TMA 1
-#endif
 // K/V stages of the Hopper kernel: by default as many as shared memory holds (prefill_sm90.cuh,
 // Sm90Traits::kStages); FLASHINFER_ATTENTION_SM90_STAGES overrides it for a tuning build.
 
