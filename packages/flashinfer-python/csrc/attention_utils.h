@@ -150,6 +150,7 @@ inline void fill_tensor_params(AttentionParams& p, const TensorView& q, const Te
   p.num_qo_heads = static_cast<int32_t>(q.size(1));
   p.num_kv_heads = static_cast<int32_t>(kv.num_heads);
   p.group_size = p.num_qo_heads / p.num_kv_heads;
+  p.group_div = flashinfer::FastDiv(static_cast<uint32_t>(p.group_size));
 }
 
 /// The run-time parameter record: one int64 host tensor, device addresses as integers and

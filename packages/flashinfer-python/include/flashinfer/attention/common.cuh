@@ -13,6 +13,7 @@
 
 #include "mma.cuh"
 #include "params.cuh"
+#include "tuning.cuh"
 
 // Timing probes for benchmarks/tuning/tune_attention.py (wrong outputs; never set in a build that is
 // used): PROBE_NO_COMPUTE keeps the FA2 main loop's K/V loads and waits but not its math;
@@ -82,6 +83,17 @@ struct QoHead {
 };
 __device__ __forceinline__ QoHead qo_head(int pr, uint32_t kv_head, int G) {
   return {pr / G, int(kv_head) * G + pr % G};
+}
+/// The same with the group size as a FastDiv (AttentionParams::group_div): a multiply-shift, not
+/// a ~20-instruction division by a run-time value.
+__device__ __forceinline__ QoHead qo_head(int pr, uint32_t kv_head, const FastDiv& G) {
+#if FLASHINFER_ATTENTION_GROUP_FASTDIV
+  uint32_t q, h;
+  G.divmod(uint32_t(pr), q, h);
+  return {int(q), int(kv_head * G.d + h)};
+#else
+  return qo_head(pr, kv_head, int(G.d));
+#endif
 }
 
 /// Packed rows pr0, pr0 + step, pr0 + 2 step, ... of a group of G query heads as (q row, head
@@ -407,7 +419,7 @@ struct OutputWriter {
 
   /// Columns col, col + 1 (of the slice) of packed row pr (already divided by the row sum).
   __device__ __forceinline__ void pair(int pr, int col, float x0, float x1) const {
-    const auto [qo, head] = qo_head(pr, kv_head, p.group_size);
+    const auto [qo, head] = qo_head(pr, kv_head, p.group_div);
     col += col0;
     if (partial) {
       const int64_t part = p.merge_indptr[r.qo_begin + qo] + r.chunk;
@@ -422,7 +434,7 @@ struct OutputWriter {
 
   /// The base-2 lse of packed row pr.
   __device__ __forceinline__ void lse(int pr, float value) const {
-    const auto [qo, head] = qo_head(pr, kv_head, p.group_size);
+    const auto [qo, head] = qo_head(pr, kv_head, p.group_div);
     lse_at(qo, head, value);
   }
 
@@ -438,7 +450,7 @@ struct OutputWriter {
 
   /// The sink of packed row pr folded into its base-2 lse (fold_sink): the output's factor.
   __device__ __forceinline__ float sink(int pr, float& lse_value) const {
-    return fold_sink(p, r, qo_head(pr, kv_head, p.group_size).head, lse_value);
+    return fold_sink(p, r, qo_head(pr, kv_head, p.group_div).head, lse_value);
   }
 
   /// Rows of one warp straight from accumulator layout: o[mq][n][e] at column 8 n + 2 t (+1).
@@ -544,7 +556,7 @@ __device__ __forceinline__ void merge_if_last(const AttentionParams& p, const It
   const int rows = min(tile_q, r.packed_len - r.row_begin);
   for (int idx = threadIdx.x; idx < rows * (D / 4); idx += kThreads) {
     const int pr = r.row_begin + idx / (D / 4), col = (idx % (D / 4)) * 4;
-    const auto [qo, head] = qo_head(pr, kv_head, p.group_size);
+    const auto [qo, head] = qo_head(pr, kv_head, p.group_div);
     const int64_t part0 = p.merge_indptr[r.qo_begin + qo];
     const float* lse_p = p.lse_part + part0 * p.num_qo_heads + head;
     const float* o_p = p.o_part + (part0 * p.num_qo_heads + head) * D + col;
@@ -582,7 +594,7 @@ __device__ __forceinline__ void cluster_merge(const AttentionParams& p, const It
     const int rows = min(tile_q, r.packed_len - r.row_begin);
     for (int idx = threadIdx.x; idx < rows * (D / 4); idx += kThreads) {
       const int row = idx / (D / 4), col = (idx % (D / 4)) * 4;
-      const auto [qo, head] = qo_head(r.row_begin + row, kv_head, p.group_size);
+      const auto [qo, head] = qo_head(r.row_begin + row, kv_head, p.group_div);
       const uint32_t o_at = o_base + uint32_t(row * D + col) * 4u;
       const uint32_t lse_at = lse_base + uint32_t(row) * 4u;
       store_merged<TO>(p, r.qo_begin + qo, head, col, int(n), [&](int c, float& s, float4& v) {

@@ -93,6 +93,7 @@ struct AttentionParams {
   const float* sinks;
 
   int32_t num_qo_heads, num_kv_heads, group_size;
+  FastDiv group_div;  // group_size, for qo_head
   int32_t window_left;    // < 0: off
   float sm_scale_log2;    // sm_scale * log2(e)
   float softcap_pre;      // sm_scale / cap (cap > 0 only)

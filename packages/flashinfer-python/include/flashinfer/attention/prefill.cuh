@@ -557,7 +557,7 @@ __device__ __forceinline__ void attention_item(const AttentionParams& p, const I
       const bool valid = pr < packed_len;
       const T* src = q;
       if (valid) {
-        const auto [qo, head] = qo_head(pr, kv_head, G);
+        const auto [qo, head] = qo_head(pr, kv_head, p.group_div);
         src = q + (qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + h * D + c * 8;
       }
       cp_async_16(q_smem + Tile::offset(r, c), src, valid);

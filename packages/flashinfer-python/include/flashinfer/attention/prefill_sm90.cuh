@@ -363,7 +363,7 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
         const int pr = r_next.row_begin + ptid;
         if (pr < r_next.packed_len) {
           const auto [qo, head] =
-              qo_head(pr, order.unit(w_next).kv_head, p.group_size);
+              qo_head(pr, order.unit(w_next).kv_head, p.group_div);
           const T* src = q + (r_next.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h;
 #pragma unroll
           for (int b = 0; b < D / 64; ++b) prefetch_l2(src + 64 * b);  // 128-byte lines
@@ -427,7 +427,7 @@ __device__ __forceinline__ void sm90_produce(const AttentionParams& p, const Sm9
         const bool valid = pr < r.packed_len;
         const T* src = q;
         if (valid) {
-          const auto [qo, head] = qo_head(pr, kv_head, G);
+          const auto [qo, head] = qo_head(pr, kv_head, p.group_div);
           src = q + (r.qo_begin + qo) * p.q_stride_n + head * p.q_stride_h + chunk * 8;
         }
         cp_async_16(q_smem + KT::QTile::offset(row, chunk), src, valid);
@@ -611,11 +611,11 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
   __syncwarp();
   // Packed row pr is q row pr / G, head pr % G of the KV head's group: this lane's rows step
   // by kRowsPerPass, so (qo, head) step by (kRowsPerPass / G, kRowsPerPass % G) with a carry
-  // (two divisions in all, not one per row).
+  // (two multiply-shifts in all, not a division per row).
   const int G = p.group_size, chunk = lane % kChunks;
   const int pr0 = first_row + lane / kChunks;
-  int qo = pr0 / G, head = pr0 - qo * G;
-  const int q_step = kRowsPerPass / G, h_step = kRowsPerPass - q_step * G;
+  auto [qo, head] = qo_head(pr0, 0, p.group_div);
+  const auto [q_step, h_step] = qo_head(kRowsPerPass, 0, p.group_div);
   TO* o_base = static_cast<TO*>(p.o) + int64_t(r.qo_begin) * p.o_stride_n +
                int64_t(out.kv_head) * G * p.o_stride_h + chunk * 8;
 #pragma unroll
@@ -789,7 +789,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     float sink[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      sink[h] = sink_log2(p, r, qo_head(first_row + g + 8 * h, kv_head, p.group_size).head);
+      sink[h] = sink_log2(p, r, qo_head(first_row + g + 8 * h, kv_head, p.group_div).head);
     float m[1][2] = {{-INFINITY, -INFINITY}}, d[1][2] = {{0.f, 0.f}};
     zero_o();
 
