@@ -42,10 +42,6 @@ DT = torch.bfloat16
 # default build). "default" is the tree.
 VARIANTS = {
     "default": ((), None),
-    # mbarrier waits without a suspend-time hint (the threads spin; before the hint's default).
-    "waits without a suspend hint": (("SM90_WAIT_HINT_NS=0",), None),
-    # Packed rows to (q row, head) by a division by the run-time group size (before FastDiv).
-    "group by division": (("GROUP_FASTDIV=0",), None),
     # setmaxnreg splits (default 88 / 208; the consumers take the rest)
     "producer 40 / consumers 232": (("SM90_PRODUCER_REGS=40",), None),
     "producer 56 / consumers 224": (("SM90_PRODUCER_REGS=56",), None),

@@ -13,7 +13,6 @@
 
 #include "mma.cuh"
 #include "params.cuh"
-#include "tuning.cuh"
 
 // Timing probes for benchmarks/tuning/tune_attention.py (wrong outputs; never set in a build that is
 // used): PROBE_NO_COMPUTE keeps the FA2 main loop's K/V loads and waits but not its math;
@@ -85,15 +84,13 @@ __device__ __forceinline__ QoHead qo_head(int pr, uint32_t kv_head, int G) {
   return {pr / G, int(kv_head) * G + pr % G};
 }
 /// The same with the group size as a FastDiv (AttentionParams::group_div): a multiply-shift, not
-/// a ~20-instruction division by a run-time value.
+/// a ~20-instruction division by a run-time value. Against the division, H100 (7 interleaved
+/// rounds): Hopper ragged 16 x 1024 322 vs 335 us, 64 x 256 185 vs 191
+/// (benchmarks/notes/sm90-dynamic-claims.md).
 __device__ __forceinline__ QoHead qo_head(int pr, uint32_t kv_head, const FastDiv& G) {
-#if FLASHINFER_ATTENTION_GROUP_FASTDIV
   uint32_t q, h;
   G.divmod(uint32_t(pr), q, h);
   return {int(q), int(kv_head * G.d + h)};
-#else
-  return qo_head(pr, kv_head, int(G.d));
-#endif
 }
 
 /// Packed rows pr0, pr0 + step, pr0 + 2 step, ... of a group of G query heads as (q row, head

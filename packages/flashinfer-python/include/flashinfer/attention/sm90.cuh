@@ -11,7 +11,6 @@
 #include <type_traits>
 
 #include "mma.cuh"
-#include "tuning.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FLASHINFER_SM90_ENABLED 1
@@ -42,24 +41,12 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
   do {
-#if FLASHINFER_ATTENTION_SM90_WAIT_HINT_NS > 0
-    // The thread sleeps until the phase completes (or the hint's time passes) instead of
-    // coming back to spin: a spinning producer warp takes issue slots from the consumer warps
-    // of its scheduler.
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity), "n"(FLASHINFER_ATTENTION_SM90_WAIT_HINT_NS)
-        : "memory");
-#else
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(smem_addr(bar)), "r"(parity)
         : "memory");
-#endif
   } while (!done);
 }
 

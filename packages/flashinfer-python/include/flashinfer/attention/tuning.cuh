@@ -164,18 +164,6 @@
 #ifndef FLASHINFER_ATTENTION_SM90_RESCALE_EARLY
 #define FLASHINFER_ATTENTION_SM90_RESCALE_EARLY 1
 #endif
-// The Hopper kernel's mbarrier waits: the suspend-time hint of mbarrier.try_wait, in ns (the
-// longest a waiting thread sleeps before it tries again; it wakes when the phase completes),
-// 0 = none (the hardware's default limit, after which the thread spins on). Measured:
-// benchmarks/notes/sm90-dynamic-claims.md.
-#ifndef FLASHINFER_ATTENTION_SM90_WAIT_HINT_NS
-#define FLASHINFER_ATTENTION_SM90_WAIT_HINT_NS 10000000
-#endif
-// Packed rows to (q row, head) through a multiply-shift by the group size (AttentionParams::
-// group_div), 0 = a 32-bit division by the run-time group size (~20 instructions each).
-#ifndef FLASHINFER_ATTENTION_GROUP_FASTDIV
-#define FLASHINFER_ATTENTION_GROUP_FASTDIV 1
-#endif
 // K/V stages of the Hopper kernel: by default as many as shared memory holds (prefill_sm90.cuh,
 // Sm90Traits::kStages); FLASHINFER_ATTENTION_SM90_STAGES overrides it for a tuning build.
 
