@@ -316,3 +316,12 @@ def test_hopper_batches_outgrowing_the_l2_take_their_items_request_by_request():
         plan, buf = schedule(qo_lens, qo_lens, group_size=4, num_kv_heads=8, head_dim=128,
                              num_sms=SMS, causal=True, cta=3, disable_split_kv=True)
         assert _items(plan, buf, columns=4) == _model_items(qo_lens, qo_lens, plan, 4, True)
+
+
+def test_the_plan_header_leaves_the_hopper_kernels_counters_at_zero():
+    """Ints 2 and 3 of the plan buffer are the Hopper kernel's work counters (units claimed,
+    CTAs done): every plan uploads them as 0, the kernel's last CTA puts them back."""
+    for qo_lens, cta in (([1024] * 16, 3), ([300, 7, 1000, 64] * 8, 3), ([1] * 64, None)):
+        plan, buf = schedule(qo_lens, [4096] * len(qo_lens), group_size=4, num_kv_heads=8,
+                             head_dim=128, num_sms=SMS, causal=True, cta=cta)
+        assert buf[:HEADER].tolist() == [plan.num_items, plan.kv_chunk_size, 0, 0]

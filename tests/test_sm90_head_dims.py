@@ -105,12 +105,48 @@ def test_ragged(heads, dtype, causal, group):
 @pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_batch_of_one(heads, causal):
-    """Batch 1: a single request of many query tiles (the persistent grid's snake order)."""
+    """Batch 1: a single request of many query tiles (the persistent grid takes it
+    item-major)."""
     gen = torch.Generator().manual_seed(7 + causal)
     dqk, dvo = heads
     q, k, v, qi, ki, seqs = _ragged([1000], [1333], 16, 8, dqk, dvo, torch.bfloat16, gen)
     o, lse = _run_ragged(q, k, v, qi, ki, 16, 8, dqk, dvo, torch.bfloat16, causal=causal)
     _check(o, lse, q, seqs, qi, torch.bfloat16, causal=causal)
+
+
+@_hopper
+@pytest.mark.parametrize("qo_lens", [[1000], QO_LENS * 3], ids=["one request", "21 requests"])
+def test_claims_are_reset_for_every_run_and_graph_replay(qo_lens):
+    """The persistent CTAs claim their (item, KV head) units through two counters in the plan
+    header (more units than CTAs here), which the last CTA resets: every eager run and every
+    replay of a captured run starts from 0, takes every unit once (the same output, bit for
+    bit, matching the reference) and leaves 0 behind."""
+    gen = torch.Generator().manual_seed(len(qo_lens))
+    dqk, dvo, hq, hkv, dtype = 192, 128, 32, 4, torch.bfloat16
+    q, k, v, qi, ki, seqs = _ragged(qo_lens, qo_lens, hq, hkv, dqk, dvo, dtype, gen)
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws(), backend="fa3")
+    w.plan(qi.cuda(), ki.cuda(), hq, hkv, dqk, dvo, causal=True, q_data_type=dtype)
+    assert w._plan.cta == 3 and w._plan.num_items * hkv > w._plan.grid_x, w._plan
+    assert w._plan_dev[2:4].tolist() == [0, 0]
+    out = torch.empty(q.shape[0], hq, dvo, dtype=dtype, device="cuda")
+    first = None
+    for _ in range(3):
+        out.fill_(float("nan"))
+        w.run(q, k, v, out=out)
+        assert w._plan_dev[2:4].tolist() == [0, 0]
+        if first is None:
+            first = out.clone()
+            _check(out, None, q, seqs, qi, dtype, causal=True)
+        assert torch.equal(out, first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, k, v, out=out)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert w._plan_dev[2:4].tolist() == [0, 0]
+        assert torch.equal(out, first)
 
 
 OPTIONS = {
