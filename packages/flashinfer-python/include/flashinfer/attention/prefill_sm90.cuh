@@ -24,11 +24,11 @@
 // issues the current one's tiles, so that it starts on the next item while its consumers finish
 // the current one. A slot with no KV head (kNoUnit) ends the consumers' loop.
 //
-// Shared memory (128-byte swizzle, wgmma's own layout): kQBuffers x Q [128 x D], kStages x
-// K [kTileKV x D], kStages x V [kTileKV x D_vo], the mbarriers, an ItemRange slot per Q
-// buffer and two ints that hand the producer's claims to its other threads; the sizes per head dim are in Sm90Traits (one CTA per SM). An item's Q buffer also
-// stages its output rows for coalesced 16-byte stores once its last S = Q K^T is done
-// (sm90_store_o_smem).
+// Shared memory (128-byte swizzle, wgmma's own layout): kQBuffers x Q [128 x D], kStages x K
+// [kTileKV x D], kStages x V [kTileKV x D_vo], the mbarriers, an ItemRange slot per Q buffer and
+// two ints that hand the producer's claims to its other threads; the sizes per head dim are in
+// Sm90Traits (one CTA per SM). An item's Q buffer also stages its output rows for coalesced 16-byte
+// stores once its last S = Q K^T is done (sm90_store_o_smem).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -42,17 +42,16 @@
 
 
 // Work order of the persistent grid for a batch of several requests: head-major, w = kv_head *
-// num_items + item, over the plan's items (longest first; request by request where one KV
-// head's K/V outgrows the L2: plan.py), so the CTAs running at one time share a KV head, whose
-// K/V the L2 then serves; one request: item-major (WorkOrder). The CTAs claim the units in that order as
-// they become free (WorkOrder::claim), which keeps them within a few units of each other: the
-// static deal it replaced (CTA x took w = x, x + gridDim.x, ...) let CTAs that drew short items
-// run tens of rounds ahead, and 192/128 ragged 16 x 1024 at 128 heads read 5.9 GB from DRAM
-// (2.3 GB the peer, 2.15 GB Q + K + V; Nsight Compute, H100: benchmarks/notes/
-// sm90-dynamic-claims.md). The epilogue stages each warp's 16 output rows in its rows of the
-// item's Q buffer and stores whole rows with 16-byte coalesced stores. The measurements that
-// chose these, and ping-pong between the consumer warpgroups (measured slower twice), are in
-// benchmarks/notes/attention-ab-switches.md.
+// num_items + item, over the plan's items (longest first; request by request where one KV head's
+// K/V outgrows the L2: plan.py), so the CTAs running at one time share a KV head, whose K/V the L2
+// then serves; one request: item-major (WorkOrder). The CTAs claim the units in that order as they
+// become free (WorkOrder::claim), which keeps them within a few units of each other: the static
+// deal it replaced (CTA x took w = x, x + gridDim.x, ...) let CTAs that drew short items run tens
+// of rounds ahead, and 192/128 ragged 16 x 1024 at 128 heads read 5.9 GB from DRAM (2.3 GB the
+// peer, 2.15 GB Q + K + V; Nsight Compute, H100: benchmarks/notes/sm90-dynamic-claims.md). The
+// epilogue stages each warp's 16 output rows in its rows of the item's Q buffer and stores whole
+// rows with 16-byte coalesced stores. The measurements that chose these, and ping-pong between the
+// consumer warpgroups (measured slower twice), are in benchmarks/notes/attention-ab-switches.md.
 
 namespace flashinfer {
 namespace attn {
@@ -71,8 +70,9 @@ constexpr uint32_t kNoUnit = 0xffffffffu;
  *   num_items + item; where every item is of one request (its K/V streams are only the KV
  *   heads, which the CTAs running together share in either order), item-major, w = item *
  *   num_kv_heads + kv_head. The plan puts the items longest first (within each request where
- *   it goes request by request), so the short units come last. CTA x takes unit x, then each time its producer looks ahead claims
- *   the next unclaimed one: gridDim.x + the first counter's old value (one atomic per unit). A
+ *   it goes request by request), so the short units come last. CTA x takes unit x, then each
+ *   time its producer looks ahead claims the next unclaimed one: gridDim.x + the first
+ *   counter's old value (one atomic per unit). A
  *   CTA whose claim comes back past the end is done; the last CTA done resets both counters,
  *   so they are 0 again for the next launch on the stream (or a graph replay). The claims
  *   replace a static deal in rounds of gridDim.x with every other round reversed where
