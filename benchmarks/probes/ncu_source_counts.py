@@ -1,6 +1,6 @@
 """Where a kernel's instructions go, from Nsight Compute's source page: per opcode, and the
 hottest straight-line blocks (consecutive SASS instructions of equal executed count) with their
-stall samples. No GPU: it reads the CSV that `tools/gpu_ncu_source.sh` brings back
+stall samples. No GPU: it reads the CSV that `SOURCE=1 tools/gpu_ncu_vs_peer.sh` brings back
 (`ncu --import REPORT --page source --csv --print-source sass`).
 
     python benchmarks/probes/ncu_source_counts.py SRC.csv [PEER.csv] [--blocks N]

@@ -76,17 +76,13 @@ __device__ __forceinline__ void trace(TraceEvent event) {
 }
 
 /// Packed row pr of KV head kv_head's group of G query heads: q row pr / G of query head
-/// kv_head * G + pr % G.
-struct QoHead {
-  int qo, head;
-};
-__device__ __forceinline__ QoHead qo_head(int pr, uint32_t kv_head, int G) {
-  return {pr / G, int(kv_head) * G + pr % G};
-}
-/// The same with the group size as a FastDiv (AttentionParams::group_div): a multiply-shift, not
+/// kv_head * G + pr % G, with G as a FastDiv (AttentionParams::group_div): a multiply-shift, not
 /// a ~20-instruction division by a run-time value. Against the division, H100 (7 interleaved
 /// rounds): Hopper ragged 16 x 1024 322 vs 335 us, 64 x 256 185 vs 191
 /// (benchmarks/notes/sm90-dynamic-claims.md).
+struct QoHead {
+  int qo, head;
+};
 __device__ __forceinline__ QoHead qo_head(int pr, uint32_t kv_head, const FastDiv& G) {
   uint32_t q, h;
   G.divmod(uint32_t(pr), q, h);

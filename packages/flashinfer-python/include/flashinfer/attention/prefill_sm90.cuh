@@ -72,9 +72,9 @@ constexpr uint32_t kNoUnit = 0xffffffffu;
  *   num_kv_heads + kv_head. The plan puts the items longest first (within each request where
  *   it goes request by request), so the short units come last. CTA x takes unit x, then each
  *   time its producer looks ahead claims the next unclaimed one: gridDim.x + the first
- *   counter's old value (one atomic per unit). A
- *   CTA whose claim comes back past the end is done; the last CTA done resets both counters,
- *   so they are 0 again for the next launch on the stream (or a graph replay). The claims
+ *   counter's old value (one atomic per unit). A CTA whose claim comes back past the end is
+ *   done; the last CTA done resets both counters, so they are 0 again for the next launch on
+ *   the stream (or a graph replay). The claims
  *   replace a static deal in rounds of gridDim.x with every other round reversed where
  *   item-major; the greedy claims balance the CTAs at least as well (the longest CTA over the
  *   mean: benchmarks/probes/sm90_l2_model.py).
