@@ -42,6 +42,8 @@ DT = torch.bfloat16
 # default build). "default" is the tree.
 VARIANTS = {
     "default": ((), None),
+    # The output by 16-byte stores from every lane (before the TMA stores of the staged rows).
+    "O by row stores": (("SM90_TMA_STORE=0",), None),
     # setmaxnreg splits (default 88 / 208; the consumers take the rest)
     "producer 40 / consumers 232": (("SM90_PRODUCER_REGS=40",), None),
     "producer 56 / consumers 224": (("SM90_PRODUCER_REGS=56",), None),

@@ -184,10 +184,12 @@ struct AttentionLaunch {
   /// A 3-D tensor map (head_dim, heads, tokens) over `ptr` with 128-byte swizzle and box
   /// (64, box_heads, box_tokens), or false where the layout does not allow one: base and
   /// strides must be 16-byte multiples.
+  template <typename T = DTypeQ>
   static bool encode_map(CUtensorMap* map, const void* ptr, int64_t head_dim, int64_t heads,
                          int64_t tokens, int64_t stride_h, int64_t stride_n, int box_heads,
                          int box_tokens) {
-    const int64_t bytes = sizeof(DTypeQ);
+    static_assert(sizeof(T) == 2, "tensor maps of fp16 or bf16");
+    const int64_t bytes = sizeof(T);
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (encode == nullptr || tokens <= 0 || reinterpret_cast<uintptr_t>(ptr) % 16 != 0 ||
         (stride_h * bytes) % 16 != 0 || (stride_n * bytes) % 16 != 0 || stride_h <= 0 ||
@@ -198,7 +200,7 @@ struct AttentionLaunch {
     const cuuint64_t strides[2] = {cuuint64_t(stride_h * bytes), cuuint64_t(stride_n * bytes)};
     const cuuint32_t box[3] = {64, cuuint32_t(box_heads), cuuint32_t(box_tokens)};
     const cuuint32_t steps[3] = {1, 1, 1};
-    const CUtensorMapDataType type = std::is_same_v<DTypeQ, __half>
+    const CUtensorMapDataType type = std::is_same_v<T, __half>
                                          ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                          : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     return encode(map, type, 3, const_cast<void*>(ptr), dims, strides, box, steps,
@@ -228,6 +230,13 @@ struct AttentionLaunch {
     tm.tma_q = use_q && 128 % g == 0 &&
                encode_map(&tm.q, p.q, kHeadDim, p.num_qo_heads, c.num_tokens, p.q_stride_h,
                           p.q_stride_n, int(g), int(128 / g));
+    // The output through TMA stores where a warp's 16 packed rows are whole tokens' heads and
+    // the kernel writes the output itself (not split KV's partial states).
+    if constexpr (sizeof(DTypeO) == 2) {
+      tm.tma_o = FLASHINFER_ATTENTION_SM90_TMA_STORE != 0 && !p.split_kv && 16 % g == 0 &&
+                 encode_map<DTypeO>(&tm.o, p.o, kHeadDimVO, p.num_qo_heads, c.num_tokens,
+                                    p.o_stride_h, p.o_stride_n, int(g), int(16 / g));
+    }
     return tm;
   }
 

@@ -49,9 +49,11 @@
 // deal it replaced (CTA x took w = x, x + gridDim.x, ...) let CTAs that drew short items run tens
 // of rounds ahead, and 192/128 ragged 16 x 1024 at 128 heads read 5.9 GB from DRAM (2.3 GB the
 // peer, 2.15 GB Q + K + V; Nsight Compute, H100: benchmarks/notes/sm90-dynamic-claims.md). The
-// epilogue stages each warp's 16 output rows in its rows of the item's Q buffer and stores whole
-// rows with 16-byte coalesced stores. The measurements that chose these, and ping-pong between the
-// consumer warpgroups (measured slower twice), are in benchmarks/notes/attention-ab-switches.md.
+// epilogue stages each warp's 16 output rows in its rows of the item's Q buffer (or the staging
+// regions of kStageO) and stores them with one TMA store per 64-column block where they lie in the
+// request (Sm90Maps::tma_o), whole rows with 16-byte coalesced stores otherwise. The measurements
+// that chose these, and ping-pong between the consumer warpgroups (measured slower twice), are in
+// benchmarks/notes/attention-ab-switches.md.
 
 namespace flashinfer {
 namespace attn {
@@ -128,8 +130,13 @@ struct ItemSlot {
 /// its barrier with the bytes, so no consumer waits behind per-row address arithmetic.
 struct Sm90Maps {
   CUtensorMap q, k, v;
+  // The output as (head_dim_vo, q heads, tokens), box (64, G, 16 / G): one warp's 16 packed
+  // rows of one 64-column block.
+  CUtensorMap o;
   int tma_q;   // 0: Q by cp.async (any layout)
   int tma_kv;  // 0: K/V by cp.async (paged, or a layout the TMA cannot describe)
+  int tma_o;   // 0: the output by 16-byte stores from each lane (split KV, or a layout the TMA
+               // cannot describe)
 };
 
 /*!
@@ -587,7 +594,8 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
                                                   const float (&m)[1][2], const float (&d)[1][2],
                                                   typename KT::DTypeO* stage, int tile_row,
                                                   int first_row, int lane,
-                                                  const float (&sink)[2]) {
+                                                  const float (&sink)[2],
+                                                  const CUtensorMap* o_map, bool tma_o) {
   using TO = typename KT::DTypeO;
   constexpr int D = KT::kHeadDimVO, kChunks = D / 8, kRowsPerPass = 32 / kChunks;
   static_assert(sizeof(TO) == 2, "the output tile is staged in a 2-byte Q buffer");
@@ -609,6 +617,23 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
     }
   }
   __syncwarp();
+  if (tma_o && first_row + 16 <= r.packed_len) {
+    // The warp's 16 rows lie in the request: one TMA store per 64-column block, whose bytes
+    // the engine reads from `stage` before lane 0 goes on (the stage is overwritten later).
+    sm90::fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) {
+      const int G = p.group_size;
+#pragma unroll
+      for (int b = 0; b < D / 64; ++b) {
+        sm90::tma_store_3d(o_map, stage + Tile::offset(tile_row, 8 * b), 64 * b,
+                           int(out.kv_head) * G, r.qo_begin + first_row / G);
+      }
+      sm90::tma_store_commit_and_wait<true>();
+    }
+    __syncwarp();
+    return;
+  }
   // Packed row pr is q row pr / G, head pr % G of the KV head's group: this lane's rows step
   // by kRowsPerPass, so (qo, head) step by (kRowsPerPass / G, kRowsPerPass % G) with a carry
   // (two multiply-shifts in all, not a division per row).
@@ -662,6 +687,7 @@ __device__ __forceinline__ void sm90_store_o_regs(const OutputWriter<typename KT
 /// A consumer warpgroup: 64 rows of every work item of this CTA.
 template <class KT>
 __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const bool tma_kv,
+                                             const CUtensorMap* o_map, const bool tma_o,
                                              Sm90Sync<KT> sync) {
   using T = typename KT::DTypeQ;
   using TO = typename KT::DTypeO;
@@ -877,7 +903,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
       out.rows(o, m, d, first_row, g, t);
     } else if (q_held) {
       sm90_store_o_smem<KT>(out, o, m, d, sync.template q_tile<TO>(qb), tile_row, first_row,
-                            lane, sink);
+                            lane, sink, o_map, tma_o);
     } else if constexpr (KT::kStageO) {
       // The first warpgroup in its own region; the second in the last tile's V buffer once
       // the first warpgroup's last P V (which read it) is done.
@@ -891,7 +917,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
         stage = reinterpret_cast<TO*>(v_smem + (c - 1) % S * kTileKV * DV);
       }
       sm90_store_o_smem<KT, typename KT::WgOTile>(out, o, m, d, stage, (warp % 4) * 16,
-                                                  first_row, lane, sink);
+                                                  first_row, lane, sink, o_map, tma_o);
     } else {
       sm90_store_o_regs<KT>(out, o, m, d, first_row, g, t, sink);
     }
@@ -901,6 +927,8 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     if (KT::kStageO && wg == 1 && r.num_tiles > 0) sm90_release(sync.empty_v((c - 1) % S));
     if (q_held) sm90_release(sync.q_empty(qb));
   }
+  // The output's TMA stores complete before the kernel ends (and before a dependent launch).
+  if (tma_o && lane == 0) sm90::tma_store_commit_and_wait<false>();
 }
 
 #endif  // FLASHINFER_SM90_ENABLED
@@ -936,7 +964,7 @@ __global__ void __launch_bounds__(KT::kThreads, 1)
     sm90_produce<KT>(p, tm, sync);
   } else {
     sm90::set_max_regs_inc<KT::kConsumerRegs>();
-    sm90_consume<KT>(p, tm.tma_kv != 0, sync);
+    sm90_consume<KT>(p, tm.tma_kv != 0, &tm.o, tm.tma_o != 0, sync);
   }
   pdl_launch_dependents();
 #endif

@@ -57,6 +57,30 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
                : "memory");
 }
 
+/// A TMA store of `smem` to the box at coordinates (c0, c1, c2) of a 3-D tensor map, in this
+/// thread's current bulk async-group (tma_store_commit). The shared-memory writes it reads must
+/// be made visible to the async proxy first (fence_proxy_async by every writing thread).
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* smem, int c0,
+                                             int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_addr(smem)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+/// Closes this thread's bulk async-group and waits until its stores have read their shared
+/// memory (`read_only`: the source may be overwritten then) or have completed.
+template <bool read_only>
+__device__ __forceinline__ void tma_store_commit_and_wait() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+  if constexpr (read_only) {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  } else {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  }
+}
+
 /// A TMA copy of the box at coordinates (c0, c1, c2) of a 3-D tensor map into shared memory;
 /// its bytes complete on `bar`. `map` is a __grid_constant__ kernel parameter's address.
 __device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, uint64_t* bar,

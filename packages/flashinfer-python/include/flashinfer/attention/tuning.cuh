@@ -167,6 +167,13 @@
 // K/V stages of the Hopper kernel: by default as many as shared memory holds (prefill_sm90.cuh,
 // Sm90Traits::kStages); FLASHINFER_ATTENTION_SM90_STAGES overrides it for a tuning build.
 
+// The Hopper kernel's output: 1 = each warp's 16 staged rows through TMA stores (one thread, two
+// instructions at head_dim_vo 128) where they lie in the request and the layout allows, 0 = 16-byte
+// stores from every lane (the row address work of which was 8% of the 192 / 128 kernel's
+// instructions: benchmarks/notes/sm90-dynamic-claims.md).
+#ifndef FLASHINFER_ATTENTION_SM90_TMA_STORE
+#define FLASHINFER_ATTENTION_SM90_TMA_STORE 1
+#endif
 // Q through the TMA: 1 = where K/V come through the TMA (ragged) or the plan asks for it
 // (AttentionPlan.sm90_tma_q, whose threshold benchmarks/tuning/tma_q_sweep.py measures), 0 =
 // never, 2 = always; where q's layout allows. 0 and 2 exist for that sweep: they are the two
