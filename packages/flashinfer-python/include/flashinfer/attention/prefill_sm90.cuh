@@ -619,7 +619,9 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
   __syncwarp();
   if (tma_o && first_row + 16 <= r.packed_len) {
     // The warp's 16 rows lie in the request: one TMA store per 64-column block, whose bytes
-    // the engine reads from `stage` before lane 0 goes on (the stage is overwritten later).
+    // the engine reads from `stage` before lane 0 goes on (the stage is overwritten later;
+    // waiting only before the next item's rows, where the stage is the warp's own, measured
+    // the same: benchmarks/notes/sm90-dynamic-claims.md).
     sm90::fence_proxy_async();
     __syncwarp();
     if (lane == 0) {
@@ -629,7 +631,8 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
         sm90::tma_store_3d(o_map, stage + Tile::offset(tile_row, 8 * b), 64 * b,
                            int(out.kv_head) * G, r.qo_begin + first_row / G);
       }
-      sm90::tma_store_commit_and_wait<true>();
+      sm90::tma_store_commit();
+      sm90::tma_store_wait_read();
     }
     __syncwarp();
     return;
@@ -928,7 +931,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     if (q_held) sm90_release(sync.q_empty(qb));
   }
   // The output's TMA stores complete before the kernel ends (and before a dependent launch).
-  if (tma_o && lane == 0) sm90::tma_store_commit_and_wait<false>();
+  if (tma_o && lane == 0) sm90::tma_store_wait_all();
 }
 
 #endif  // FLASHINFER_SM90_ENABLED

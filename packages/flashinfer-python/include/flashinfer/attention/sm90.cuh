@@ -69,16 +69,20 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void*
       : "memory");
 }
 
-/// Closes this thread's bulk async-group and waits until its stores have read their shared
-/// memory (`read_only`: the source may be overwritten then) or have completed.
-template <bool read_only>
-__device__ __forceinline__ void tma_store_commit_and_wait() {
+/// Closes this thread's bulk async-group (the TMA stores issued since the last one).
+__device__ __forceinline__ void tma_store_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-  if constexpr (read_only) {
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-  } else {
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-  }
+}
+
+/// Waits until every committed TMA store of this thread has read its shared memory (the source
+/// may be overwritten then).
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+/// Waits until every committed TMA store of this thread has completed (its writes are visible).
+__device__ __forceinline__ void tma_store_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 /// A TMA copy of the box at coordinates (c0, c1, c2) of a 3-D tensor map into shared memory;
