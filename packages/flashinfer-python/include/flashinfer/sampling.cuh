@@ -84,19 +84,22 @@ __device__ __forceinline__ int64_t row_of(const RowGrid& g, const RowCtx& ctx) {
   return g.row0 + blockIdx.x / ctx.csize;
 }
 
-/// Write f(i) for the chunk's elements i to out[0, n): 16-byte stores where aligned.
+/// Write f(x) for the chunk's values x to out[0, n): 16-byte loads and stores where aligned.
 template <typename O, typename F>
 __device__ __forceinline__ void write_chunk(const RowCtx& ctx, O* out, F f) {
   int done = 0;
   if constexpr (std::is_same_v<O, float>) {
     if ((reinterpret_cast<uintptr_t>(out) & 15) == 0) {
       const int n4 = ctx.n / 4;
-      for (int i = ctx.tid; i < n4; i += ctx.nthreads)
-        reinterpret_cast<float4*>(out)[i] = make_float4(f(4 * i), f(4 * i + 1), f(4 * i + 2), f(4 * i + 3));
+      const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
+      for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
+        const float4 x = v4[i];
+        reinterpret_cast<float4*>(out)[i] = make_float4(f(x.x), f(x.y), f(x.z), f(x.w));
+      }
       done = n4 * 4;
     }
   }
-  for (int i = done + ctx.tid; i < ctx.n; i += ctx.nthreads) out[i] = from_float<O>(f(i));
+  for (int i = done + ctx.tid; i < ctx.n; i += ctx.nthreads) out[i] = from_float<O>(f(ctx.vals[i]));
 }
 
 struct SampleParams {
@@ -197,13 +200,7 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
       for (int j = 0; j < C; ++j)
         if (k > key[j]) above[j] += w;
     };
-    const int n4 = ctx.n / 4;
-    const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
-    for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
-      const float4 x = v4[i];
-      add(x.x), add(x.y), add(x.z), add(x.w);
-    }
-    for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) add(ctx.vals[i]);
+    for_each_value(ctx, add);
 #pragma unroll
     for (int j = 0; j < C; ++j) {
       const unsigned long long a = warp_sum_u(above[j]);
@@ -749,7 +746,7 @@ __device__ __forceinline__ void softmax_chunk(const RowCtx& ctx, float inv_t, fl
     gm = M;
   }
   const float inv = 1.f / gs;
-  write_chunk(ctx, out, [&](int i) { return __expf(ctx.vals[i] * inv_t - gm) * inv; });
+  write_chunk(ctx, out, [&](float x) { return __expf(x * inv_t - gm) * inv; });
 }
 
 /// out = x / (kept mass) for the elements the threshold keeps, 0 elsewhere (th.all: every
@@ -760,7 +757,7 @@ __device__ __forceinline__ void renorm_write(const RowCtx& ctx, const Threshold&
   uint32_t t = 0;
   if (th.all) {
     unsigned long long mine = 0;
-    for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) mine += ctx.fixed(ctx.vals[i]);
+    for_each_value(ctx, [&](float x) { mine += ctx.fixed(x); });
     CM total;
     block_scan(CM{0, mine}, ctx.s, &total);
     unsigned long long before;
@@ -771,10 +768,7 @@ __device__ __forceinline__ void renorm_write(const RowCtx& ctx, const Threshold&
   const float inv = kept_m ? static_cast<float>(static_cast<double>(ctx.scale) /
                                                 static_cast<double>(kept_m))
                            : 0.f;
-  write_chunk(ctx, out, [&](int i) {
-    const float x = ctx.vals[i];
-    return ctx.key(x) >= t ? x * inv : 0.f;
-  });
+  write_chunk(ctx, out, [&](float x) { return ctx.key(x) >= t ? x * inv : 0.f; });
 }
 
 /// (top-k mask | top-p / top-k renorm | softmax) of row `row`, whose chunk ctx.vals holds (as
@@ -814,10 +808,7 @@ __device__ __forceinline__ void transform_chunk(RowCtx& ctx, int64_t vocab,
         if (!th.all) t = th.key;
       }
       const float ninf = -INFINITY;
-      write_chunk(ctx, out_t, [&](int i) {
-        const float x = ctx.vals[i];
-        return ctx.key(x) >= t ? x : ninf;
-      });
+      write_chunk(ctx, out_t, [&](float x) { return ctx.key(x) >= t ? x : ninf; });
       return;
     }
     ctx.scale = fixed_scale(mx_all);  // (the clamp removed NaNs)

@@ -437,6 +437,22 @@ __device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool
   __syncthreads();
 }
 
+/// f(x) for every value x of the loaded chunk (whose start is 16-byte aligned): 16-byte loads,
+/// then the tail. In no fixed order: for passes whose results do not
+/// depend on it (counts, integer masses, shared-memory atomics). The radix rounds' scalar loops
+/// (one 4-byte load and the loop's address and bound work per element) were 35% of the top-k
+/// kernel's instructions (ncu source counts, H100, benchmarks/notes/sampling-cluster-radix.md).
+template <typename F>
+__device__ __forceinline__ void for_each_value(const RowCtx& ctx, F f) {
+  const int n4 = ctx.n / 4;
+  const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
+  for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
+    const float4 x = v4[i];
+    f(x.x), f(x.y), f(x.z), f(x.w);
+  }
+  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) f(ctx.vals[i]);
+}
+
 /// One pass over the loaded chunk: x = map(x) in place (when `apply`), the chunk's max of the
 /// mapped values, and whether it held a NaN before mapping (*nan); block-wide. Also this
 /// thread's own max (*thread_max; meaningful when *any: the thread saw an element).
@@ -541,8 +557,7 @@ __device__ __forceinline__ void window_histogram(const RowCtx& ctx, int buf, uin
                                                  uint32_t span = kWindowBins - 1) {
   unsigned int tc = 0;
   unsigned long long tm = 0;
-  for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
-    const float x = ctx.vals[i];
+  for_each_value(ctx, [&](float x) {
     const uint32_t p = ctx.key(x) >> kWindowShift;
     const uint32_t r = p >= top ? 0u : top - p;
     if (r > span) {
@@ -553,7 +568,7 @@ __device__ __forceinline__ void window_histogram(const RowCtx& ctx, int buf, uin
       if (kCount) shared_add(&ctx.s->cnt[buf][d], 1u);
       if (kMass) add_mass(ctx, buf, d, ctx.fixed(x));
     }
-  }
+  });
   tc = __reduce_add_sync(0xffffffffu, tc);
   tm = warp_sum_u(tm);
   if ((ctx.tid & 31) == 0) {
@@ -609,15 +624,14 @@ __device__ Threshold radix_search_from(RowCtx& ctx, bool by_mass, bool need_mass
       // A mass search's first digit round picks a bin of the bulk (never of one element): its
       // counts are not kept either.
       const bool count = !(by_mass && round == 1);
-      for (int i = ctx.tid; i < ctx.n; i += ctx.nthreads) {
-        const float x = ctx.vals[i];
+      for_each_value(ctx, [&](float x) {
         const uint32_t k = ctx.key(x);
         if ((k & mask) == prefix && k <= kmax) {
           const int d = (k >> shift) & (kBins - 1);
           if (count) shared_add(&s->cnt[buf][d], 1u);
           if (need_mass) add_mass(ctx, buf, d, ctx.fixed(x));
         }
-      }
+      });
     }
     row_sync(ctx);
     // The other buffer was last read by peers before this barrier: clear it for the next round.
