@@ -115,115 +115,6 @@ struct SampleParams {
   bool* valid;
 };
 
-/// Sums over the row's group of this CTA's arr[j], j < kTopPCandidates, into s->cand_sum (every
-/// thread may read them on return). Starts with a group barrier: write arr first.
-__device__ __forceinline__ void group_sum_candidates(const RowCtx& ctx, unsigned long long* arr) {
-  static_assert(kTopPCandidates * 16 % 32 == 0, "whole warps read the group's slots");
-  row_sync(ctx);
-  const int j = ctx.tid >> 4, r = ctx.tid & 15;  // 16 lanes per candidate, one per rank
-  if (j < kTopPCandidates) {
-    unsigned long long v = r < ctx.csize ? *peer(ctx, arr + j, r) : 0ull;
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (r == 0) ctx.s->cand_sum[j] = v;
-  }
-  __syncthreads();
-}
-
-/*!
- * @brief Top-p by rejection: draw a candidate x from the whole row (draw_locate, t = 0) and keep
- *   it when it is in the top-p set, i.e. when the mass of the elements with a larger key,
- *   A(x), is below the radix search's target floor(p K) + 1 (K the row's mass). The two agree
- *   exactly: radix_search keeps key >= t for the largest t with F(t) >= target (F(t) the mass of
- *   keys >= t). key(x) >= t: A(x) = F(key(x) + 1) < target, since key(x) + 1 > t; key(x) < t:
- *   A(x) >= F(t) >= target. Ties with x are never above it, so they are kept or rejected
- *   together, as the threshold keeps or drops them. A kept draw is distributed as the top-p set
- *   renormalized (rejection from the whole row restricted to a set); its probability is the
- *   set's mass, >= p.
- *
- *   kTopPPasses passes of kTopPCandidates candidates each (Philox outputs 0, 1, ... of the row):
- *   locating them is warp-local (draw_locate_many: one walk per warp for all), then one barrier broadcasts their keys, one pass over the chunk
- *   sums A for all of them and one barrier adds the group's sums; the first kept candidate in
- *   draw order wins. Returns false when every candidate was rejected (the caller then finds the
- *   threshold exactly with the next uniform). *col: the sample on the thread that writes it.
- */
-__device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
-                                                const RngArgs& rng_args, int64_t row,
-                                                int64_t* col) {
-  Shared* s = ctx.s;
-  constexpr int C = kTopPCandidates;
-  *col = -1;
-  const DrawPrefix d = draw_prefix(ctx, 0, 0);
-  if (d.K == 0) {  // nothing to draw from
-    if (ctx.rank == 0 && ctx.tid == 0) *col = 0;
-    return true;
-  }
-  // Keep A(x) <= limit. In shared memory: registers are short across the counting pass.
-  if (ctx.tid == 0)
-    s->cand_limit = static_cast<unsigned long long>(
-        floor(static_cast<double>(top_p) * static_cast<double>(d.K)));
-  __syncthreads();
-  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
-  for (int pass = 0; pass < kTopPPasses; ++pass) {
-    // Peers read cand_key before the last barrier of the previous pass: safe to reset.
-    if (ctx.tid < C) s->cand_col[ctx.tid] = -1, s->cand_key[ctx.tid] = 0;
-    __syncthreads();
-    // The pass's uniforms first: the generator's state is dead during the locates.
-    uint32_t u[C];
-    {
-      Philox rng = rng_args.make(row, static_cast<uint64_t>(pass) * C);
-#pragma unroll
-      for (int j = 0; j < C; ++j) u[j] = rng.next();
-    }
-    draw_locate_many(ctx, 0, d, u, [&](int j, int64_t c) {
-      s->cand_col[j] = c;
-      s->cand_key[j] = ctx.key(ctx.vals[c - ctx.begin]);  // > 0: the weight is > 0
-    });
-    if (s->cand_limit >= d.K) {  // A(x) <= K - w(x) < K <= limit: every candidate is kept
-      __syncthreads();
-      if (ctx.tid == 0) *col = s->cand_col[0];
-      return true;
-    }
-    group_sum_candidates(ctx, s->cand_key);  // exactly one CTA drew each candidate
-    uint32_t key[C], lowest = 0xffffffffu;
-    unsigned long long above[C];
-#pragma unroll
-    for (int j = 0; j < C; ++j) {
-      key[j] = static_cast<uint32_t>(s->cand_sum[j]), above[j] = 0;
-      lowest = min(lowest, key[j]);
-    }
-    auto add = [&](float x) {
-      const uint32_t k = ctx.key(x);
-      if (k <= lowest) return;  // most of a peaked row: below every candidate, no conversion
-      const unsigned long long w = ctx.fixed(x);
-#pragma unroll
-      for (int j = 0; j < C; ++j)
-        if (k > key[j]) above[j] += w;
-    };
-    for_each_value(ctx, add);
-#pragma unroll
-    for (int j = 0; j < C; ++j) {
-      const unsigned long long a = warp_sum_u(above[j]);
-      if (lane == 0) s->cand_warp[warp][j] = a;
-    }
-    __syncthreads();
-    if (ctx.tid < C) {
-      unsigned long long a = 0;
-      for (int w = 0; w < nw; ++w) a += s->cand_warp[w][ctx.tid];
-      s->cand_above[ctx.tid] = a;
-    }
-    group_sum_candidates(ctx, s->cand_above);
-#pragma unroll
-    for (int j = 0; j < C; ++j) {
-      if (s->cand_sum[j] <= s->cand_limit) {
-        if (ctx.tid == 0) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
-        return true;
-      }
-    }
-  }
-  return false;
-}
-
 // ------------------------------------------------------------------------------------------------
 // SampleKernel's draw by 512-column blocks
 // ------------------------------------------------------------------------------------------------
@@ -401,11 +292,11 @@ __device__ __forceinline__ void cluster_wait() {
 
 /*!
  * @brief Group-wide, after fill_block_sums: the row's kept mass K = sum of W_b, and this warp's
- *   share of it (blocks [s0, s1), contiguous, and the mass before them in column order). Its
- *   exchange is the row's last: a clustered CTA then arrives at the cluster barrier (the kernel
- *   waits on it before it exits), so no CTA waits for the peers' locate.
+ *   share of it (blocks [s0, s1), contiguous, and the mass before them in column order). Where
+ *   its exchange is the row's last (`last`), a clustered CTA then arrives at the cluster barrier
+ *   (the kernel waits on it before it exits), so no CTA waits for the peers' locate.
  */
-__device__ __forceinline__ DrawPrefix block_prefix(const RowCtx& ctx, int slot) {
+__device__ __forceinline__ DrawPrefix block_prefix(const RowCtx& ctx, int slot, bool last = true) {
   const float* sums = block_sums(ctx);
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
   const int nb = num_blocks(ctx), per = (nb + nw - 1) / nw;
@@ -415,7 +306,7 @@ __device__ __forceinline__ DrawPrefix block_prefix(const RowCtx& ctx, int slot) 
   unsigned long long mine = 0;
   for (int b = d.s0 + lane; b < d.s1; b += 32) mine += ctx.fixed(sums[b]);
   prefix_of_warp_masses(ctx, mine, slot, &d);
-  if (ctx.clustered) cluster_arrive();
+  if (last && ctx.clustered) cluster_arrive();
   return d;
 }
 
@@ -489,6 +380,139 @@ __device__ __forceinline__ int64_t block_locate(const RowCtx& ctx, uint32_t t,
   return -1;  // unreachable: the warp's mass exceeds local
 }
 
+/// Sums over the row's group of this CTA's arr[j], j < N, into s->cand_sum (every thread may
+/// read them on return). Starts with a group barrier: write arr first.
+template <int N>
+__device__ __forceinline__ void group_sum_candidates(const RowCtx& ctx, unsigned long long* arr) {
+  row_sync(ctx);
+  const int j = ctx.tid >> 4, r = ctx.tid & 15;  // 16 lanes per value, one per rank
+  if (ctx.tid < (N * 16 + 31) / 32 * 32) {       // whole warps: the shuffles take all lanes
+    unsigned long long v = j < N && r < ctx.csize ? *peer(ctx, arr + j, r) : 0ull;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (r == 0 && j < N) ctx.s->cand_sum[j] = v;
+  }
+  __syncthreads();
+}
+
+/// This thread's share of top-p's counting pass: above[j] += fixed(x) for the values x whose key
+/// is above candidate j's, and (kTotal) *total += fixed(x) for every value.
+template <bool kTotal>
+__device__ __forceinline__ void count_above(const RowCtx& ctx,
+                                            const uint32_t (&key)[kTopPCandidates],
+                                            uint32_t lowest,
+                                            unsigned long long (&above)[kTopPCandidates],
+                                            unsigned long long* total) {
+  unsigned long long tot = 0;
+  for_each_value(ctx, [&](float x) {
+    const uint32_t k = ctx.key(x);
+    if (!kTotal && k <= lowest) return;  // below every candidate: no conversion
+    const unsigned long long w = ctx.fixed(x);
+    if (kTotal) tot += w;
+#pragma unroll
+    for (int j = 0; j < kTopPCandidates; ++j)
+      if (k > key[j]) above[j] += w;
+  });
+  *total = tot;
+}
+
+/*!
+ * @brief Top-p by rejection: draw a candidate x from the whole row (the block draw, t = 0, of
+ *   fill_block_sums's sums) and keep it when it is in the top-p set, i.e. when the mass of the
+ *   elements with a larger key, A(x), is below the radix search's target floor(p K) + 1 (K the
+ *   row's per-element fixed-point mass, as the search's histograms sum it). The two agree
+ *   exactly: radix_search keeps key >= t for the largest t with F(t) >= target (F(t) the mass of
+ *   keys >= t). key(x) >= t: A(x) = F(key(x) + 1) < target, since key(x) + 1 > t; key(x) < t:
+ *   A(x) >= F(t) >= target. Ties with x are never above it, so they are kept or rejected
+ *   together, as the threshold keeps or drops them. A kept draw is distributed as the top-p set
+ *   renormalized (the plain draw from the whole row restricted to a set); its probability is the
+ *   set's mass, >= p.
+ *
+ *   kTopPPasses passes of kTopPCandidates candidates each (Philox outputs 0, 1, ... of the row):
+ *   locating them is warp-local (block_locate, from one block prefix of the row), then one
+ *   barrier broadcasts their keys, one pass over the chunk sums A for all of them (the first
+ *   pass also K) and one barrier adds the group's sums; the first kept candidate in draw order
+ *   wins. Returns true when one was kept (*col its column on the CTA that drew it, -1 on the
+ *   others) or the row has no mass (*col 0 on rank 0); false: the caller searches the threshold
+ *   and draws with Philox output kTopPCandidates * kTopPPasses. ctx.scale set; the block sums
+ *   filled with t = 0.
+ */
+__device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
+                                                const RngArgs& rng_args, int64_t row,
+                                                int64_t* col) {
+  Shared* s = ctx.s;
+  constexpr int C = kTopPCandidates;
+  *col = -1;
+  const DrawPrefix d = block_prefix(ctx, 0, false);
+  if (d.K == 0) {  // nothing to draw from
+    if (ctx.rank == 0 && ctx.tid == 0) *col = 0;
+    return true;
+  }
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  unsigned long long limit = 0;  // floor(p K): after the first pass's exchange
+  for (int pass = 0; pass < kTopPPasses; ++pass) {
+    // Peers read cand_key before the last barrier of the previous pass: safe to reset.
+    if (ctx.tid < C) s->cand_col[ctx.tid] = -1, s->cand_key[ctx.tid] = 0;
+    __syncthreads();
+    {
+      Philox rng = rng_args.make(row, static_cast<uint64_t>(pass) * C);
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        const int64_t c = block_locate(ctx, 0, d, rng.next());
+        if (c >= 0) s->cand_col[j] = c, s->cand_key[j] = ctx.key(ctx.vals[c - ctx.begin]);
+      }
+    }
+    if (top_p >= 1.f) {  // floor(p K) >= K > A(x): every candidate is kept
+      __syncthreads();
+      if (ctx.tid == 0) *col = s->cand_col[0];
+      return true;
+    }
+    group_sum_candidates<C>(ctx, s->cand_key);  // exactly one CTA drew each candidate
+    uint32_t key[C], lowest = 0xffffffffu;
+    unsigned long long above[C], total;
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      key[j] = static_cast<uint32_t>(s->cand_sum[j]), above[j] = 0;
+      lowest = min(lowest, key[j]);
+    }
+    if (pass == 0) {
+      count_above<true>(ctx, key, lowest, above, &total);
+    } else {
+      count_above<false>(ctx, key, lowest, above, &total);
+    }
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      const unsigned long long a = warp_sum_u(above[j]);
+      if (lane == 0) s->cand_warp[warp][j] = a;
+    }
+    if (pass == 0) {
+      const unsigned long long t = warp_sum_u(total);
+      if (lane == 0) s->cand_warp[warp][C] = t;
+    }
+    __syncthreads();
+    if (ctx.tid <= C) {
+      unsigned long long a = 0;
+      for (int w = 0; w < nw; ++w) a += s->cand_warp[w][ctx.tid];
+      s->cand_above[ctx.tid] = a;
+    }
+    if (pass == 0) {
+      group_sum_candidates<C + 1>(ctx, s->cand_above);
+      limit = static_cast<unsigned long long>(
+          floor(static_cast<double>(top_p) * static_cast<double>(s->cand_sum[C])));
+    } else {
+      group_sum_candidates<C>(ctx, s->cand_above);
+    }
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      if (s->cand_sum[j] <= limit) {
+        if (ctx.tid == 0) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 /// A set of filters (bit f for filter f): each SampleKernel instance takes one set, so the code
 /// of the others is not in it. The radix search sits at the 80-register cap of
 /// __launch_bounds__(kThreads, 3): a kernel that also holds code it does not run can make ptxas
@@ -525,9 +549,9 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   // The filter, known false at compile time for those this kernel does not take.
   const int filter = p.filter;
   auto is = [filter](int x) { return has_filter(kFilters, x) && filter == x; };
-  // Top-p's rejection draws without block sums: they are summed only if it falls back. The
-  // top-k filters sum none (kBlockDraw).
-  const bool sums_first = kBlockDraw<kFilters> && !is(kTopP);
+  // The draw's block sums in the first pass (top-p's rejection draws its candidates from them);
+  // the top-k filters sum none (kBlockDraw).
+  const bool sums_first = kBlockDraw<kFilters>;
   float mx = -INFINITY;
   bool nan = false;
   if (row_ok) {

@@ -188,15 +188,14 @@ struct Shared {
   float red[32];
   uint32_t pick[4];
   unsigned long long pick_u[4];
-  // Top-p by rejection: the candidates' keys and masses above them (exchanged in the group), the
-  // group's sums, the columns (on the CTA that drew each) and the per-warp partial masses.
+  // Top-p by rejection: the candidates' keys and masses above them (and, in the first pass, the
+  // row's mass after them), exchanged in the group, the group's sums, the columns (on the CTA
+  // that drew each) and the per-warp partial masses.
   unsigned long long cand_key[kTopPCandidates];
-  unsigned long long cand_above[kTopPCandidates];
-  unsigned long long cand_sum[kTopPCandidates];
+  unsigned long long cand_above[kTopPCandidates + 1];
+  unsigned long long cand_sum[kTopPCandidates + 1];
   long long cand_col[kTopPCandidates];
-  unsigned long long cand_limit;
-  unsigned long long locate[kThreads / 32][kTopPCandidates];  ///< draw_locate_many's targets
-  unsigned long long cand_warp[kThreads / 32][kTopPCandidates];
+  unsigned long long cand_warp[kThreads / 32][kTopPCandidates + 1];
 };
 
 /// The state of one CTA's work on one row.
@@ -829,64 +828,6 @@ __device__ __forceinline__ int64_t draw_locate(const RowCtx& ctx, uint32_t t, co
     return lane_column(ctx, t, st, lane, incl - lm, local);
   }
   return -1;  // unreachable: the warp's kept mass exceeds local
-}
-
-/*!
- * @brief C draws from one prefix at once (uniforms u[j]), the same columns as C draw_locate
- *   calls: found(j, column) runs on the thread that finds draw j. Warp-local. A warp walks its
- *   steps once for all the draws it holds (groups of 4 steps, then step by step in the groups
- *   that hold a draw), so draws of one peaked row, which land in one warp, share one walk.
- */
-template <int C, typename Found>
-__device__ __forceinline__ void draw_locate_many(const RowCtx& ctx, uint32_t t,
-                                                 const DrawPrefix& d, const uint32_t (&u)[C],
-                                                 Found found) {
-  if (d.K == 0) return;
-  static_assert(C <= kTopPCandidates, "the targets wait in Shared::locate");
-  const int lane = ctx.tid & 31, warp = ctx.tid >> 5;
-  // The draws' targets relative to the warp, in shared memory (registers are short).
-  unsigned long long* local = ctx.s->locate[warp];
-  unsigned pending = 0;  // warp-uniform
-#pragma unroll
-  for (int j = 0; j < C; ++j) {
-    const unsigned long long target = __umul64hi(d.K, static_cast<unsigned long long>(u[j]) << 32);
-    if (lane == j) local[j] = target - d.before;
-    if (target >= d.before && target < d.before + d.mine) pending |= 1u << j;
-  }
-  __syncwarp();
-  if (!pending) return;
-  int s0, s1;  // recomputed (cheap) rather than held in registers across the caller's passes
-  warp_steps(ctx, &s0, &s1);
-  unsigned long long acc = 0;  // the warp's kept mass before step st
-  for (int st = s0; pending && st < s1; st += 4) {
-    unsigned long long g = 0;
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      if (st + q < s1) g += lane_mass(ctx, t, st + q, lane);
-    g = warp_sum_u(g);
-    unsigned group = 0;
-#pragma unroll 1
-    for (int j = 0; j < C; ++j)
-      if (((pending >> j) & 1u) && local[j] < acc + g) group |= 1u << j;
-    pending &= ~group;
-    unsigned long long a = acc;
-    for (int q = st; group && q < st + 4 && q < s1; ++q) {
-      const unsigned long long lm = lane_mass(ctx, t, q, lane);
-      const unsigned long long incl = warp_scan_u(lm);
-      const unsigned long long step_total = __shfl_sync(0xffffffffu, incl, 31);
-#pragma unroll 1
-      for (int j = 0; j < C; ++j) {
-        if (((group >> j) & 1u) && local[j] < a + step_total) {
-          group &= ~(1u << j);
-          const unsigned long long loc = local[j] - a;
-          const int src = __ffs(__ballot_sync(0xffffffffu, incl > loc)) - 1;
-          if (lane == src) found(j, lane_column(ctx, t, q, lane, a + incl - lm, local[j]));
-        }
-      }
-      a += step_total;
-    }
-    acc += g;
-  }
 }
 
 /*!
