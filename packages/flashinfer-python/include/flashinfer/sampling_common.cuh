@@ -712,7 +712,7 @@ __device__ __forceinline__ Threshold radix_search(RowCtx& ctx, bool by_mass, boo
 }
 
 /// The kept mass (key >= t, weight fixed(x)) of lane `lane`'s 4 columns of 128-column step
-/// `step` of the chunk (see draw).
+/// `step` of the chunk (see draw). Warp-wide.
 __device__ __forceinline__ unsigned long long lane_mass(const RowCtx& ctx, uint32_t t, int step,
                                                         int lane) {
   const int c = step * 128 + lane * 4;
@@ -724,6 +724,10 @@ __device__ __forceinline__ unsigned long long lane_mass(const RowCtx& ctx, uint3
 #pragma unroll
     for (int j = 0; j < 4; ++j) f[j] = c + j < ctx.n ? ctx.vals[c + j] : 0.f;
   }
+  // A threshold keeps few elements (top-k): most quads of a warp's step hold none, and the warp
+  // then skips the 4 fixed-point conversions (warp-wide: every caller runs it on whole warps).
+  const uint32_t kq = max(max(ctx.key(f[0]), ctx.key(f[1])), max(ctx.key(f[2]), ctx.key(f[3])));
+  if (!__any_sync(0xffffffffu, kq >= t)) return 0;
   unsigned long long m = 0;
 #pragma unroll
   for (int j = 0; j < 4; ++j)
