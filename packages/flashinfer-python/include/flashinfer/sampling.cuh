@@ -539,6 +539,57 @@ inline constexpr bool kBlockDraw = kFilters != kTopKFilters;
 
 /// Load, filter and draw one token for output row `out_row`. Group-wide. Returns whether this
 /// CTA arrived at the cluster barrier (block_prefix): the kernel then waits on it to exit.
+/*!
+ * @brief A lower bound for the 11-bit key prefix of a row's top-k threshold from this CTA's
+ *   per-thread maxima: the prefix of its kc-th largest thread maximum, kc = ceil(k / group
+ *   size), found among the kWindowBins prefixes at and below the CTA max's (0 when fewer than kc
+ *   thread maxima lie there). A CTA's kc maxima are distinct elements at or above its bound, so
+ *   at least k elements of the row lie at or above the group's smallest bound: the threshold
+ *   does too. Block-wide; counts in histogram buffer cnt[parity] (clean before a search) and
+ *   leaves it clean.
+ */
+__device__ __forceinline__ uint32_t topk_lower_prefix(const RowCtx& ctx, uint32_t thread_max_key,
+                                                      bool any, uint32_t cta_max_key, int k) {
+  unsigned int* h = ctx.s->cnt[ctx.parity];
+  const int kc = (k + ctx.csize - 1) / ctx.csize;
+  const uint32_t top = cta_max_key >> kWindowShift, p = thread_max_key >> kWindowShift;
+  const uint32_t r = p >= top ? 0u : top - p;
+  const bool in = any && r < static_cast<uint32_t>(kWindowBins);
+  if (in) shared_add(&h[r], 1u);
+  __syncthreads();
+  const unsigned long long c = ctx.tid < kBins ? h[ctx.tid] : 0u;
+  CM total;
+  const CM incl = block_scan(CM{c, 0}, ctx.s, &total);  // (its barriers order the reads of h)
+  const int before = __syncthreads_count(ctx.tid < kBins && incl.c < static_cast<unsigned>(kc));
+  if (in) h[r] = 0;
+  __syncthreads();
+  if (total.c < static_cast<unsigned long long>(kc) || before >= kWindowBins) return 0;
+  return top - static_cast<uint32_t>(before);
+}
+
+/// The group's max of `mx`, max of `nan` and min of `lo` (one barrier; exchange slots xf[slot],
+/// xf[slot + 1] and xu[6 + slot / 2]). Every thread receives the results.
+__device__ __forceinline__ void group_max_nan_lo(const RowCtx& ctx, float mx, float nan,
+                                                 uint32_t lo, int slot, float* mx_all,
+                                                 float* nan_all, uint32_t* lo_all) {
+  if (ctx.tid == 0) {
+    ctx.s->xf[slot] = mx, ctx.s->xf[slot + 1] = nan;
+    ctx.s->xu[6 + slot / 2] = lo;
+  }
+  row_sync(ctx);
+  const int lane = ctx.tid & 31;
+  float a = -INFINITY, b = -INFINITY;
+  uint32_t l = 0xffffffffu;
+  if (lane < ctx.csize) {
+    a = *peer(ctx, &ctx.s->xf[slot], lane);
+    b = *peer(ctx, &ctx.s->xf[slot + 1], lane);
+    l = static_cast<uint32_t>(*peer(ctx, &ctx.s->xu[6 + slot / 2], lane));
+  }
+  *mx_all = warp_max(a);
+  *nan_all = warp_max(b);
+  *lo_all = __reduce_min_sync(0xffffffffu, l);
+}
+
 template <typename T, unsigned kFilters>
 __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in, int64_t stride,
                                            int64_t vocab, bool vec, const SampleParams& p,
@@ -554,6 +605,12 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   const bool sums_first = kBlockDraw<kFilters>;
   float mx = -INFINITY;
   bool nan = false;
+  // The top-k filters' lower bound for their threshold's key prefix (topk_lower_prefix: round
+  // 0 of the search then pays shared-memory atomics only for the keys near the top).
+  const int k_row = has_filter(kFilters, kTopK) ? p.top_k(out_row) : 0;
+  const bool bound = !kBlockDraw<kFilters> && is_probs && row_ok && k_row > 0 && k_row < vocab &&
+                     (is(kTopK) || is(kTopKTopPJoint) || is(kTopKFirstTopP));
+  uint32_t lo = 0;
   if (row_ok) {
     load_chunk<T>(ctx, in + in_row * stride, vec);
     if (is_probs && sums_first) {
@@ -563,12 +620,21 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       const BlockStats st = fill_block_sums(ctx, 0, [](float x) { return x < 0.f ? 0.f : x; });
       nan = __syncthreads_or(st.nan);
       mx = block_max(st.max, ctx.s);
+    } else if (bound) {
+      float tm;
+      bool any;
+      mx = first_pass_threads(ctx, true, [](float x) { return fmaxf(x, 0.f); }, &nan, &tm, &any);
+      lo = topk_lower_prefix(ctx, ctx.key(tm), any, ctx.key(mx), k_row);
     } else {
       mx = first_pass(ctx, is_probs, [](float x) { return fmaxf(x, 0.f); }, &nan);
     }
   }
   float nan_f;
-  cluster_reduce2_f(ctx, mx, nan ? 1.f : 0.f, 0, true, &mx, &nan_f);
+  if (bound) {
+    group_max_nan_lo(ctx, mx, nan ? 1.f : 0.f, lo, 0, &mx, &nan_f, &lo);
+  } else {
+    cluster_reduce2_f(ctx, mx, nan ? 1.f : 0.f, 0, true, &mx, &nan_f);
+  }
   const bool any_nan = nan_f > 0.f;
   int64_t col = -1;
   bool arrived = false;
@@ -598,10 +664,11 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       t = key_nonneg(p.min_p(out_row) * mx);
     }
     if (is(kTopK) || is(kTopKTopPJoint) || is(kTopKFirstTopP)) {
-      const int k = p.top_k(out_row);
+      const int k = k_row;
       if (k > 0 && k < vocab) {
-        const Threshold th = radix_search(ctx, false, is(kTopKFirstTopP), max_key,
-                                          [k](CM) { return static_cast<unsigned long long>(k); });
+        const Threshold th = radix_search_from(
+            ctx, false, is(kTopKFirstTopP), max_key, lo,
+            [k](CM) { return static_cast<unsigned long long>(k); });
         if (!th.all) t = th.key;
         if (is(kTopKFirstTopP) && !th.all) {
           // top-p over the renormalized top-k set: target mass p * kept(top-k).
@@ -672,57 +739,6 @@ struct TransformParams {
   void* out;  ///< float32 (softmax, top-p renorm) or T (top-k renorm, mask)
   int64_t out_stride;
 };
-
-/*!
- * @brief A lower bound for the 11-bit key prefix of a row's top-k threshold from this CTA's
- *   per-thread maxima: the prefix of its kc-th largest thread maximum, kc = ceil(k / group
- *   size), found among the kWindowBins prefixes at and below the CTA max's (0 when fewer than kc
- *   thread maxima lie there). A CTA's kc maxima are distinct elements at or above its bound, so
- *   at least k elements of the row lie at or above the group's smallest bound: the threshold
- *   does too. Block-wide; counts in histogram buffer cnt[parity] (clean before a search) and
- *   leaves it clean.
- */
-__device__ __forceinline__ uint32_t topk_lower_prefix(const RowCtx& ctx, uint32_t thread_max_key,
-                                                      bool any, uint32_t cta_max_key, int k) {
-  unsigned int* h = ctx.s->cnt[ctx.parity];
-  const int kc = (k + ctx.csize - 1) / ctx.csize;
-  const uint32_t top = cta_max_key >> kWindowShift, p = thread_max_key >> kWindowShift;
-  const uint32_t r = p >= top ? 0u : top - p;
-  const bool in = any && r < static_cast<uint32_t>(kWindowBins);
-  if (in) shared_add(&h[r], 1u);
-  __syncthreads();
-  const unsigned long long c = ctx.tid < kBins ? h[ctx.tid] : 0u;
-  CM total;
-  const CM incl = block_scan(CM{c, 0}, ctx.s, &total);  // (its barriers order the reads of h)
-  const int before = __syncthreads_count(ctx.tid < kBins && incl.c < static_cast<unsigned>(kc));
-  if (in) h[r] = 0;
-  __syncthreads();
-  if (total.c < static_cast<unsigned long long>(kc) || before >= kWindowBins) return 0;
-  return top - static_cast<uint32_t>(before);
-}
-
-/// The group's max of `mx`, max of `nan` and min of `lo` (one barrier; exchange slots xf[slot],
-/// xf[slot + 1] and xu[6 + slot / 2]). Every thread receives the results.
-__device__ __forceinline__ void group_max_nan_lo(const RowCtx& ctx, float mx, float nan,
-                                                 uint32_t lo, int slot, float* mx_all,
-                                                 float* nan_all, uint32_t* lo_all) {
-  if (ctx.tid == 0) {
-    ctx.s->xf[slot] = mx, ctx.s->xf[slot + 1] = nan;
-    ctx.s->xu[6 + slot / 2] = lo;
-  }
-  row_sync(ctx);
-  const int lane = ctx.tid & 31;
-  float a = -INFINITY, b = -INFINITY;
-  uint32_t l = 0xffffffffu;
-  if (lane < ctx.csize) {
-    a = *peer(ctx, &ctx.s->xf[slot], lane);
-    b = *peer(ctx, &ctx.s->xf[slot + 1], lane);
-    l = static_cast<uint32_t>(*peer(ctx, &ctx.s->xu[6 + slot / 2], lane));
-  }
-  *mx_all = warp_max(a);
-  *nan_all = warp_max(b);
-  *lo_all = __reduce_min_sync(0xffffffffu, l);
-}
 
 /*!
  * @brief Softmax of this CTA's chunk (in ctx.vals, not yet scaled) with the row's group: one pass
