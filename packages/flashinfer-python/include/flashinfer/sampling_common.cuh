@@ -551,29 +551,67 @@ inline constexpr int kWindowBins = kBins - 1;
 /// below it. (Counting round 0 in 8 register bins of two exponents each, with no atomics,
 /// measured slower on an H200: top-p 195 vs 160 us, top-k 112 vs 94 us at 128 x 128256, since
 /// the next round's atomics then cover a whole pair of exponents.)
+/// The quads (16-byte loads) of a thread's walk through the chunk that held a value of round 0's
+/// window, bit j for the thread's j-th quad: the later rounds' digits lie inside the window, so
+/// they visit only these quads (with a lower bound from the per-thread maxima, a handful per
+/// CTA; with the default window, nearly all). `valid` false: the walk has more than 64 quads
+/// (the one-CTA path's long rows) and the later rounds read the whole chunk.
+struct QuadMask {
+  unsigned long long bits;
+  bool valid;
+};
+
 template <bool kCount, bool kMass>
-__device__ __forceinline__ void window_histogram(const RowCtx& ctx, int buf, uint32_t top,
-                                                 uint32_t span = kWindowBins - 1) {
+__device__ __forceinline__ QuadMask window_histogram(const RowCtx& ctx, int buf, uint32_t top,
+                                                     uint32_t span = kWindowBins - 1) {
   unsigned int tc = 0;
   unsigned long long tm = 0;
-  for_each_value(ctx, [&](float x) {
+  auto bin = [&](float x) {
     const uint32_t p = ctx.key(x) >> kWindowShift;
     const uint32_t r = p >= top ? 0u : top - p;
     if (r > span) {
       tc += 1;
       if (kMass) tm += ctx.fixed(x);
-    } else {
-      const int d = kBins - 1 - static_cast<int>(r);
-      if (kCount) shared_add(&ctx.s->cnt[buf][d], 1u);
-      if (kMass) add_mass(ctx, buf, d, ctx.fixed(x));
+      return false;
     }
-  });
+    const int d = kBins - 1 - static_cast<int>(r);
+    if (kCount) shared_add(&ctx.s->cnt[buf][d], 1u);
+    if (kMass) add_mass(ctx, buf, d, ctx.fixed(x));
+    return true;
+  };
+  const int n4 = ctx.n / 4;
+  const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
+  QuadMask q{0ull, n4 <= 64 * ctx.nthreads};
+  int j = 0;
+  for (int i = ctx.tid; i < n4; i += ctx.nthreads, ++j) {
+    const float4 x = v4[i];
+    const bool in = bin(x.x) | bin(x.y) | bin(x.z) | bin(x.w);  // (all four binned)
+    if (in && j < 64) q.bits |= 1ull << j;
+  }
+  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) bin(ctx.vals[i]);
   tc = __reduce_add_sync(0xffffffffu, tc);
   tm = warp_sum_u(tm);
   if ((ctx.tid & 31) == 0) {
     if (kCount && tc) shared_add(&ctx.s->cnt[buf][0], tc);
     if (kMass && tm) add_mass(ctx, buf, 0, tm);
   }
+  return q;
+}
+
+/// f(x) for the values of the quads in `q` (every value when !q.valid) and the chunk's tail.
+template <typename F>
+__device__ __forceinline__ void for_each_masked_value(const RowCtx& ctx, const QuadMask& q, F f) {
+  if (!q.valid) {
+    for_each_value(ctx, f);
+    return;
+  }
+  const int n4 = ctx.n / 4;
+  const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
+  for (unsigned long long b = q.bits; b; b &= b - 1) {
+    const float4 x = v4[ctx.tid + (__ffsll(static_cast<long long>(b)) - 1) * ctx.nthreads];
+    f(x.x), f(x.y), f(x.z), f(x.w);
+  }
+  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) f(ctx.vals[i]);
 }
 
 /*!
@@ -607,23 +645,26 @@ __device__ Threshold radix_search_from(RowCtx& ctx, bool by_mass, bool need_mass
   // Rounds: 0 = the window; then digits at `shift` (13, 5, 0). The tail: 24, 16, 8, 0.
   int shift = -1;
   bool tail = false;
+  QuadMask quads{0ull, false};
   for (int round = 0; round < 8; ++round) {
     const int buf = ctx.parity;
     ctx.parity ^= 1;
     // 1. This CTA's histogram.
     if (round == 0) {
       if (by_mass) {  // a mass search needs no counts here
-        window_histogram<false, true>(ctx, buf, top, span);
+        quads = window_histogram<false, true>(ctx, buf, top, span);
       } else if (need_mass) {
-        window_histogram<true, true>(ctx, buf, top, span);
+        quads = window_histogram<true, true>(ctx, buf, top, span);
       } else {
-        window_histogram<true, false>(ctx, buf, top, span);
+        quads = window_histogram<true, false>(ctx, buf, top, span);
       }
     } else {
       // A mass search's first digit round picks a bin of the bulk (never of one element): its
       // counts are not kept either.
       const bool count = !(by_mass && round == 1);
-      for_each_value(ctx, [&](float x) {
+      // Digits inside the window: only its quads (the tail below it: every quad).
+      if (tail) quads.valid = false;
+      for_each_masked_value(ctx, quads, [&](float x) {
         const uint32_t k = ctx.key(x);
         if ((k & mask) == prefix && k <= kmax) {
           const int d = (k >> shift) & (kBins - 1);
