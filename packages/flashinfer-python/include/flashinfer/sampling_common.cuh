@@ -553,15 +553,17 @@ inline constexpr int kWindowBins = kBins - 1;
 /// the next round's atomics then cover a whole pair of exponents.)
 /// The quads (16-byte loads) of a thread's walk through the chunk that held a value of round 0's
 /// window, bit j for the thread's j-th quad: the later rounds' digits lie inside the window, so
-/// they visit only these quads (with a lower bound from the per-thread maxima, a handful per
-/// CTA; with the default window, nearly all). `valid` false: the walk has more than 64 quads
-/// (the one-CTA path's long rows) and the later rounds read the whole chunk.
+/// they visit only these quads. Tracked only where a lower bound from the per-thread maxima
+/// narrowed the window (a handful of quads per CTA); the default window holds nearly every quad
+/// and the mask's walk cost more than it saved (top-p renorm +8%, H100). `valid` false: not
+/// tracked, or the walk has more than 64 quads (the one-CTA path's long rows): the later rounds
+/// read the whole chunk.
 struct QuadMask {
   unsigned long long bits;
   bool valid;
 };
 
-template <bool kCount, bool kMass>
+template <bool kCount, bool kMass, bool kTrack>
 __device__ __forceinline__ QuadMask window_histogram(const RowCtx& ctx, int buf, uint32_t top,
                                                      uint32_t span = kWindowBins - 1) {
   unsigned int tc = 0;
@@ -579,16 +581,21 @@ __device__ __forceinline__ QuadMask window_histogram(const RowCtx& ctx, int buf,
     if (kMass) add_mass(ctx, buf, d, ctx.fixed(x));
     return true;
   };
-  const int n4 = ctx.n / 4;
-  const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
-  QuadMask q{0ull, n4 <= 64 * ctx.nthreads};
-  int j = 0;
-  for (int i = ctx.tid; i < n4; i += ctx.nthreads, ++j) {
-    const float4 x = v4[i];
-    const bool in = bin(x.x) | bin(x.y) | bin(x.z) | bin(x.w);  // (all four binned)
-    if (in && j < 64) q.bits |= 1ull << j;
+  QuadMask q{0ull, false};
+  if constexpr (kTrack) {
+    const int n4 = ctx.n / 4;
+    const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
+    q.valid = n4 <= 64 * ctx.nthreads;
+    int j = 0;
+    for (int i = ctx.tid; i < n4; i += ctx.nthreads, ++j) {
+      const float4 x = v4[i];
+      const bool in = bin(x.x) | bin(x.y) | bin(x.z) | bin(x.w);  // (all four binned)
+      if (in && j < 64) q.bits |= 1ull << j;
+    }
+    for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) bin(ctx.vals[i]);
+  } else {
+    for_each_value(ctx, bin);
   }
-  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) bin(ctx.vals[i]);
   tc = __reduce_add_sync(0xffffffffu, tc);
   tm = warp_sum_u(tm);
   if ((ctx.tid & 31) == 0) {
@@ -638,7 +645,8 @@ __device__ Threshold radix_search_from(RowCtx& ctx, bool by_mass, bool need_mass
   const uint32_t top = max_key >> kWindowShift;
   uint32_t lo = top >= kWindowBins ? top - (kWindowBins - 1) : 0;  // window: [lo, top]
   uint32_t span = kWindowBins - 1;  // (top - lo, or more where lo is 0: nothing lies below)
-  if (lo_prefix > lo && lo_prefix <= top) lo = lo_prefix, span = top - lo_prefix;
+  const bool narrowed = lo_prefix > lo && lo_prefix <= top;
+  if (narrowed) lo = lo_prefix, span = top - lo_prefix;
   uint32_t prefix = 0, mask = 0, kmax = 0xffffffffu;
   CM above{0, 0};
   unsigned long long target = 0;
@@ -651,12 +659,14 @@ __device__ Threshold radix_search_from(RowCtx& ctx, bool by_mass, bool need_mass
     ctx.parity ^= 1;
     // 1. This CTA's histogram.
     if (round == 0) {
-      if (by_mass) {  // a mass search needs no counts here
-        quads = window_histogram<false, true>(ctx, buf, top, span);
+      if (by_mass) {  // a mass search needs no counts here (nor a lower bound)
+        window_histogram<false, true, false>(ctx, buf, top, span);
       } else if (need_mass) {
-        quads = window_histogram<true, true>(ctx, buf, top, span);
+        quads = narrowed ? window_histogram<true, true, true>(ctx, buf, top, span)
+                         : window_histogram<true, true, false>(ctx, buf, top, span);
       } else {
-        quads = window_histogram<true, false>(ctx, buf, top, span);
+        quads = narrowed ? window_histogram<true, false, true>(ctx, buf, top, span)
+                         : window_histogram<true, false, false>(ctx, buf, top, span);
       }
     } else {
       // A mass search's first digit round picks a bin of the bulk (never of one element): its
