@@ -644,6 +644,38 @@ def test_top_k_transforms_lower_bound_edges(b, v, pad):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("b, v, pad", [(40, 1000, 0), (16, 256000, 0), (24, 50001, 3)])
+def test_top_k_sampling_lower_bound_edges(b, v, pad):
+    """The top-k filters' samples where the per-thread-maxima lower bound narrows the search's
+    window (and its later rounds visit only the window's quads): every sample in the sort
+    oracle's kept set for k = 1..20000 and k > V, row tails, ties, an all-equal row, negatives;
+    the forced one-CTA path (no narrowing past 64 quads a thread) gives the same samples."""
+    g = torch.Generator(device="cuda").manual_seed(v + b + 1)
+    logits = (torch.randn(b, v + pad, device="cuda", generator=g) * 3)[:, :v]
+    logits[1, : v // 3] = -float("inf")
+    logits[2] = logits[2].round()  # many ties
+    logits[-1] = 0.5  # all equal
+    probs = torch.empty(b, v + pad, device="cuda")[:, :v]
+    probs.copy_(torch.softmax(logits, -1))
+    probs[1, 0] = -0.25  # negatives count as 0
+    k = torch.tensor([1, 2, 50, 300, 5000, 20000, v, v + 5] * (b // 8 + 1), device="cuda")[:b]
+    clamped = probs.clamp(min=0)
+    keep = ref_top_k_keep(clamped, k) & (clamped > 0)
+    rows = torch.arange(b, device="cuda")
+    for seed in range(3):
+        s = sampling.top_k_sampling_from_probs(probs, k, seed=seed, offset=0)
+        assert keep[rows, s.long()].all()
+        j = sampling.top_k_top_p_sampling_from_probs(probs, k, 0.9, seed=seed, offset=0)
+        assert keep[rows, j.long()].all()
+    from flashinfer import knobs
+
+    with knobs.sampling.scope():
+        knobs.sampling.no_cluster = True
+        one = sampling.top_k_sampling_from_probs(probs, k, seed=5, offset=0)
+    assert torch.equal(one, sampling.top_k_sampling_from_probs(probs, k, seed=5, offset=0))
+
+
+@pytest.mark.gpu
 def test_cuda_graph_capture_and_replay():
     probs = _probs(64, 32000)
     seed = torch.tensor([1], dtype=torch.int64, device="cuda")
