@@ -617,14 +617,11 @@ def test_chain_speculative_distribution():
     _assert_freq(out[:, 0], target.cpu())
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("b, v, pad", [(40, 1000, 0), (16, 256000, 0), (24, 50001, 3),
-                                       (8, 4097, 7)])
-def test_top_k_transforms_lower_bound_edges(b, v, pad):
-    """Top-k renorm and mask against the sort oracle where the per-thread-maxima lower bound on
-    the threshold (topk_lower_prefix) is tight or below the window: k = 1..20000 and k > V, row
-    tails of 1-3 floats (row stride v + pad), many ties, an all-equal row, -inf, negatives."""
-    g = torch.Generator(device="cuda").manual_seed(v + b)
+def _lower_bound_rows(b, v, pad, seed):
+    """Rows for the top-k lower bound's edge cases: (logits, probs, k). Row strides v + pad (row
+    tails of 1-3 floats), a row with a third -inf, a row of many ties, an all-equal last row, a
+    negative probability; k = 1..20000 and k >= V."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     logits = (torch.randn(b, v + pad, device="cuda", generator=g) * 3)[:, :v]
     logits[1, : v // 3] = -float("inf")
     logits[2] = logits[2].round()  # many ties
@@ -633,6 +630,17 @@ def test_top_k_transforms_lower_bound_edges(b, v, pad):
     probs.copy_(torch.softmax(logits, -1))
     probs[1, 0] = -0.25  # negatives count as 0
     k = torch.tensor([1, 2, 50, 300, 5000, 20000, v, v + 5] * (b // 8 + 1), device="cuda")[:b]
+    return logits, probs, k
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b, v, pad", [(40, 1000, 0), (16, 256000, 0), (24, 50001, 3),
+                                       (8, 4097, 7)])
+def test_top_k_transforms_lower_bound_edges(b, v, pad):
+    """Top-k renorm and mask against the sort oracle where the per-thread-maxima lower bound on
+    the threshold (topk_lower_prefix) is tight or below the window: k = 1..20000 and k > V, row
+    tails of 1-3 floats (row stride v + pad), many ties, an all-equal row, -inf, negatives."""
+    logits, probs, k = _lower_bound_rows(b, v, pad, v + b)
     clamped = probs.clamp(min=0)
     keep = ref_top_k_keep(clamped, k)
     out = sampling.top_k_renorm_probs(probs, k)
@@ -650,15 +658,7 @@ def test_top_k_sampling_lower_bound_edges(b, v, pad):
     window (and its later rounds visit only the window's quads): every sample in the sort
     oracle's kept set for k = 1..20000 and k > V, row tails, ties, an all-equal row, negatives;
     the forced one-CTA path (no narrowing past 64 quads a thread) gives the same samples."""
-    g = torch.Generator(device="cuda").manual_seed(v + b + 1)
-    logits = (torch.randn(b, v + pad, device="cuda", generator=g) * 3)[:, :v]
-    logits[1, : v // 3] = -float("inf")
-    logits[2] = logits[2].round()  # many ties
-    logits[-1] = 0.5  # all equal
-    probs = torch.empty(b, v + pad, device="cuda")[:, :v]
-    probs.copy_(torch.softmax(logits, -1))
-    probs[1, 0] = -0.25  # negatives count as 0
-    k = torch.tensor([1, 2, 50, 300, 5000, 20000, v, v + 5] * (b // 8 + 1), device="cuda")[:b]
+    _, probs, k = _lower_bound_rows(b, v, pad, v + b + 1)
     clamped = probs.clamp(min=0)
     keep = ref_top_k_keep(clamped, k) & (clamped > 0)
     rows = torch.arange(b, device="cuda")
