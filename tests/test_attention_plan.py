@@ -9,8 +9,14 @@ import random
 import pytest
 import torch
 
-from flashinfer.attention.plan import (COLUMNS, HEADER, SM90_REQUEST_ORDER_BYTES, choose_chunk_size,
-                                       choose_cta, schedule)
+from flashinfer.attention.plan import (
+    COLUMNS,
+    HEADER,
+    SM90_REQUEST_ORDER_BYTES,
+    choose_chunk_size,
+    choose_cta,
+    schedule,
+)
 
 SMS = 132
 

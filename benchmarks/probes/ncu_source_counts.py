@@ -73,7 +73,7 @@ def main() -> int:
     print(f"{'opcode':10s} {'M':>8s}" + (f" {'peer M':>8s}" if peer else ""))
     print(f"{'all':10s} {sum(mine.values()) / 1e6:8.1f}"
           + (f" {sum(theirs.values()) / 1e6:8.1f}" if peer else ""))
-    for op, n in (mine + theirs).most_common(30):
+    for op, _ in (mine + theirs).most_common(30):
         print(f"{op:10s} {mine[op] / 1e6:8.1f}" + (f" {theirs[op] / 1e6:8.1f}" if peer else ""))
     total = sum(n for _, _, n, _ in ours) or 1
     print(f"\nhottest blocks of {args.src.name} (instructions x times executed):")

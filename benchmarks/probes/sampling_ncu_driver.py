@@ -10,6 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_sampling  # noqa: E402
+
 import flashinfer  # noqa: E402
 
 _, probs = bench_sampling._inputs(128)

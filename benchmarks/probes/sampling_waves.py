@@ -31,6 +31,12 @@ OPS = {
 }
 
 
+def _call(fn, batch: int, args: tuple):
+    """fn(probs, *args) on `batch` rows of bench_sampling's probabilities."""
+    _, probs = bench_sampling._inputs(batch)
+    return lambda: fn(probs, *args)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -42,13 +48,10 @@ def main() -> None:
     rows = []
     for op in a.ops.split(","):
         for b in map(int, a.batches.split(",")):
-            _, probs = bench_sampling._inputs(b)
-            fn = lambda: getattr(flashinfer, op)(probs, *OPS[op])  # noqa: E731
-            us, mode = bench_sampling.time_us(fn)
+            us, mode = bench_sampling.time_us(_call(getattr(flashinfer, op), b, OPS[op]))
             rows.append({"op": op, "batch": b, "median_us": round(us, 2)})
             print(f"{op:<28} {b:4d} {us:8.1f} us  {b * 128256 * 4 / us / 1e3:7.0f} GB/s",
                   flush=True)
-            del probs
             torch.cuda.empty_cache()
     Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "timing": mode,
                                        "rows": rows}, indent=1))

@@ -20,8 +20,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tuning"))
-import harness  # noqa: E402
 import sm90_vs_peer as sw  # noqa: E402
+
+import harness  # noqa: E402
 
 
 def main() -> None:
