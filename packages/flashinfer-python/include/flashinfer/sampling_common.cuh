@@ -436,20 +436,26 @@ __device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool
   __syncthreads();
 }
 
-/// f(x) for every value x of the loaded chunk (whose start is 16-byte aligned): 16-byte loads,
-/// then the tail. In no fixed order: for passes whose results do not
-/// depend on it (counts, integer masses, shared-memory atomics). The radix rounds' scalar loops
-/// (one 4-byte load and the loop's address and bound work per element) were 35% of the top-k
-/// kernel's instructions (ncu source counts, H100, benchmarks/notes/sampling-cluster-radix.md).
-template <typename F>
-__device__ __forceinline__ void for_each_value(const RowCtx& ctx, F f) {
+/// This thread's walk through the loaded chunk (whose start is 16-byte aligned): quad(x, j) for
+/// its j-th 16-byte load x (quads tid, tid + nthreads, ...), then one(x) for its values of the
+/// tail past the last whole quad.
+template <typename Quad, typename One>
+__device__ __forceinline__ void for_each_quad(const RowCtx& ctx, Quad quad, One one) {
   const int n4 = ctx.n / 4;
   const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
-  for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
-    const float4 x = v4[i];
-    f(x.x), f(x.y), f(x.z), f(x.w);
-  }
-  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) f(ctx.vals[i]);
+  int j = 0;
+  for (int i = ctx.tid; i < n4; i += ctx.nthreads, ++j) quad(v4[i], j);
+  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) one(ctx.vals[i]);
+}
+
+/// f(x) for every value x of the loaded chunk, 4 at a time (for_each_quad). In no fixed order:
+/// for passes whose results do not depend on it (counts, integer masses, shared-memory
+/// atomics). The radix rounds' scalar loops (one 4-byte load and the loop's address and bound
+/// work per element) were 35% of the top-k kernel's instructions (ncu source counts, H100,
+/// benchmarks/notes/sampling-cluster-radix.md).
+template <typename F>
+__device__ __forceinline__ void for_each_value(const RowCtx& ctx, F f) {
+  for_each_quad(ctx, [&](const float4& x, int) { f(x.x), f(x.y), f(x.z), f(x.w); }, f);
 }
 
 /// One pass over the loaded chunk: x = map(x) in place (when `apply`), the chunk's max of the
@@ -545,12 +551,6 @@ struct Threshold {
 inline constexpr int kWindowShift = 21;
 inline constexpr int kWindowBins = kBins - 1;
 
-/// Round 0's histogram over the window [top - span, top] of key prefixes (span <=
-/// kWindowBins - 1; default the whole window): shared-memory atomics for the window's bins (a
-/// row's values spread over them, so a warp's atomics rarely conflict), registers for the bin
-/// below it. (Counting round 0 in 8 register bins of two exponents each, with no atomics,
-/// measured slower on an H200: top-p 195 vs 160 us, top-k 112 vs 94 us at 128 x 128256, since
-/// the next round's atomics then cover a whole pair of exponents.)
 /// The quads (16-byte loads) of a thread's walk through the chunk that held a value of round 0's
 /// window, bit j for the thread's j-th quad: the later rounds' digits lie inside the window, so
 /// they visit only these quads. Tracked only where a lower bound from the per-thread maxima
@@ -563,6 +563,13 @@ struct QuadMask {
   bool valid;
 };
 
+/// Round 0's histogram over the window [top - span, top] of key prefixes (span <=
+/// kWindowBins - 1; default the whole window): shared-memory atomics for the window's bins (a
+/// row's values spread over them, so a warp's atomics rarely conflict), registers for the bin
+/// below it. (Counting round 0 in 8 register bins of two exponents each, with no atomics,
+/// measured slower on an H200: top-p 195 vs 160 us, top-k 112 vs 94 us at 128 x 128256, since
+/// the next round's atomics then cover a whole pair of exponents.)
+/// kTrack: the window's quads as a QuadMask.
 template <bool kCount, bool kMass, bool kTrack>
 __device__ __forceinline__ QuadMask window_histogram(const RowCtx& ctx, int buf, uint32_t top,
                                                      uint32_t span = kWindowBins - 1) {
@@ -583,16 +590,11 @@ __device__ __forceinline__ QuadMask window_histogram(const RowCtx& ctx, int buf,
   };
   QuadMask q{0ull, false};
   if constexpr (kTrack) {
-    const int n4 = ctx.n / 4;
-    const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
-    q.valid = n4 <= 64 * ctx.nthreads;
-    int j = 0;
-    for (int i = ctx.tid; i < n4; i += ctx.nthreads, ++j) {
-      const float4 x = v4[i];
+    q.valid = ctx.n / 4 <= 64 * ctx.nthreads;
+    for_each_quad(ctx, [&](const float4& x, int j) {
       const bool in = bin(x.x) | bin(x.y) | bin(x.z) | bin(x.w);  // (all four binned)
       if (in && j < 64) q.bits |= 1ull << j;
-    }
-    for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) bin(ctx.vals[i]);
+    }, bin);
   } else {
     for_each_value(ctx, bin);
   }

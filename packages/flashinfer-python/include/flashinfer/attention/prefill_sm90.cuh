@@ -76,10 +76,9 @@ constexpr uint32_t kNoUnit = 0xffffffffu;
  *   time its producer looks ahead claims the next unclaimed one: gridDim.x + the first
  *   counter's old value (one atomic per unit). A CTA whose claim comes back past the end is
  *   done; the last CTA done resets both counters, so they are 0 again for the next launch on
- *   the stream (or a graph replay). The claims
- *   replace a static deal in rounds of gridDim.x with every other round reversed where
- *   item-major; the greedy claims balance the CTAs at least as well (the longest CTA over the
- *   mean: benchmarks/probes/sm90_l2_model.py).
+ *   the stream (or a graph replay). The claims replace a static deal in rounds of gridDim.x
+ *   with every other round reversed where item-major; the greedy claims balance the CTAs at
+ *   least as well (the longest CTA over the mean: benchmarks/probes/sm90_l2_model.py).
  */
 struct WorkOrder {
   int num_items, num_work;
@@ -625,11 +624,12 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
     sm90::fence_proxy_async();
     __syncwarp();
     if (lane == 0) {
-      const int G = p.group_size;
+      // (first_row is a multiple of 16, so of G: the box starts at head kv_head * G.)
+      const auto [qo, head] = qo_head(first_row, out.kv_head, p.group_div);
 #pragma unroll
       for (int b = 0; b < D / 64; ++b) {
-        sm90::tma_store_3d(o_map, stage + Tile::offset(tile_row, 8 * b), 64 * b,
-                           int(out.kv_head) * G, r.qo_begin + first_row / G);
+        sm90::tma_store_3d(o_map, stage + Tile::offset(tile_row, 8 * b), 64 * b, head,
+                           r.qo_begin + qo);
       }
       sm90::tma_store_commit();
       sm90::tma_store_wait_read();
