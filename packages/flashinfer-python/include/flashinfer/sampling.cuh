@@ -588,20 +588,6 @@ __device__ __forceinline__ void group_max_nan_lo(const RowCtx& ctx, float mx, fl
   *lo_all = __reduce_min_sync(0xffffffffu, l);
 }
 
-/// A top-k search's first pass over the loaded chunk (negatives clamped to 0 where `apply`), this
-/// CTA's lower bound for the threshold's prefix (where `search`; else 0) and the group's max,
-/// NaN flag and smallest bound in one exchange (slot 0). Group-wide; returns the group's max.
-__device__ __forceinline__ float topk_first_pass(const RowCtx& ctx, bool apply, int k, bool search,
-                                                 float* nan_all, uint32_t* lo_all) {
-  float tm, mx_all;
-  bool nan, any;
-  const float mx = first_pass_threads(ctx, apply, [](float x) { return fmaxf(x, 0.f); }, &nan,
-                                      &tm, &any);
-  const uint32_t lo = search ? topk_lower_prefix(ctx, ctx.key(tm), any, ctx.key(mx), k) : 0u;
-  group_max_nan_lo(ctx, mx, nan ? 1.f : 0.f, lo, 0, &mx_all, nan_all, lo_all);
-  return mx_all;
-}
-
 /// Load, filter and draw one token for output row `out_row`. Group-wide. Returns whether this
 /// CTA arrived at the cluster barrier (block_prefix): the kernel then waits on it to exit.
 template <typename T, unsigned kFilters>
@@ -617,32 +603,36 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   // The draw's block sums in the first pass (top-p's rejection draws its candidates from them);
   // the top-k filters sum none (kBlockDraw).
   const bool sums_first = kBlockDraw<kFilters>;
-  float mx = -INFINITY, nan_f;
+  float mx = -INFINITY;
   bool nan = false;
-  // The top-k filters' search, from a lower bound for its threshold's key prefix
-  // (topk_lower_prefix: round 0 then pays shared-memory atomics only for the keys near the top).
+  // The top-k filters' lower bound for their threshold's key prefix (topk_lower_prefix: round
+  // 0 of the search then pays shared-memory atomics only for the keys near the top).
   const int k_row = has_filter(kFilters, kTopK) ? p.top_k(out_row) : 0;
-  const bool topk_search = (is(kTopK) || is(kTopKTopPJoint) || is(kTopKFirstTopP)) &&
-                           k_row > 0 && k_row < vocab;
-  const bool bound = !kBlockDraw<kFilters> && is_probs && row_ok && topk_search;
+  const bool bound = !kBlockDraw<kFilters> && is_probs && row_ok && k_row > 0 && k_row < vocab &&
+                     (is(kTopK) || is(kTopKTopPJoint) || is(kTopKFirstTopP));
   uint32_t lo = 0;
-  if (row_ok) load_chunk<T>(ctx, in + in_row * stride, vec);
-  if (bound) {
-    mx = topk_first_pass(ctx, true, k_row, true, &nan_f, &lo);
-  } else {
-    if (row_ok) {
-      if (is_probs && sums_first) {
-        // Negatives clamped to 0, the draw's block sums (they do not depend on the row's max,
-        // only their fixed-point weights do). A NaN stays (its block's sum shows it): the row
-        // is then not drawn from.
-        const BlockStats st =
-            fill_block_sums(ctx, 0, [](float x) { return x < 0.f ? 0.f : x; });
-        nan = __syncthreads_or(st.nan);
-        mx = block_max(st.max, ctx.s);
-      } else {
-        mx = first_pass(ctx, is_probs, [](float x) { return fmaxf(x, 0.f); }, &nan);
-      }
+  if (row_ok) {
+    load_chunk<T>(ctx, in + in_row * stride, vec);
+    if (is_probs && sums_first) {
+      // Negatives clamped to 0, the draw's block sums (they do not depend on the row's max,
+      // only their fixed-point weights do). A NaN stays (its block's sum shows it): the row is
+      // then not drawn from.
+      const BlockStats st = fill_block_sums(ctx, 0, [](float x) { return x < 0.f ? 0.f : x; });
+      nan = __syncthreads_or(st.nan);
+      mx = block_max(st.max, ctx.s);
+    } else if (bound) {
+      float tm;
+      bool any;
+      mx = first_pass_threads(ctx, true, [](float x) { return fmaxf(x, 0.f); }, &nan, &tm, &any);
+      lo = topk_lower_prefix(ctx, ctx.key(tm), any, ctx.key(mx), k_row);
+    } else {
+      mx = first_pass(ctx, is_probs, [](float x) { return fmaxf(x, 0.f); }, &nan);
     }
+  }
+  float nan_f;
+  if (bound) {
+    group_max_nan_lo(ctx, mx, nan ? 1.f : 0.f, lo, 0, &mx, &nan_f, &lo);
+  } else {
     cluster_reduce2_f(ctx, mx, nan ? 1.f : 0.f, 0, true, &mx, &nan_f);
   }
   const bool any_nan = nan_f > 0.f;
@@ -673,19 +663,21 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
     if (is(kMinP)) {
       t = key_nonneg(p.min_p(out_row) * mx);
     }
-    if (topk_search) {
+    if (is(kTopK) || is(kTopKTopPJoint) || is(kTopKFirstTopP)) {
       const int k = k_row;
-      const Threshold th =
-          radix_search_from(ctx, false, is(kTopKFirstTopP), max_key, lo,
-                            [k](CM) { return static_cast<unsigned long long>(k); });
-      if (!th.all) t = th.key;
-      if (is(kTopKFirstTopP) && !th.all) {
-        // top-p over the renormalized top-k set: target mass p * kept(top-k).
-        const double P = static_cast<double>(p.top_p(out_row)) * static_cast<double>(th.kept.m);
-        const Threshold tp = radix_search(ctx, true, true, max_key, [P](CM) {
-          return static_cast<unsigned long long>(floor(P)) + 1ull;
-        });
-        if (!tp.all && tp.key > t) t = tp.key;
+      if (k > 0 && k < vocab) {
+        const Threshold th = radix_search_from(
+            ctx, false, is(kTopKFirstTopP), max_key, lo,
+            [k](CM) { return static_cast<unsigned long long>(k); });
+        if (!th.all) t = th.key;
+        if (is(kTopKFirstTopP) && !th.all) {
+          // top-p over the renormalized top-k set: target mass p * kept(top-k).
+          const double P = static_cast<double>(p.top_p(out_row)) * static_cast<double>(th.kept.m);
+          const Threshold tp = radix_search(ctx, true, true, max_key, [P](CM) {
+            return static_cast<unsigned long long>(floor(P)) + 1ull;
+          });
+          if (!tp.all && tp.key > t) t = tp.key;
+        }
       }
     }
     if (is(kTopP) || is(kTopKTopPJoint) ||
@@ -838,9 +830,13 @@ __device__ __forceinline__ void transform_chunk(RowCtx& ctx, int64_t vocab,
     // Top-k: a lower bound for the threshold from the per-thread maxima (topk_lower_prefix)
     // narrows round 0's window, so only the keys near the top pay shared-memory atomics.
     const bool mask = kind == kTopKMask;
-    float nan_f;
-    uint32_t lo;
-    const float mx_all = topk_first_pass(ctx, !mask, k, topk_search, &nan_f, &lo);
+    float tm, mx_all, nan_f;
+    bool any;
+    const float mx = first_pass_threads(ctx, !mask, [](float x) { return fmaxf(x, 0.f); }, &nan,
+                                        &tm, &any);
+    uint32_t lo = 0;
+    if (topk_search) lo = topk_lower_prefix(ctx, ctx.key(tm), any, ctx.key(mx), k);
+    group_max_nan_lo(ctx, mx, nan ? 1.f : 0.f, lo, 0, &mx_all, &nan_f, &lo);
     uint32_t t = 0;
     Threshold th{0, CM{0, 0}, true};
     if (mask) {

@@ -436,26 +436,20 @@ __device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool
   __syncthreads();
 }
 
-/// This thread's walk through the loaded chunk (whose start is 16-byte aligned): quad(x, j) for
-/// its j-th 16-byte load x (quads tid, tid + nthreads, ...), then one(x) for its values of the
-/// tail past the last whole quad.
-template <typename Quad, typename One>
-__device__ __forceinline__ void for_each_quad(const RowCtx& ctx, Quad quad, One one) {
-  const int n4 = ctx.n / 4;
-  const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
-  int j = 0;
-  for (int i = ctx.tid; i < n4; i += ctx.nthreads, ++j) quad(v4[i], j);
-  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) one(ctx.vals[i]);
-}
-
-/// f(x) for every value x of the loaded chunk, 4 at a time (for_each_quad). In no fixed order:
-/// for passes whose results do not depend on it (counts, integer masses, shared-memory
-/// atomics). The radix rounds' scalar loops (one 4-byte load and the loop's address and bound
-/// work per element) were 35% of the top-k kernel's instructions (ncu source counts, H100,
-/// benchmarks/notes/sampling-cluster-radix.md).
+/// f(x) for every value x of the loaded chunk (whose start is 16-byte aligned): 16-byte loads,
+/// then the tail. In no fixed order: for passes whose results do not depend on it (counts,
+/// integer masses, shared-memory atomics). The radix rounds' scalar loops
+/// (one 4-byte load and the loop's address and bound work per element) were 35% of the top-k
+/// kernel's instructions (ncu source counts, H100, benchmarks/notes/sampling-cluster-radix.md).
 template <typename F>
 __device__ __forceinline__ void for_each_value(const RowCtx& ctx, F f) {
-  for_each_quad(ctx, [&](const float4& x, int) { f(x.x), f(x.y), f(x.z), f(x.w); }, f);
+  const int n4 = ctx.n / 4;
+  const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
+  for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
+    const float4 x = v4[i];
+    f(x.x), f(x.y), f(x.z), f(x.w);
+  }
+  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) f(ctx.vals[i]);
 }
 
 /// One pass over the loaded chunk: x = map(x) in place (when `apply`), the chunk's max of the
@@ -590,11 +584,16 @@ __device__ __forceinline__ QuadMask window_histogram(const RowCtx& ctx, int buf,
   };
   QuadMask q{0ull, false};
   if constexpr (kTrack) {
-    q.valid = ctx.n / 4 <= 64 * ctx.nthreads;
-    for_each_quad(ctx, [&](const float4& x, int j) {
+    const int n4 = ctx.n / 4;
+    const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
+    q.valid = n4 <= 64 * ctx.nthreads;
+    int j = 0;
+    for (int i = ctx.tid; i < n4; i += ctx.nthreads, ++j) {
+      const float4 x = v4[i];
       const bool in = bin(x.x) | bin(x.y) | bin(x.z) | bin(x.w);  // (all four binned)
       if (in && j < 64) q.bits |= 1ull << j;
-    }, bin);
+    }
+    for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) bin(ctx.vals[i]);
   } else {
     for_each_value(ctx, bin);
   }
