@@ -778,7 +778,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
   // P of S's keys (sv: s, or its lower half on a narrow tile: the P V of which reads only
   // its first k16 steps).
   auto pack_all = [&](auto& sv) {
-    constexpr int kSteps = int(sizeof(sv) / sizeof(float)) / 32;  // 16 keys: 8 floats x 4 lanes
+    constexpr int kSteps = int(sizeof(sv) / sizeof(float)) / 8;  // 16 keys: 8 floats a thread
 #pragma unroll
     for (int kk = 0; kk < kSteps; ++kk) pack_p<T>(pf[kk], sv, 0, kk);
   };
@@ -818,7 +818,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
       KT::kPos == PosEncoding::kNone && p.softcap_post == 0.f && p.sm_scale_log2 > 0.f;
   const float exp_scale = fold ? p.sm_scale_log2 : 1.f;
   auto logits = [&](auto& sv, const ItemRange& r, const RowFacts<1>& rows, int base) {
-    constexpr int kKeys = int(sizeof(sv) / sizeof(float)) * 2;  // 8 floats x 4 lanes per 16
+    constexpr int kKeys = int(sizeof(sv) / sizeof(float)) * 2;  // 8 floats a thread per 16
     logits_and_mask<KT::kMask, KT::kPos>(sv, p, r, rows, base, kKeys, t, !fold);
   };
   auto softmax = [&](auto& sv, float (&m)[1][2], float (&d)[1][2], float (&scale)[1][2]) {
