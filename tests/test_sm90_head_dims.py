@@ -101,23 +101,24 @@ def test_ragged(heads, dtype, causal, group):
     _check(o, lse, q, seqs, qi, dtype, causal=causal)
 
 
-# Narrow tiles (FLASHINFER_ATTENTION_SM90_NARROW_TILES): a 128-key tile whose upper half no row
-# of a consumer warpgroup sees. Causal at group 1: the first warpgroup's last tile on the
-# diagonal (qo = kv on and off 128), prefixes that shift the diagonal by 64 and by other
-# amounts, a request whose second warpgroup has no row (qo 64, 40); group 2 (64 rows are 32
-# positions); non-causal: keys ending in the lower half of the last tile (130, 190, 64).
-NARROW_QO = [256, 384, 200, 100, 64, 40, 129, 1, 130]
-NARROW_KV = [256, 384, 264, 164, 64, 40, 190, 64, 130]
+# The 128-key tiles' halves (where an item's keys end against each consumer warpgroup's 64
+# rows: the half-tile paths tried in benchmarks/notes/sm90-dynamic-claims.md, eighth session).
+# Causal at group 1: the first warpgroup's last tile on the diagonal (qo = kv on and off 128),
+# prefixes that shift the diagonal by 64 and by other amounts, a request whose second
+# warpgroup has no row (qo 64, 40); group 2 (64 rows are 32 positions); non-causal: keys
+# ending in the lower half of the last tile (130, 190, 64). K/V past the last request: NaN.
+HALF_QO = [256, 384, 200, 100, 64, 40, 129, 1, 130]
+HALF_KV = [256, 384, 264, 164, 64, 40, 190, 64, 130]
 
 
 @_hopper
 @pytest.mark.parametrize("heads", [(64, 64), (128, 128), (192, 128)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 2])
-def test_narrow_tiles(heads, causal, group):
+def test_tile_halves(heads, causal, group):
     gen = torch.Generator().manual_seed(heads[0] + 3 * group + causal)
     dqk, dvo = heads
-    q, k, v, qi, ki, seqs = _ragged(NARROW_QO, NARROW_KV, 2 * group, 2, dqk, dvo,
+    q, k, v, qi, ki, seqs = _ragged(HALF_QO, HALF_KV, 2 * group, 2, dqk, dvo,
                                     torch.bfloat16, gen, pad=70)
     o, lse = _run_ragged(q, k, v, qi, ki, 2 * group, 2, dqk, dvo, torch.bfloat16, causal=causal)
     _check(o, lse, q, seqs, qi, torch.bfloat16, causal=causal)

@@ -44,9 +44,6 @@ VARIANTS = {
     "default": ((), None),
     # The output by 16-byte stores from every lane (before the TMA stores of the staged rows).
     "O by row stores": (("SM90_TMA_STORE=0",), None),
-    # Every 128-key tile whole (before the narrow tiles: a warpgroup whose rows see only a
-    # tile's lower half takes only that half's mask, softmax, P and P V).
-    "whole tiles": (("SM90_NARROW_TILES=0",), None),
     # setmaxnreg splits (default 88 / 208; the consumers take the rest)
     "producer 40 / consumers 232": (("SM90_PRODUCER_REGS=40",), None),
     "producer 56 / consumers 224": (("SM90_PRODUCER_REGS=56",), None),

@@ -699,12 +699,6 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
   // accumulators per operand list would be one asm statement of 128 outputs).
   constexpr int kON = DV < 128 ? DV : 128, kOSplits = DV / kON;
   using Mma = sm90::Wgmma<T, kTileKV>;  // S = Q K^T: 64 x kTileKV per warpgroup
-  // Narrow tiles (FLASHINFER_ATTENTION_SM90_NARROW_TILES, 128-key tiles): where a tile's upper
-  // half lies past every key this warpgroup's rows see, its mask, softmax, P and P V take the
-  // lower half only. Its S stays whole: S of N = 64 there (into half of the accumulators, or
-  // into accumulators of its own, or every S as two N = 64 halves) made ptxas serialize every
-  // wgmma of the kernel (C7515, C7520).
-  constexpr bool kNarrow = kTileKV == 128 && FLASHINFER_ATTENTION_SM90_NARROW_TILES != 0;
   using MmaO = sm90::Wgmma<T, kON>;     // O += P V: 64 x DV per warpgroup, kON at a time
   constexpr int NB = kTileKV / 8;  // 8-key blocks of S per thread
   constexpr bool kRescaleEarly = FLASHINFER_ATTENTION_SM90_RESCALE_EARLY != 0;
@@ -749,12 +743,10 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     }
     sm90::wgmma_commit();
   };
-  // Each of P V's paths is a whole fence ... commit sequence: a k16 step skipped inside one
-  // made ptxas serialize every wgmma of the kernel (C7520).
-  auto pv_steps = [&](int slot, auto steps) {
+  auto issue_pv = [&](int slot) {
     sm90::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < decltype(steps)::value; ++kk) {
+    for (int kk = 0; kk < kTileKV / 16; ++kk) {
       // Keys 16 kk .. 16 kk + 15: 16 rows of 128 bytes into the slot's V tile; columns
       // 128 h ..: two column blocks further per h.
 #pragma unroll
@@ -767,20 +759,9 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     }
     sm90::wgmma_commit();
   };
-  // A narrow tile's P is 0 past its lower half: those k16 steps are left out.
-  auto issue_pv = [&](int slot, bool narrow) {
-    if (kNarrow && narrow) {
-      pv_steps(slot, std::integral_constant<int, kTileKV / 32>{});
-    } else {
-      pv_steps(slot, std::integral_constant<int, kTileKV / 16>{});
-    }
-  };
-  // P of S's keys (sv: s, or its lower half on a narrow tile: the P V of which reads only
-  // its first k16 steps).
-  auto pack_all = [&](auto& sv) {
-    constexpr int kSteps = int(sizeof(sv) / sizeof(float)) / 8;  // 16 keys: 8 floats a thread
+  auto pack_all = [&] {
 #pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) pack_p<T>(pf[kk], sv, 0, kk);
+    for (int kk = 0; kk < kTileKV / 16; ++kk) pack_p<T>(pf[kk], s, 0, kk);
   };
 
   auto zero_o = [&] {
@@ -817,21 +798,11 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
   const bool fold =
       KT::kPos == PosEncoding::kNone && p.softcap_post == 0.f && p.sm_scale_log2 > 0.f;
   const float exp_scale = fold ? p.sm_scale_log2 : 1.f;
-  auto logits = [&](auto& sv, const ItemRange& r, const RowFacts<1>& rows, int base) {
-    constexpr int kKeys = int(sizeof(sv) / sizeof(float)) * 2;  // 8 floats a thread per 16
-    logits_and_mask<KT::kMask, KT::kPos>(sv, p, r, rows, base, kKeys, t, !fold);
+  auto logits = [&](const ItemRange& r, const RowFacts<1>& rows, int base) {
+    logits_and_mask<KT::kMask, KT::kPos>(s, p, r, rows, base, kTileKV, t, !fold);
   };
-  auto softmax = [&](auto& sv, float (&m)[1][2], float (&d)[1][2], float (&scale)[1][2]) {
-    return sm90_softmax_step(sv, m, d, scale, exp_scale);
-  };
-  // f(s) once a tile's S = Q K^T has completed; f(its lower half: the first 32 accumulators,
-  // the lower 8-key blocks coming first) where the tile is narrow.
-  auto with_s = [&](bool narrow, auto&& f) {
-    if (kNarrow && narrow) {
-      f(reinterpret_cast<float(&)[1][NB / 2][4]>(s));
-    } else {
-      f(s);
-    }
+  auto softmax = [&](float (&m)[1][2], float (&d)[1][2], float (&scale)[1][2]) {
+    return sm90_softmax_step(s, m, d, scale, exp_scale);
   };
 
   uint32_t c = 0;  // tiles consumed by this CTA so far (the producer counts the same way)
@@ -854,17 +825,6 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     if (r.num_tiles > 0) {
       RowFacts<1> rows;
       rows.template init<KT::kPos>(p, r, first_row, kv_head, g);
-      // Keys from wg_key_end on are masked for every row of this warpgroup in the request
-      // (causal: past its last row's position), so a tile whose upper half starts there is
-      // narrow: warpgroup-uniform, as the P V's length must be.
-      int wg_key_end = r.kv_hi;
-      if constexpr (kNarrow && KT::kMask == MaskMode::kCausal) {
-        const int last = max(0, min(r.row_begin + wg * 64 + 63, r.packed_len - 1));
-        wg_key_end = min(wg_key_end, r.delta + qo_head(last, 0, p.group_div).qo + 1);
-      }
-      auto narrow = [&](int j) {
-        return kNarrow && r.kv_lo + j * kTileKV + kTileKV / 2 >= wg_key_end;
-      };
       // Tile 0: S only.
       {
         const int slot = c % S;
@@ -874,12 +834,10 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
         if (KT::kEarlyQ && r.num_tiles == 1) sm90_release(sync.q_empty(qb));
-        with_s(narrow(0), [&](auto& sv) {
-          logits(sv, r, rows, r.kv_lo);
-          float scale[1][2];
-          softmax(sv, m, d, scale);  // O is still zero: nothing to rescale
-          pack_all(sv);
-        });
+        logits(r, rows, r.kv_lo);
+        float scale[1][2];
+        softmax(m, d, scale);  // O is still zero: nothing to rescale
+        pack_all();
       }
       // Tiles 1 ..: S_j overlaps the softmax with P_{j-1} V_{j-1}. With kRescaleEarly, O
       // takes the scale of softmax j - 1 while the tensor cores run S_j, just before
@@ -902,28 +860,26 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
         zero_v_tail(prev, r.kv_lo + (j - 1) * kTileKV, r);
         issue_qk(qb, slot);
         if constexpr (kRescaleEarly) apply_rescale();
-        issue_pv(prev, narrow(j - 1));
+        issue_pv(prev);
         sm90::wgmma_wait<1>();  // S_j
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
         if (KT::kEarlyQ && j == r.num_tiles - 1) sm90_release(sync.q_empty(qb));
-        with_s(narrow(j), [&](auto& sv) {
-          logits(sv, r, rows, r.kv_lo + j * kTileKV);
-          rescale_o = softmax(sv, m, d, pending);
-        });
+        logits(r, rows, r.kv_lo + j * kTileKV);
+        rescale_o = softmax(m, d, pending);
         sm90::wgmma_wait<0>();  // P_{j-1} V_{j-1}
         sm90::fence_operands(o_flat);
         sm90::fence_operands(pf_flat);
         sm90_release(sync.empty_v(prev));
         if constexpr (!kRescaleEarly) apply_rescale();
-        with_s(narrow(j), [&](auto& sv) { pack_all(sv); });
+        pack_all();
       }
       // The last tile's P V.
       if constexpr (kRescaleEarly) apply_rescale();
       const uint32_t cl = c + r.num_tiles - 1;
       sm90_acquire(sync.full_v(cl % S), (cl / S) & 1, !tma_kv);
       zero_v_tail(cl % S, r.kv_lo + (r.num_tiles - 1) * kTileKV, r);
-      issue_pv(cl % S, narrow(r.num_tiles - 1));
+      issue_pv(cl % S);
       sm90::wgmma_wait<0>();
       sm90::fence_operands(o_flat);
       sm90::fence_operands(pf_flat);

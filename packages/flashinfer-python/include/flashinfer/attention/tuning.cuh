@@ -164,13 +164,6 @@
 #ifndef FLASHINFER_ATTENTION_SM90_RESCALE_EARLY
 #define FLASHINFER_ATTENTION_SM90_RESCALE_EARLY 1
 #endif
-// 1 = where a 128-key K/V tile's upper half lies past every key a consumer warpgroup's rows may
-// see (the causal diagonal of the first warpgroup's 64 rows at group size 1, the end of the
-// keys), that warpgroup's mask, softmax, P and P V take the lower half only (S stays whole:
-// prefill_sm90.cuh); 0 = every tile whole. Measured: benchmarks/notes/sm90-dynamic-claims.md.
-#ifndef FLASHINFER_ATTENTION_SM90_NARROW_TILES
-#define FLASHINFER_ATTENTION_SM90_NARROW_TILES 1
-#endif
 // K/V stages of the Hopper kernel: by default as many as shared memory holds (prefill_sm90.cuh,
 // Sm90Traits::kStages); FLASHINFER_ATTENTION_SM90_STAGES overrides it for a tuning build.
 
