@@ -32,12 +32,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-TUNING = HERE.parents[1] / "tuning"
 
 
 def worker(side: str, case_index: int) -> int:
     """Serve turns on stdin ("hot S", "cold N", "quit"), one JSON line per turn on stdout."""
-    sys.path.insert(0, str(TUNING))
+    sys.path.insert(0, str(HERE.parents[1] / "tuning"))
     import sm90_vs_peer as sv  # noqa: E402 (the benchmark's cases and variants)
     import torch
 
