@@ -9,6 +9,7 @@ of 6 standard deviations per token over 2^20 draws (false-failure odds < 1e-7 pe
 from __future__ import annotations
 
 import inspect
+import math
 import re
 
 import pytest
@@ -673,6 +674,98 @@ def test_top_k_sampling_lower_bound_edges(b, v, pad):
         knobs.sampling.no_cluster = True
         one = sampling.top_k_sampling_from_probs(probs, k, seed=5, offset=0)
     assert torch.equal(one, sampling.top_k_sampling_from_probs(probs, k, seed=5, offset=0))
+
+
+def _philox_first(seed: int, row: int, offset: int) -> int:
+    """The first output of row `row`'s Philox-4x32-10 generator (sampling_common.cuh's Philox:
+    key = seed, counter = (offset / 4, row), output offset % 4)."""
+    m = 0xFFFFFFFF
+    block = offset // 4
+    c = [block & m, (block >> 32) & m, row & m, (row >> 32) & m]
+    k0, k1 = seed & m, (seed >> 32) & m
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [((p1 >> 32) ^ c[1] ^ k0) & m, p1 & m, ((p0 >> 32) ^ c[3] ^ k1) & m, p0 & m]
+        k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
+    return c[offset % 4]
+
+
+def _top_p_cut(x: torch.Tensor, w: torch.Tensor, target: int) -> float:
+    """The largest value v of row x with sum(w[x >= v]) >= target (integer weights)."""
+    xs, order = x.sort(descending=True)
+    hit = torch.nonzero(w[order].cumsum(0) >= target)
+    return xs[hit[0]].item() if len(hit) else -1.0
+
+
+def ref_top_k_sample(probs: torch.Tensor, k, seed: int, offset: int, top_p=None,
+                     order: str = "") -> list:
+    """The top-k draw exactly as specified (sampling_common.cuh's draw): negatives count as 0;
+    kept = values >= the k-th largest (ties kept); weights floor(x * 2^(40 - e)), 2^e <= the
+    row's max < 2^(e + 1); K their sum; the sample is the first column whose running kept
+    weight exceeds floor(r * K / 2^32), r the row's first Philox output. With `top_p` (order
+    "top_k_first" or "joint"), the kept set is also cut at the largest value whose mass at or
+    above it reaches floor(p * M) + 1, M the top-k set's mass or the row's."""
+    x = probs.float().clamp(min=0)
+    keep = ref_top_k_keep(x, k)
+    out = []
+    for i in range(x.shape[0]):
+        mx = x[i].max().item()
+        e = math.frexp(mx)[1] - 1
+        full = torch.floor(x[i].double() * 2.0 ** (40 - e)).long()
+        w = torch.where(keep[i], full, 0)
+        if top_p is not None:
+            mass = int((w if order == "top_k_first" else full).sum().item())
+            target = math.floor(float(top_p) * float(mass)) + 1
+            if int(w.sum().item()) >= target:
+                w = torch.where(x[i] >= _top_p_cut(x[i], w, target), w, 0)
+        K = int(w.sum().item())
+        if K == 0:
+            out.append(0)
+            continue
+        target = (K * _philox_first(seed, i, offset)) >> 32
+        out.append(int(torch.nonzero(w.cumsum(0) > target)[0].item()))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("v", [1000, 50001, 128256])
+def test_top_k_sampling_exact_draw(v):
+    """Top-k samples (alone, and with top-p applied first or jointly) equal the specified draw
+    bit for bit: k small (the thresholds from the row's candidates above the per-thread-maxima
+    bound), k large (more candidates than a list holds: the radix searches), and rows whose
+    candidates overflow through ties at the top."""
+    g = torch.Generator(device="cuda").manual_seed(v)
+    probs = torch.softmax(torch.randn(12, v, device="cuda", generator=g) * 3, -1)
+    probs[3, : v // 2] = probs[3].max()  # half the row tied at the max: overflows any list
+    probs[4, 7] = -0.5  # a negative counts as 0
+    probs[5] = probs[5].round(decimals=4)  # many ties
+    k = torch.tensor([1, 2, 50, 50, 50, 50, 300, 700, 2000, 5000, v - 1, 37], device="cuda")
+    for seed, offset in [(0, 0), (123456789012, 8)]:
+        got = sampling.top_k_sampling_from_probs(probs, k, seed=seed, offset=offset)
+        assert got.tolist() == ref_top_k_sample(probs, k, seed, offset)
+        for order, top_p in [("top_k_first", 0.9), ("joint", 0.5), ("joint", 0.999)]:
+            got = sampling.top_k_top_p_sampling_from_probs(
+                probs, k, top_p, seed=seed, offset=offset, filter_apply_order=order)
+            assert got.tolist() == ref_top_k_sample(probs, k, seed, offset, torch.tensor(
+                top_p, dtype=torch.float32).item(), order), (order, top_p)
+    from flashinfer import knobs
+
+    with knobs.sampling.scope():
+        knobs.sampling.no_cluster = True
+        one = sampling.top_k_sampling_from_probs(probs, k, seed=0, offset=0)
+    assert one.tolist() == ref_top_k_sample(probs, k, 0, 0)
+    # From logits (the candidates' bound on the logits' keys, kLogitShift): in the top-k set,
+    # and the same samples as from their softmax.
+    logits = torch.randn(12, v, device="cuda", generator=g) * 2
+    logits[3, : v // 2] = logits[3].max()
+    kk = k.clamp(max=v - 1)
+    a = sampling.top_k_top_p_sampling_from_logits(logits, kk, 0.9, seed=1, offset=0,
+                                                  filter_apply_order="joint")
+    keep = ref_top_k_keep(logits, kk)
+    assert keep[torch.arange(12, device="cuda"), a.long()].all()
+    b = sampling.top_k_top_p_sampling_from_probs(torch.softmax(logits, -1), kk, 0.9, seed=1,
+                                                 offset=0, filter_apply_order="joint")
+    assert (a == b).float().mean() >= 0.9
 
 
 @pytest.mark.gpu

@@ -544,13 +544,15 @@ inline constexpr bool kBlockDraw = kFilters != kTopKFilters;
  *   thread maxima lie there). A CTA's kc maxima are distinct elements at or above its bound, so
  *   at least k elements of the row lie at or above the group's smallest bound: the threshold
  *   does too. Block-wide; counts in histogram buffer cnt[parity] (clean before a search) and
- *   leaves it clean.
+ *   leaves it clean. `shift`: the prefix is key >> shift (kLogitShift: the finer prefix of
+ *   signed keys, whose 11 bits hold only 2 of the mantissa).
  */
 __device__ __forceinline__ uint32_t topk_lower_prefix(const RowCtx& ctx, uint32_t thread_max_key,
-                                                      bool any, uint32_t cta_max_key, int k) {
+                                                      bool any, uint32_t cta_max_key, int k,
+                                                      int shift = kWindowShift) {
   unsigned int* h = ctx.s->cnt[ctx.parity];
   const int kc = (k + ctx.csize - 1) / ctx.csize;
-  const uint32_t top = cta_max_key >> kWindowShift, p = thread_max_key >> kWindowShift;
+  const uint32_t top = cta_max_key >> shift, p = thread_max_key >> shift;
   const uint32_t r = p >= top ? 0u : top - p;
   const bool in = any && r < static_cast<uint32_t>(kWindowBins);
   if (in) shared_add(&h[r], 1u);
@@ -564,6 +566,13 @@ __device__ __forceinline__ uint32_t topk_lower_prefix(const RowCtx& ctx, uint32_
   if (total.c < static_cast<unsigned long long>(kc) || before >= kWindowBins) return 0;
   return top - static_cast<uint32_t>(before);
 }
+
+/// The bound's prefix shift for logits (signed keys): 14 bits (sign, exponent, 5 mantissa bits)
+/// make buckets of 1/32 octave and a window of ~8 octaves below the max. The 11-bit prefix's
+/// buckets (a quarter octave) held up to ~800 logits above the top 50 of N(0, 2) rows
+/// (randn x 2 at 128256), past a candidate list's 768, so the joint filter from logits fell
+/// back to its radix searches (H100: 195 us against 101 from probabilities).
+inline constexpr int kLogitShift = 18;
 
 /// The group's max of `mx`, max of `nan` and min of `lo` (one barrier; exchange slots xf[slot],
 /// xf[slot + 1] and xu[6 + slot / 2]). Every thread receives the results.
@@ -605,10 +614,12 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   const bool sums_first = kBlockDraw<kFilters>;
   float mx = -INFINITY;
   bool nan = false;
-  // The top-k filters' lower bound for their threshold's key prefix (topk_lower_prefix: round
-  // 0 of the search then pays shared-memory atomics only for the keys near the top).
+  // The top-k filters' lower bound for their threshold's key prefix (topk_lower_prefix): the
+  // candidates' bound (list_candidates) and, for probabilities, round 0 of the radix search's
+  // (its shared-memory atomics then only for the keys near the top). For logits it is a prefix
+  // of the logits' signed keys, which bounds the weights through the smallest logit it holds.
   const int k_row = has_filter(kFilters, kTopK) ? p.top_k(out_row) : 0;
-  const bool bound = !kBlockDraw<kFilters> && is_probs && row_ok && k_row > 0 && k_row < vocab &&
+  const bool bound = !kBlockDraw<kFilters> && row_ok && k_row > 0 && k_row < vocab &&
                      (is(kTopK) || is(kTopKTopPJoint) || is(kTopKFirstTopP));
   uint32_t lo = 0;
   if (row_ok) {
@@ -623,8 +634,11 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
     } else if (bound) {
       float tm;
       bool any;
-      mx = first_pass_threads(ctx, true, [](float x) { return fmaxf(x, 0.f); }, &nan, &tm, &any);
-      lo = topk_lower_prefix(ctx, ctx.key(tm), any, ctx.key(mx), k_row);
+      mx = first_pass_threads(ctx, is_probs, [](float x) { return fmaxf(x, 0.f); }, &nan, &tm,
+                              &any);
+      lo = is_probs ? topk_lower_prefix(ctx, key_nonneg(tm), any, key_nonneg(mx), k_row)
+                    : topk_lower_prefix(ctx, key_signed(tm), any, key_signed(mx), k_row,
+                                        kLogitShift);
     } else {
       mx = first_pass(ctx, is_probs, [](float x) { return fmaxf(x, 0.f); }, &nan);
     }
@@ -639,12 +653,18 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   int64_t col = -1;
   bool arrived = false;
   if (row_ok && !any_nan) {
+    // logits: weights exp(x - max), max weight 1
+    const bool dead = !is_probs && isinf(mx) && mx < 0;
+    const float m = mx;
+    auto weight = [dead, m](float x) { return dead ? 0.f : __expf(x - m); };
+    // The candidates' bound as a key of the values drawn from (probabilities or weights).
+    uint32_t floor_key = lo << kWindowShift;
+    if (!is_probs) {
+      floor_key = lo > 0 && !dead ? key_nonneg(weight(logit_of_key(lo << kLogitShift))) : 0u;
+    }
     if (is_probs) {
       mx = fmaxf(mx, 0.f);
-    } else {  // logits: weights exp(x - max), max weight 1
-      const bool dead = isinf(mx) && mx < 0;
-      const float m = mx;
-      auto weight = [dead, m](float x) { return dead ? 0.f : __expf(x - m); };
+    } else {
       if (sums_first) {
         fill_block_sums(ctx, 0, weight);  // the weights and the draw's block sums in one pass
       } else {
@@ -663,11 +683,41 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
     if (is(kMinP)) {
       t = key_nonneg(p.min_p(out_row) * mx);
     }
+    if (bound && floor_key > 0) {
+      // The top-k filters from the row's candidates (at or above the bound): rank 0 gathers
+      // the list in column order, finds the thresholds and draws from it; the others are done
+      // once they have shown their lists. The joint filter's top-p needs the row's whole mass.
+      const bool joint = is(kTopKTopPJoint);
+      unsigned long long row_mass = 0;
+      const int n = list_candidates(ctx, floor_key, joint ? &row_mass : nullptr);
+      const int N = gather_candidates(ctx, n, k_row, 4, ctx.rank == 0, &row_mass);
+      if (N >= 0) {
+        if (ctx.clustered) cluster_arrive();  // peers' lists read (rank 0) or not needed
+        if (ctx.rank != 0) return ctx.clustered;
+        const Threshold th = list_select(ctx, N, static_cast<unsigned int>(k_row), !is(kTopK),
+                                         true, floor_key, true);
+        uint32_t tk = th.key;
+        if (!is(kTopK)) {
+          // Top-p's target: p times the top-k set's mass (top-k first) or the row's (joint);
+          // where the top-k set reaches it, its threshold lies in the list.
+          const double P = static_cast<double>(p.top_p(out_row)) *
+                           static_cast<double>(joint ? row_mass : th.kept.m);
+          const unsigned long long target = static_cast<unsigned long long>(floor(P)) + 1ull;
+          if (th.kept.m >= target) tk = max(tk, list_mass_select(ctx, N, tk, target));
+        }
+        Philox rng = p.rng.make(out_row, 0);
+        unsigned long long K;
+        col = list_draw(ctx, N, tk, rng.next(), &K);
+        if (K == 0 && ctx.tid == 0) col = 0;  // nothing to draw from
+        if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, true);
+        return ctx.clustered;
+      }
+    }
     if (is(kTopK) || is(kTopKTopPJoint) || is(kTopKFirstTopP)) {
       const int k = k_row;
       if (k > 0 && k < vocab) {
         const Threshold th = radix_search_from(
-            ctx, false, is(kTopKFirstTopP), max_key, lo,
+            ctx, false, is(kTopKFirstTopP), max_key, is_probs ? lo : 0u,
             [k](CM) { return static_cast<unsigned long long>(k); });
         if (!th.all) t = th.key;
         if (is(kTopKFirstTopP) && !th.all) {
@@ -811,6 +861,21 @@ __device__ __forceinline__ void renorm_write(const RowCtx& ctx, const Threshold&
   write_chunk(ctx, out, [&](float x) { return ctx.key(x) >= t ? x * inv : 0.f; });
 }
 
+/// A transform's top-k threshold from the row's candidates at or above the bound `lo` (the key
+/// prefix key >> shift; 0: none), every CTA gathering the whole list: false (nothing changed) where there is
+/// no bound or the lists do not fit. Group-wide; the kernel's last group barrier keeps each
+/// CTA's list readable for its peers.
+__device__ __forceinline__ bool topk_from_candidates(RowCtx& ctx, uint32_t lo, int shift, int k,
+                                                     bool need_mass, Threshold* th) {
+  if (lo == 0) return false;
+  const uint32_t floor_key = lo << shift;
+  const int N = gather_candidates(ctx, list_candidates(ctx, floor_key, nullptr), k, 4, true,
+                                  nullptr);
+  if (N < 0) return false;
+  *th = list_select(ctx, N, static_cast<unsigned int>(k), true, need_mass, floor_key, false);
+  return true;
+}
+
 /// (top-k mask | top-p / top-k renorm | softmax) of row `row`, whose chunk ctx.vals holds (as
 /// loaded, float). Group-wide.
 template <typename T>
@@ -834,8 +899,11 @@ __device__ __forceinline__ void transform_chunk(RowCtx& ctx, int64_t vocab,
     bool any;
     const float mx = first_pass_threads(ctx, !mask, [](float x) { return fmaxf(x, 0.f); }, &nan,
                                         &tm, &any);
+    // The mask's keys are signed: its bound at kLogitShift (the radix search takes it at
+    // kWindowShift, a coarser prefix and so a bound too).
+    const int shift = mask ? kLogitShift : kWindowShift;
     uint32_t lo = 0;
-    if (topk_search) lo = topk_lower_prefix(ctx, ctx.key(tm), any, ctx.key(mx), k);
+    if (topk_search) lo = topk_lower_prefix(ctx, ctx.key(tm), any, ctx.key(mx), k, shift);
     group_max_nan_lo(ctx, mx, nan ? 1.f : 0.f, lo, 0, &mx_all, &nan_f, &lo);
     uint32_t t = 0;
     Threshold th{0, CM{0, 0}, true};
@@ -843,8 +911,11 @@ __device__ __forceinline__ void transform_chunk(RowCtx& ctx, int64_t vocab,
       // A NaN's key may exceed the max's: then the window holds no finite value (exact, slower).
       const uint32_t max_key = nan_f > 0.f ? 0xffffffffu : key_signed(mx_all);
       if (topk_search) {
-        th = radix_search_from(ctx, false, false, max_key, nan_f > 0.f ? 0u : lo,
-                               [k](CM) { return static_cast<unsigned long long>(k); });
+        if (!topk_from_candidates(ctx, nan_f > 0.f ? 0u : lo, shift, k, false, &th)) {
+          th = radix_search_from(ctx, false, false, max_key,
+                                 nan_f > 0.f ? 0u : lo >> (kWindowShift - shift),
+                                 [k](CM) { return static_cast<unsigned long long>(k); });
+        }
         if (!th.all) t = th.key;
       }
       const float ninf = -INFINITY;
@@ -852,8 +923,10 @@ __device__ __forceinline__ void transform_chunk(RowCtx& ctx, int64_t vocab,
       return;
     }
     ctx.scale = fixed_scale(mx_all);  // (the clamp removed NaNs)
-    th = radix_search_from(ctx, false, true, key_nonneg(mx_all), lo,
-                           [k](CM) { return static_cast<unsigned long long>(k); });
+    if (!topk_from_candidates(ctx, lo, kWindowShift, k, true, &th)) {
+      th = radix_search_from(ctx, false, true, key_nonneg(mx_all), lo,
+                             [k](CM) { return static_cast<unsigned long long>(k); });
+    }
     renorm_write(ctx, th, out_t);
     return;
   }

@@ -904,6 +904,308 @@ __device__ __forceinline__ int64_t draw(const RowCtx& ctx, uint32_t t, uint32_t 
   return draw_locate(ctx, t, d, r);
 }
 
+// ------------------------------------------------------------------------------------------------
+// A top-k threshold from its candidates. Where topk_lower_prefix bounds the threshold's 11-bit key
+// prefix from below, the row's elements at or above the bound are few (about k, plus the rest of
+// the bound's prefix): each CTA lists its own in column order, the group exchanges the lists'
+// lengths once and gathers the lists, and the k-th largest key, the kept count and mass, and the
+// draw come from the list. That replaces the radix search's rounds (a group exchange each) and
+// the draw's pass over the chunk. Same threshold set, masses and samples as the search and draw.
+// ------------------------------------------------------------------------------------------------
+
+/// Entries a CTA's candidate list holds, its own and (gathered) its peers': keys in s->mass[0],
+/// columns in s->mass[1]. The histogram masses are not used by then, and a list that is given up
+/// is cleared before a fallback search uses them.
+inline constexpr int kCandidates = 3 * kBins;
+static_assert(sizeof(Shared::mass[0]) == kCandidates * sizeof(uint32_t), "candidate lists");
+
+__device__ __forceinline__ uint32_t* cand_keys(const RowCtx& ctx) { return &ctx.s->mass[0][0][0]; }
+__device__ __forceinline__ uint32_t* cand_cols(const RowCtx& ctx) { return &ctx.s->mass[1][0][0]; }
+
+/// The keys of lane `lane`'s 4 columns of 128-column step `step` of the chunk (see draw); columns
+/// past the chunk get key 0, below every bound. `mass` (not null): their fixed-point masses are
+/// added to it.
+__device__ __forceinline__ void lane_keys(const RowCtx& ctx, int step, int lane, uint32_t (&k)[4],
+                                          unsigned long long* mass = nullptr) {
+  const int c = step * 128 + lane * 4;
+  float f[4];
+  if (c + 4 <= ctx.n) {
+    const float4 v = *reinterpret_cast<const float4*>(ctx.vals + c);
+    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) f[j] = c + j < ctx.n ? ctx.vals[c + j] : 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    k[j] = c + j < ctx.n ? ctx.key(f[j]) : 0u;
+    if (mass) *mass += ctx.fixed(f[j]);
+  }
+}
+
+/// The float whose signed key (key_signed) is `key`.
+__device__ __forceinline__ float logit_of_key(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+/// Lists this CTA's elements with key >= `tkey` (> 0) in column order (warps' contiguous steps
+/// in warp order, lanes in order within a step) when at most kCandidates; returns their number.
+/// Block-wide: a counting pass, a barrier, a writing pass over the steps that held one. `mass`
+/// (not null): receives the chunk's whole fixed-point mass (non-negative values), summed in the
+/// counting pass.
+__device__ __forceinline__ int list_candidates(const RowCtx& ctx, uint32_t tkey,
+                                               unsigned long long* mass) {
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  int s0, s1;
+  warp_steps(ctx, &s0, &s1);
+  const bool track = s1 - s0 <= 64;  // the steps that held one, as bits (cluster chunks)
+  unsigned long long hit = 0, chunk_mass = 0;
+  unsigned int mine = 0;
+  for (int st = s0; st < s1; ++st) {
+    uint32_t k[4];
+    lane_keys(ctx, st, lane, k, mass ? &chunk_mass : nullptr);
+    const unsigned int c = (k[0] >= tkey) + (k[1] >= tkey) + (k[2] >= tkey) + (k[3] >= tkey);
+    mine += c;
+    if (c) hit |= 1ull << ((st - s0) & 63);
+  }
+  const unsigned int wcount = __reduce_add_sync(0xffffffffu, mine);
+  if (lane == 0) ctx.s->wsum[warp] = wcount;
+  if (mass) {
+    CM total;
+    block_scan(CM{0, chunk_mass}, ctx.s, &total);  // (its barriers order wsum's writes)
+    *mass = total.m;
+  }
+  __syncthreads();
+  int n = 0, off = 0;
+  for (int w = 0; w < nw; ++w) {
+    if (w == warp) off = n;
+    n += static_cast<int>(ctx.s->wsum[w]);
+  }
+  if (n <= kCandidates && wcount > 0) {  // (warp-uniform)
+    uint32_t* keys = cand_keys(ctx);
+    uint32_t* cols = cand_cols(ctx);
+    const unsigned long long steps =
+        (static_cast<unsigned long long>(
+             __reduce_or_sync(0xffffffffu, static_cast<unsigned int>(hit >> 32)))
+         << 32) |
+        __reduce_or_sync(0xffffffffu, static_cast<unsigned int>(hit));
+    for (int st = s0; st < s1; ++st) {
+      if (track && !((steps >> (st - s0)) & 1ull)) continue;
+      uint32_t k[4];
+      lane_keys(ctx, st, lane, k);
+      const unsigned int c = (k[0] >= tkey) + (k[1] >= tkey) + (k[2] >= tkey) + (k[3] >= tkey);
+      unsigned int incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      int pos = off + static_cast<int>(incl - c);
+      const uint32_t col = static_cast<uint32_t>(ctx.begin + st * 128 + lane * 4);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (k[j] >= tkey) keys[pos] = k[j], cols[pos] = col + j, ++pos;
+      }
+      off += static_cast<int>(__shfl_sync(0xffffffffu, incl, 31));
+    }
+  }
+  __syncthreads();
+  return n;
+}
+
+/*!
+ * @brief Group-wide, after list_candidates (this CTA listed `n`): one group exchange of the
+ *   lists' lengths, then (`gather`) the peers' lists copied into this CTA's after its own, in
+ *   rank order (on rank 0: the row's candidates in column order). Returns the row's number of
+ *   candidates N, or -1 (on every CTA) where a list did not fit or N < `k`: this CTA's list is
+ *   then cleared. Peers read this CTA's list until they arrive at a later group barrier.
+ *   Exchange slots xu[slot] and (`mass`, not null: this CTA's mass in, the row's out)
+ *   xu[slot + 1]; the per-rank table in s->wsum.
+ */
+__device__ __forceinline__ int gather_candidates(const RowCtx& ctx, int n, int k, int slot,
+                                                 bool gather, unsigned long long* mass) {
+  Shared* s = ctx.s;
+  if (ctx.tid == 0) {
+    s->xu[slot] = static_cast<unsigned long long>(n);
+    if (mass) s->xu[slot + 1] = *mass;
+  }
+  row_sync(ctx);
+  const int lane = ctx.tid & 31;
+  const unsigned long long v = lane < ctx.csize ? *peer(ctx, &s->xu[slot], lane) : 0ull;
+  if (mass) {
+    const unsigned long long mr = lane < ctx.csize ? *peer(ctx, &s->xu[slot + 1], lane) : 0ull;
+    *mass = warp_sum_u(mr);
+  }
+  const bool over = __any_sync(0xffffffffu, v > static_cast<unsigned long long>(kCandidates));
+  const unsigned long long incl = warp_scan_u(v);
+  const unsigned long long N = __shfl_sync(0xffffffffu, incl, 31);
+  uint32_t* keys = cand_keys(ctx);
+  uint32_t* cols = cand_cols(ctx);
+  if (over || N > static_cast<unsigned long long>(kCandidates) ||
+      N < static_cast<unsigned long long>(k)) {
+    if (n <= kCandidates) {
+      for (int i = ctx.tid; i < n; i += ctx.nthreads) keys[i] = cols[i] = 0u;
+    }
+    __syncthreads();
+    return -1;
+  }
+  if (gather && ctx.csize > 1) {
+    // Rank r's list goes to [dst_r, dst_r + n_r): after this CTA's own, in rank order.
+    if (ctx.tid < ctx.csize) {
+      const unsigned long long ex = incl - v;
+      s->wsum[ctx.tid] = ex;  // where rank r's entries start in rank order
+      s->wsum[16 + ctx.tid] = ctx.tid < ctx.rank ? ex + n : ex;
+    }
+    __syncthreads();
+    for (int i = ctx.tid; i < static_cast<int>(N); i += ctx.nthreads) {
+      int r = 0;
+      while (r + 1 < ctx.csize && static_cast<unsigned long long>(i) >= s->wsum[r + 1]) ++r;
+      if (r == ctx.rank) continue;
+      const int j = i - static_cast<int>(s->wsum[r]);
+      const uint32_t key = peer(ctx, keys, r)[j], col = peer(ctx, cols, r)[j];
+      const int d = static_cast<int>(s->wsum[16 + r]) + j;
+      keys[d] = key, cols[d] = col;
+    }
+  }
+  __syncthreads();
+  return static_cast<int>(N);
+}
+
+/*!
+ * @brief The threshold of the k largest of this CTA's list of N keys (k <= N), the row's keys
+ *   >= `floor_key` (the bound the list was made with): the largest key t with at least k keys >= t
+ *   and (`need_kept`) the kept count and (`need_mass`: non-negative keys) fixed-point mass of the
+ *   keys >= t. Block-wide. `by_rank` and up to one key a thread: each thread counts the keys at
+ *   or above its own (one pass over the list, then a block max: 2 barriers; rank 0's draw, H100:
+ *   top-k 69.5 -> 67.8 us at 128 x 128256, but the transforms, whose CTAs all select, lost 1-4 us
+ *   with it); else radix select (8-bit digits in histogram s->cnt[0], left clean; ~6 barriers a
+ *   digit).
+ *
+ *   A digit's bin that holds one listed key ends the search at the bin's lowest key, as in
+ *   radix_search; the row's elements outside the list lie below floor_key but may share that
+ *   bin, so the returned key is at least floor_key: keys >= it are the same set in the list and
+ *   in the row.
+ */
+__device__ __forceinline__ Threshold list_select(const RowCtx& ctx, int N, unsigned int k,
+                                                 bool need_kept, bool need_mass,
+                                                 uint32_t floor_key, bool by_rank) {
+  Shared* s = ctx.s;
+  const uint32_t* keys = cand_keys(ctx);
+  unsigned int* h = s->cnt[0];
+  uint32_t prefix = 0, mask = 0;
+  unsigned int need = k;
+  if (by_rank && N <= ctx.nthreads) {
+    // The largest listed key with at least k listed keys at or above it.
+    uint32_t best = 0;
+    if (ctx.tid < N) {
+      const uint32_t mine = keys[ctx.tid];
+      unsigned int ge = 0;
+      for (int j = 0; j < N; ++j) ge += keys[j] >= mine;
+      if (ge >= k) best = mine;
+    }
+    best = __reduce_max_sync(0xffffffffu, best);
+    if ((ctx.tid & 31) == 0) s->red[ctx.tid >> 5] = __uint_as_float(best);
+    __syncthreads();
+    for (int w = 0; w < (ctx.nthreads >> 5); ++w) prefix = max(prefix, __float_as_uint(s->red[w]));
+    __syncthreads();  // red is rewritten by the next block reduction
+  } else {
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int i = ctx.tid; i < N; i += ctx.nthreads) {
+        const uint32_t key = keys[i];
+        if ((key & mask) == prefix) shared_add(&h[(key >> shift) & (kBins - 1)], 1u);
+      }
+      __syncthreads();
+      // Thread j holds bin 255 - j (largest first); the digit is the first bin reaching `need`.
+      const unsigned int v = ctx.tid < kBins ? h[kBins - 1 - ctx.tid] : 0u;
+      CM total;
+      const CM incl = block_scan(CM{v, 0}, s, &total);  // (its barriers order the reads of h)
+      const int before = __syncthreads_count(ctx.tid < kBins && incl.c < need);
+      if (ctx.tid == before) {
+        s->pick[0] = kBins - 1 - before;
+        s->pick[1] = static_cast<uint32_t>(incl.c - v);
+        s->pick[2] = v;
+      }
+      if (ctx.tid < kBins) h[ctx.tid] = 0u;
+      __syncthreads();
+      prefix |= s->pick[0] << shift;
+      mask |= (kBins - 1u) << shift;
+      need -= s->pick[1];
+      const bool one = s->pick[2] == 1u;
+      __syncthreads();  // pick is rewritten next round
+      if (one) break;   // the bin's one key: keeping the bin is the answer
+    }
+  }
+  prefix = max(prefix, floor_key);
+  if (!need_kept) return Threshold{prefix, CM{0, 0}, false};
+  unsigned long long c = 0, m = 0;
+  for (int i = ctx.tid; i < N; i += ctx.nthreads) {
+    const uint32_t key = keys[i];
+    if (key >= prefix) {
+      ++c;
+      if (need_mass) m += ctx.fixed(__uint_as_float(key >> 1));
+    }
+  }
+  CM kept;
+  block_scan(CM{c, m}, s, &kept);
+  return Threshold{prefix, kept, false};
+}
+
+/// The largest listed key t >= lo_key whose listed keys at or above it weigh at least `target`
+/// (fixed point; non-negative keys): a top-p threshold inside the list, where the keys >= lo_key
+/// reach the target. Each thread weighs the keys at or above its own. Block-wide.
+__device__ __forceinline__ uint32_t list_mass_select(const RowCtx& ctx, int N, uint32_t lo_key,
+                                                     unsigned long long target) {
+  const uint32_t* keys = cand_keys(ctx);
+  uint32_t best = 0;
+  for (int i = ctx.tid; i < N; i += ctx.nthreads) {
+    const uint32_t mine = keys[i];
+    if (mine < lo_key) continue;
+    unsigned long long F = 0;
+    for (int j = 0; j < N; ++j) {
+      const uint32_t kj = keys[j];
+      if (kj >= mine) F += ctx.fixed(__uint_as_float(kj >> 1));
+    }
+    if (F >= target) best = max(best, mine);
+  }
+  best = __reduce_max_sync(0xffffffffu, best);
+  if ((ctx.tid & 31) == 0) ctx.s->red[ctx.tid >> 5] = __uint_as_float(best);
+  __syncthreads();
+  uint32_t t = 0;
+  for (int w = 0; w < (ctx.nthreads >> 5); ++w) t = max(t, __float_as_uint(ctx.s->red[w]));
+  __syncthreads();  // red is rewritten by the next block reduction
+  return t;
+}
+
+/// The draw (see draw) from this CTA's list of N candidates in column order (rank 0's gathered
+/// list) with threshold t and uniform r: the column on the thread that finds it, -1 on every
+/// other thread (and everywhere when the kept mass is 0); *kept_mass receives it. Block-wide.
+__device__ __forceinline__ int64_t list_draw(const RowCtx& ctx, int N, uint32_t t, uint32_t r,
+                                             unsigned long long* kept_mass) {
+  const uint32_t* keys = cand_keys(ctx);
+  const uint32_t* cols = cand_cols(ctx);
+  const int per = (N + ctx.nthreads - 1) / ctx.nthreads;
+  const int a = min(N, ctx.tid * per), b = min(N, a + per);
+  auto weight = [&](int i) -> unsigned long long {
+    const uint32_t key = keys[i];
+    return key >= t ? ctx.fixed(__uint_as_float(key >> 1)) : 0ull;
+  };
+  unsigned long long mine = 0;
+  for (int i = a; i < b; ++i) mine += weight(i);
+  CM total;
+  const CM incl = block_scan(CM{0, mine}, ctx.s, &total);
+  const unsigned long long K = total.m;
+  *kept_mass = K;
+  if (K == 0) return -1;
+  const unsigned long long target = __umul64hi(K, static_cast<unsigned long long>(r) << 32);
+  unsigned long long acc = incl.m - mine;
+  if (target < acc || target >= incl.m) return -1;
+  for (int i = a; i < b; ++i) {
+    acc += weight(i);
+    if (acc > target) return cols[i];
+  }
+  return -1;  // unreachable: this thread's mass exceeds the target
+}
+
 /// A CTA's part of a row: the whole row (one CTA, `scratch` a global row) or its rank's chunk of
 /// a cluster (shared memory `vals`).
 __device__ __forceinline__ RowCtx make_ctx(float* vals, Shared* s, int64_t vocab, int64_t chunk,
