@@ -943,10 +943,6 @@ __device__ __forceinline__ void lane_keys(const RowCtx& ctx, int step, int lane,
   }
 }
 
-/// The float whose signed key (key_signed) is `key`.
-__device__ __forceinline__ float logit_of_key(uint32_t key) {
-  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
-}
 
 /// Lists this CTA's elements with key >= `tkey` (> 0) in column order (warps' contiguous steps
 /// in warp order, lanes in order within a step) when at most kCandidates; returns their number.
