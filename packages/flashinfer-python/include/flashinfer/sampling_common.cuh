@@ -763,12 +763,10 @@ __device__ __forceinline__ Threshold radix_search(RowCtx& ctx, bool by_mass, boo
   return radix_search_from(ctx, by_mass, need_mass, max_key, 0u, target_of);
 }
 
-/// The kept mass (key >= t, weight fixed(x)) of lane `lane`'s 4 columns of 128-column step
-/// `step` of the chunk (see draw). Warp-wide.
-__device__ __forceinline__ unsigned long long lane_mass(const RowCtx& ctx, uint32_t t, int step,
-                                                        int lane) {
+/// Lane `lane`'s 4 values of 128-column step `step` of the chunk (see draw) into f, 0 past the
+/// chunk; returns the first one's column in the chunk.
+__device__ __forceinline__ int lane_values(const RowCtx& ctx, int step, int lane, float (&f)[4]) {
   const int c = step * 128 + lane * 4;
-  float f[4];
   if (c + 4 <= ctx.n) {
     const float4 v = *reinterpret_cast<const float4*>(ctx.vals + c);
     f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
@@ -776,6 +774,15 @@ __device__ __forceinline__ unsigned long long lane_mass(const RowCtx& ctx, uint3
 #pragma unroll
     for (int j = 0; j < 4; ++j) f[j] = c + j < ctx.n ? ctx.vals[c + j] : 0.f;
   }
+  return c;
+}
+
+/// The kept mass (key >= t, weight fixed(x)) of lane `lane`'s 4 columns of 128-column step
+/// `step` of the chunk (see draw). Warp-wide.
+__device__ __forceinline__ unsigned long long lane_mass(const RowCtx& ctx, uint32_t t, int step,
+                                                        int lane) {
+  float f[4];
+  lane_values(ctx, step, lane, f);
   // A threshold keeps few elements (top-k): most quads of a warp's step hold none, and the warp
   // then skips the 4 fixed-point conversions (warp-wide: every caller runs it on whole warps).
   const uint32_t kq = max(max(ctx.key(f[0]), ctx.key(f[1])), max(ctx.key(f[2]), ctx.key(f[3])));
@@ -927,15 +934,8 @@ __device__ __forceinline__ uint32_t* cand_cols(const RowCtx& ctx) { return &ctx.
 /// added to it.
 __device__ __forceinline__ void lane_keys(const RowCtx& ctx, int step, int lane, uint32_t (&k)[4],
                                           unsigned long long* mass = nullptr) {
-  const int c = step * 128 + lane * 4;
   float f[4];
-  if (c + 4 <= ctx.n) {
-    const float4 v = *reinterpret_cast<const float4*>(ctx.vals + c);
-    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) f[j] = c + j < ctx.n ? ctx.vals[c + j] : 0.f;
-  }
+  const int c = lane_values(ctx, step, lane, f);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     k[j] = c + j < ctx.n ? ctx.key(f[j]) : 0u;
