@@ -209,7 +209,7 @@ def test_sample_kernels_each_in_one_source():
     assert sorted(p.name for p in csrc.glob("sampling*.cu")) == sorted(srcs)
     text = {s: (csrc / s).read_text() for s in srcs}
     defined = [m for t in text.values() for m in re.findall(r"SAMPLE_FILTERS\(, (\w+)\)", t)]
-    assert sorted(defined) == ["kDrawFilters", "kTopKFilters", "kTopPFilters"]
+    assert sorted(defined) == ["kDrawFilters", "kTopKFilters", "kTopKTopPFilters", "kTopPFilters"]
     declared = re.findall(r"SAMPLE_FILTERS\(extern, (\w+)\)", text["sampling.cu"])
     assert sorted(declared + re.findall(r"SAMPLE_FILTERS\(, (\w+)\)", text["sampling.cu"])) == \
         sorted(defined)

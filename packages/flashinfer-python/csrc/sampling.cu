@@ -13,6 +13,7 @@ using tvm::ffi::Optional;
 namespace flashinfer::sampling {
 FLASHINFER_SAMPLE_FILTERS(extern, kTopPFilters)
 FLASHINFER_SAMPLE_FILTERS(extern, kTopKFilters)
+FLASHINFER_SAMPLE_FILTERS(extern, kTopKTopPFilters)
 FLASHINFER_SAMPLE_FILTERS(, kDrawFilters)
 }  // namespace flashinfer::sampling
 

@@ -1,6 +1,5 @@
-// SampleKernel for the top-k filters (top-k; top-k and top-p, joint or top-k first), every input
-// dtype: a translation unit of its own (kernels only), built beside csrc/sampling.cu, which
-// launches it.
+// SampleKernel for top-k alone, every input dtype: a translation unit of its own (kernels only),
+// built beside csrc/sampling.cu, which launches it.
 #include <flashinfer/sampling.cuh>
 
 namespace flashinfer::sampling {
