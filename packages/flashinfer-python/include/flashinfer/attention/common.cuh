@@ -264,6 +264,34 @@ __device__ __forceinline__ float logits_and_mask(float (&s)[MQ][NB][4], const At
                          (kCausal && base + tile_kv - 1 > r.delta + r.qo_first) ||
                          (p.window_left >= 0 && base < r.delta + r.qo_last - p.window_left);
   if (!need_mask) return deferred;
+  if constexpr (!kCustom) {
+    // Per row, the kept keys as column offsets from this thread's first column (kb): c <= hi
+    // (the request's end; causal: the row's position) and, with a window, c >= lo. The offsets
+    // n * 8 + (e & 1) are compile-time constants, so an element costs a compare and a select
+    // (the per-element key arithmetic and three compares were ~35 M of the 192 / 128 kernel's
+    // instructions: benchmarks/notes/sm90-dynamic-claims.md).
+    const int kb = base + 2 * t;
+    int hi[MQ][2], lo[MQ][2];
+#pragma unroll
+    for (int mq = 0; mq < MQ; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int q_pos = r.delta + rows.qo[mq][h];
+        hi[mq][h] = kCausal ? min(r.kv_hi - 1, q_pos) - kb : r.kv_hi - 1 - kb;
+        lo[mq][h] = p.window_left >= 0 ? q_pos - p.window_left - kb : 0;
+      }
+    if (p.window_left >= 0) {
+      for_each_s(s, base, t, [&](float& x, int mq, int h, int kv) {
+        const int c = kv - kb;
+        x = c <= hi[mq][h] && c >= lo[mq][h] ? x : -INFINITY;
+      });
+    } else {
+      for_each_s(s, base, t, [&](float& x, int mq, int h, int kv) {
+        x = kv - kb <= hi[mq][h] ? x : -INFINITY;
+      });
+    }
+    return deferred;
+  }
   // With no window the lower bound lies far below every key.
   const int window = p.window_left >= 0 ? p.window_left : 0x3fffffff;
   const int kv_hi = r.kv_hi;
