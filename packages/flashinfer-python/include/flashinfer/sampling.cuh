@@ -857,9 +857,9 @@ __device__ __forceinline__ void renorm_write(const RowCtx& ctx, const Threshold&
 }
 
 /// A transform's top-k threshold from the row's candidates at or above the bound `lo` (the key
-/// prefix key >> shift; 0: none), every CTA gathering the whole list: false (nothing changed) where there is
-/// no bound or the lists do not fit. Group-wide; the kernel's last group barrier keeps each
-/// CTA's list readable for its peers.
+/// prefix key >> shift; 0: none), every CTA gathering the whole list: false (nothing changed)
+/// where there is no bound or the lists do not fit. Group-wide; the kernel's last group barrier
+/// keeps each CTA's list readable for its peers.
 __device__ __forceinline__ bool topk_from_candidates(RowCtx& ctx, uint32_t lo, int shift, int k,
                                                      bool need_mass, Threshold* th) {
   if (lo == 0) return false;

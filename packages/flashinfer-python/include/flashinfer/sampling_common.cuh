@@ -1067,6 +1067,18 @@ __device__ __forceinline__ int gather_candidates(const RowCtx& ctx, int n, int k
   return static_cast<int>(N);
 }
 
+/// Block-wide max of a u32 (through the float slots s->red, bit for bit); every thread of the
+/// CTA receives it.
+__device__ __forceinline__ uint32_t block_max_u(const RowCtx& ctx, uint32_t x) {
+  x = __reduce_max_sync(0xffffffffu, x);
+  if ((ctx.tid & 31) == 0) ctx.s->red[ctx.tid >> 5] = __uint_as_float(x);
+  __syncthreads();
+  uint32_t m = 0;
+  for (int w = 0; w < (ctx.nthreads >> 5); ++w) m = max(m, __float_as_uint(ctx.s->red[w]));
+  __syncthreads();  // red is rewritten by the next block reduction
+  return m;
+}
+
 /*!
  * @brief The threshold of the k largest of this CTA's list of N keys (k <= N), the row's keys
  *   >= `floor_key` (the bound the list was made with): the largest key t with at least k keys >= t
@@ -1099,11 +1111,7 @@ __device__ __forceinline__ Threshold list_select(const RowCtx& ctx, int N, unsig
       for (int j = 0; j < N; ++j) ge += keys[j] >= mine;
       if (ge >= k) best = mine;
     }
-    best = __reduce_max_sync(0xffffffffu, best);
-    if ((ctx.tid & 31) == 0) s->red[ctx.tid >> 5] = __uint_as_float(best);
-    __syncthreads();
-    for (int w = 0; w < (ctx.nthreads >> 5); ++w) prefix = max(prefix, __float_as_uint(s->red[w]));
-    __syncthreads();  // red is rewritten by the next block reduction
+    prefix = block_max_u(ctx, best);
   } else {
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int i = ctx.tid; i < N; i += ctx.nthreads) {
@@ -1163,13 +1171,7 @@ __device__ __forceinline__ uint32_t list_mass_select(const RowCtx& ctx, int N, u
     }
     if (F >= target) best = max(best, mine);
   }
-  best = __reduce_max_sync(0xffffffffu, best);
-  if ((ctx.tid & 31) == 0) ctx.s->red[ctx.tid >> 5] = __uint_as_float(best);
-  __syncthreads();
-  uint32_t t = 0;
-  for (int w = 0; w < (ctx.nthreads >> 5); ++w) t = max(t, __float_as_uint(ctx.s->red[w]));
-  __syncthreads();  // red is rewritten by the next block reduction
-  return t;
+  return block_max_u(ctx, best);
 }
 
 /// The draw (see draw) from this CTA's list of N candidates in column order (rank 0's gathered
