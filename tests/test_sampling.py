@@ -893,3 +893,42 @@ def test_one_cta_path_matches_cluster_path(v, dtype):
         assert torch.equal(a, b), f"op {i} differs"
     # softmax sums in float in another order: equal to rounding
     torch.testing.assert_close(soft, soft_1, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b, v", [(64, 128256), (160, 128256), (1100, 1000), (400, 4097)])
+def test_direct_path_matches_one_cta_path(b, v):
+    """Plain and min-p sampling of batches too large for one wave of the copy path's clusters
+    read float32 probabilities where they lie (SampleKernel's kDirect, plan_direct): the same
+    samples as the one-CTA path, bit for bit, with negatives (clamped to 0), a NaN row, a zero
+    row, -0.0 and the indices path (more output rows than input rows); top-p (the copy path at
+    every batch) alongside."""
+    from flashinfer import knobs
+
+    g = torch.Generator(device="cuda").manual_seed(b + v)
+    probs = torch.softmax(torch.randn(b, v, device="cuda", generator=g) * 3, -1)
+    probs[1, ::7] = -0.25
+    probs[2, 5] = float("nan")
+    probs[3] = 0
+    probs[4, ::3] = -0.0
+    p = torch.rand(b, device="cuda", generator=g) * 0.9 + 0.1
+    idx = torch.randint(0, b, (2 * b,), device="cuda", generator=g)
+    kw = dict(seed=11, offset=8)
+
+    def ops():
+        return [
+            *sampling.sampling_from_probs(probs, return_valid=True, **kw),
+            sampling.sampling_from_probs(probs, indices=idx, **kw),
+            sampling.top_p_sampling_from_probs(probs, p, **kw),
+            sampling.top_p_sampling_from_probs(probs, 0.01, **kw),
+            sampling.top_p_sampling_from_probs(probs, 1.0, **kw),
+            sampling.min_p_sampling_from_probs(probs, 0.05, **kw),
+        ]
+
+    ours = ops()
+    with knobs.sampling.scope():
+        knobs.sampling.no_cluster = True
+        theirs = ops()
+    for i, (a, c) in enumerate(zip(ours, theirs)):
+        assert torch.equal(a, c), f"op {i} differs"
+    assert not ours[1][2] and ours[1][:2].all(), "validity: the NaN row only"

@@ -150,14 +150,13 @@ __device__ __forceinline__ int num_blocks(const RowCtx& ctx) {
 template <bool kWrite, typename Map>
 __device__ __forceinline__ float4 lane_quad(const RowCtx& ctx, int c, Map map) {
   if (c + 4 <= ctx.n) {
-    float4* p = reinterpret_cast<float4*>(ctx.vals + c);
-    const float4 x = *p;
+    const float4 x = ctx.quad_col(c);
     const float4 y = make_float4(map(x.x), map(x.y), map(x.z), map(x.w));
-    if (kWrite && (__float_as_uint(x.x) != __float_as_uint(y.x) ||
+    if (kWrite && !ctx.direct && (__float_as_uint(x.x) != __float_as_uint(y.x) ||
                    __float_as_uint(x.y) != __float_as_uint(y.y) ||
                    __float_as_uint(x.z) != __float_as_uint(y.z) ||
                    __float_as_uint(x.w) != __float_as_uint(y.w)))
-      *p = y;
+      *reinterpret_cast<float4*>(ctx.vals + c) = y;
     return y;
   }
   float f[4];
@@ -165,8 +164,8 @@ __device__ __forceinline__ float4 lane_quad(const RowCtx& ctx, int c, Map map) {
   for (int j = 0; j < 4; ++j) {
     f[j] = 0.f;
     if (c + j < ctx.n) {
-      f[j] = map(ctx.vals[c + j]);
-      if (kWrite) ctx.vals[c + j] = f[j];
+      f[j] = map(ctx.val(c + j));
+      if (kWrite && !ctx.direct) ctx.vals[c + j] = f[j];
     }
   }
   return make_float4(f[0], f[1], f[2], f[3]);
@@ -459,7 +458,7 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
 #pragma unroll
       for (int j = 0; j < C; ++j) {
         const int64_t c = block_locate(ctx, 0, d, rng.next());
-        if (c >= 0) s->cand_col[j] = c, s->cand_key[j] = ctx.key(ctx.vals[c - ctx.begin]);
+        if (c >= 0) s->cand_col[j] = c, s->cand_key[j] = ctx.key(ctx.val64(c - ctx.begin));
       }
     }
     if (top_p >= 1.f) {  // floor(p K) >= K > A(x): every candidate is kept
@@ -626,7 +625,12 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
                      (is(kTopK) || is(kTopKTopPJoint) || is(kTopKFirstTopP));
   uint32_t lo = 0;
   if (row_ok) {
-    load_chunk<T>(ctx, in + in_row * stride, vec);
+    if (ctx.direct) {  // float32 probabilities only (SampleFilters)
+      if constexpr (std::is_same_v<T, float>)
+        ctx.vals = const_cast<float*>(in + in_row * stride) + ctx.begin;
+    } else {
+      load_chunk<T>(ctx, in + in_row * stride, vec);
+    }
     if (is_probs && sums_first) {
       // Negatives clamped to 0, the draw's block sums (they do not depend on the row's max,
       // only their fixed-point weights do). A NaN stays (its block's sum shows it): the row is
@@ -761,13 +765,21 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
 
 /// One cluster (or one CTA) per output row: load, filter, draw one token. Shared memory: the
 /// chunk (clusters), the Shared block, the chunk's block sums and max keys (see plan_sample).
-template <typename T, unsigned kFilters>
+/// kDirect (float32 probabilities, plain and min-p sampling; plan_direct): the cluster's CTAs
+/// read their chunks of the input row where they lie instead of copying them into shared
+/// memory, so that a cluster needs only the Shared block and the block sums and every row of a
+/// large batch is in flight at once. The draw set reads a row once (fill_block_sums) and then
+/// only the blocks it refines and locates. (Top-p's counting pass re-reads the whole row: with
+/// it, 128 x 128256 took 106.8 us against the copy's 80.8 on the H100.)
+template <typename T, unsigned kFilters, bool kDirect = false>
 __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict__ in, int64_t stride,
                                                     int64_t vocab, int64_t chunk, bool vec,
                                                     RowGrid g, SampleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_wait();
-  RowCtx ctx = row_ctx(smem, g, vocab, chunk, false);
+  RowCtx ctx = kDirect ? make_ctx(nullptr, reinterpret_cast<Shared*>(smem), vocab, chunk, false, true)
+                       : row_ctx(smem, g, vocab, chunk, false);
+  ctx.direct = kDirect;
   // Peers may still read this CTA's shared memory until they arrive.
   if (sample_row<T, kFilters>(ctx, in, stride, vocab, vec, p, row_of(g, ctx))) {
     cluster_wait();
@@ -1156,6 +1168,23 @@ inline RowPlan plan_sample(int64_t vocab) {
   return plan;
 }
 
+/// SampleKernel<..., kDirect>'s plan for `rows` rows where plan_sample's clusters would not all be
+/// resident at once (more than one wave of kCtasPerSm CTAs a SM): the largest cluster up to
+/// plan_sample's with every row's cluster resident, its chunk of whole 512-column blocks, and
+/// shared memory for the Shared block and the chunk's block sums and max keys only. cluster 0:
+/// one wave of plan_sample's clusters holds the rows (the copy into shared memory is faster).
+inline RowPlan plan_direct(int64_t vocab, int64_t rows, int sms) {
+  constexpr int kCtasPerSm = 3;  // SampleKernel's __launch_bounds__ (and its 64 KB chunks)
+  const RowPlan base = plan_sample(vocab);
+  const int64_t resident = static_cast<int64_t>(sms) * kCtasPerSm;
+  if (rows * base.cluster <= resident || base.cluster > 8) return RowPlan{0, 0, 0, 0};
+  const int c = rows >= resident ? 1 : static_cast<int>(resident / rows);
+  const int64_t chunk = ceil_div(ceil_div(vocab, c), kBlockCols) * kBlockCols;
+  return RowPlan{c, chunk, kThreads,
+                 sizeof(Shared) + static_cast<size_t>(chunk / kBlockCols) *
+                                      (sizeof(float) + sizeof(uint32_t))};
+}
+
 /// Launch SampleKernel<T, kFilters> (params.filter is in kFilters). Not inline: the bindings
 /// instantiate each filter set in a translation unit of its own (FLASHINFER_SAMPLE_FILTERS).
 template <typename T, unsigned kFilters>
@@ -1164,6 +1193,26 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
                           cudaStream_t stream) {
   auto* const kernel = &SampleKernel<T, kFilters>;
   if (num_out == 0) return cudaSuccess;
+  if constexpr (std::is_same_v<T, float> && kFilters == kDrawFilters) {
+    int dev = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    const RowPlan plan = plan_direct(vocab, num_out, sms);
+    // Min-p re-reads its kept blocks (refine_block_sums): with one CTA a row that lost to the
+    // copy (H100, 256 x 128256: 98.7 vs 89.6 us; benchmarks/notes/sampling-cluster-radix.md).
+    if (!scratch.ptr && !params.logits && plan.cluster &&
+        (params.filter == kNoFilter || plan.cluster >= 2) &&
+        rows_vectorizable<float>(in, stride, plan.chunk)) {
+      auto* const direct = &SampleKernel<T, kFilters, true>;
+      e = prepare(direct, plan);
+      if (e != cudaSuccess) return e;
+      return launch_kernel_clustered(direct, dim3(num_out * plan.cluster), dim3(plan.threads),
+                                     plan.smem, stream, enable_pdl, plan.cluster, in, stride,
+                                     vocab, plan.chunk, true, RowGrid{num_out, 0, nullptr, 0},
+                                     params);
+    }
+  }
   if (scratch.ptr) {  // one CTA per row: Shared and the row's block sums and max keys
     const size_t smem =
         sizeof(Shared) +
