@@ -7,7 +7,9 @@
 // rows up to ~512K float32 elements): each CTA loads its contiguous chunk of the row once from
 // HBM into shared memory (<= 64 KB, so 2-3 CTAs of different rows share an SM and one loads while
 // another computes), and every later pass runs over shared memory. The CTAs exchange only small
-// partial results through distributed shared memory (DSMEM) after a cluster barrier.
+// partial results through distributed shared memory (DSMEM) after a cluster barrier. (Plain and
+// min-p sampling of float32 batches too large for one wave of such clusters read the rows where
+// they lie instead, every row's cluster resident at once: SampleKernel's kDirect.)
 //
 // Thresholds are found by a radix select over order-preserving 32-bit keys of the values. The
 // first round bins the 11-bit key prefix (exponent and 3 mantissa bits) in a window of the 255
@@ -458,7 +460,7 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
 #pragma unroll
       for (int j = 0; j < C; ++j) {
         const int64_t c = block_locate(ctx, 0, d, rng.next());
-        if (c >= 0) s->cand_col[j] = c, s->cand_key[j] = ctx.key(ctx.val64(c - ctx.begin));
+        if (c >= 0) s->cand_col[j] = c, s->cand_key[j] = ctx.key(ctx.vals[c - ctx.begin]);
       }
     }
     if (top_p >= 1.f) {  // floor(p K) >= K > A(x): every candidate is kept
@@ -777,8 +779,9 @@ __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict_
                                                     RowGrid g, SampleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_wait();
-  RowCtx ctx = kDirect ? make_ctx(nullptr, reinterpret_cast<Shared*>(smem), vocab, chunk, false, true)
-                       : row_ctx(smem, g, vocab, chunk, false);
+  RowCtx ctx = kDirect
+                   ? make_ctx(nullptr, reinterpret_cast<Shared*>(smem), vocab, chunk, false, true)
+                   : row_ctx(smem, g, vocab, chunk, false);
   ctx.direct = kDirect;
   // Peers may still read this CTA's shared memory until they arrive.
   if (sample_row<T, kFilters>(ctx, in, stride, vocab, vec, p, row_of(g, ctx))) {

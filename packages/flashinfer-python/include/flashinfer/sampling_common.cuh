@@ -209,26 +209,17 @@ struct RowCtx {
   float scale;    ///< fixed-point scale, 2^(40 - e)
   bool signed_keys;
   bool clustered;  ///< the row is spread over a thread-block cluster (SM90+); else one CTA
-  /// vals is the input row itself (float32 probabilities in global memory, streamed: see
-  /// SampleKernel): read-only, and every read clamps negatives to 0 as the copy's map would.
+  /// vals is the input row itself (float32 probabilities in global memory: the draw set's
+  /// kDirect, see SampleKernel): read-only, and lane_quad, the only reader on that path, clamps
+  /// negatives to 0 as the copy's first pass would.
   bool direct;
 
-  /// Quad i of the chunk (columns 4 i .. 4 i + 3; 16-byte aligned), the quad at column c (a
-  /// multiple of 4) and value i, as the passes see them.
-  __device__ __forceinline__ float4 quad(int i) const {
-    return quad_at(reinterpret_cast<const float4*>(vals) + i);
-  }
+  /// The quad at column c (a multiple of 4) and value i, as the draw set's passes see them.
   __device__ __forceinline__ float4 quad_col(int c) const {
-    return quad_at(reinterpret_cast<const float4*>(vals + c));
-  }
-  __device__ __forceinline__ float4 quad_at(const float4* p) const {
-    const float4 x = *p;
+    const float4 x = *reinterpret_cast<const float4*>(vals + c);
     return direct ? make_float4(nonneg(x.x), nonneg(x.y), nonneg(x.z), nonneg(x.w)) : x;
   }
   __device__ __forceinline__ float val(int i) const { return direct ? nonneg(vals[i]) : vals[i]; }
-  __device__ __forceinline__ float val64(int64_t i) const {
-    return direct ? nonneg(vals[i]) : vals[i];
-  }
   /// Probabilities' map: negatives to 0, NaN kept.
   __device__ __forceinline__ static float nonneg(float x) { return x < 0.f ? 0.f : x; }
 
@@ -466,11 +457,12 @@ __device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool
 template <typename F>
 __device__ __forceinline__ void for_each_value(const RowCtx& ctx, F f) {
   const int n4 = ctx.n / 4;
+  const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
   for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
-    const float4 x = ctx.quad(i);
+    const float4 x = v4[i];
     f(x.x), f(x.y), f(x.z), f(x.w);
   }
-  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) f(ctx.val(i));
+  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) f(ctx.vals[i]);
 }
 
 /// One pass over the loaded chunk: x = map(x) in place (when `apply`), the chunk's max of the
@@ -606,14 +598,15 @@ __device__ __forceinline__ QuadMask window_histogram(const RowCtx& ctx, int buf,
   QuadMask q{0ull, false};
   if constexpr (kTrack) {
     const int n4 = ctx.n / 4;
+    const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
     q.valid = n4 <= 64 * ctx.nthreads;
     int j = 0;
     for (int i = ctx.tid; i < n4; i += ctx.nthreads, ++j) {
-      const float4 x = ctx.quad(i);
+      const float4 x = v4[i];
       const bool in = bin(x.x) | bin(x.y) | bin(x.z) | bin(x.w);  // (all four binned)
       if (in && j < 64) q.bits |= 1ull << j;
     }
-    for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) bin(ctx.val(i));
+    for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) bin(ctx.vals[i]);
   } else {
     for_each_value(ctx, bin);
   }
@@ -634,11 +627,12 @@ __device__ __forceinline__ void for_each_masked_value(const RowCtx& ctx, const Q
     return;
   }
   const int n4 = ctx.n / 4;
+  const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
   for (unsigned long long b = q.bits; b; b &= b - 1) {
-    const float4 x = ctx.quad(ctx.tid + (__ffsll(static_cast<long long>(b)) - 1) * ctx.nthreads);
+    const float4 x = v4[ctx.tid + (__ffsll(static_cast<long long>(b)) - 1) * ctx.nthreads];
     f(x.x), f(x.y), f(x.z), f(x.w);
   }
-  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) f(ctx.val(i));
+  for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) f(ctx.vals[i]);
 }
 
 /*!
@@ -787,11 +781,11 @@ __device__ __forceinline__ Threshold radix_search(RowCtx& ctx, bool by_mass, boo
 __device__ __forceinline__ int lane_values(const RowCtx& ctx, int step, int lane, float (&f)[4]) {
   const int c = step * 128 + lane * 4;
   if (c + 4 <= ctx.n) {
-    const float4 v = ctx.quad_col(c);
+    const float4 v = *reinterpret_cast<const float4*>(ctx.vals + c);
     f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
   } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) f[j] = c + j < ctx.n ? ctx.val(c + j) : 0.f;
+    for (int j = 0; j < 4; ++j) f[j] = c + j < ctx.n ? ctx.vals[c + j] : 0.f;
   }
   return c;
 }
@@ -866,7 +860,7 @@ __device__ __forceinline__ int64_t lane_column(const RowCtx& ctx, uint32_t t, in
   const int c = step * 128 + lane * 4;
   int last = -1;
   for (int j = 0; j < 4 && c + j < ctx.n; ++j) {
-    const float x = ctx.val(c + j);
+    const float x = ctx.vals[c + j];
     if (ctx.key(x) >= t) {
       const unsigned long long w = ctx.fixed(x);
       if (w) last = c + j;
