@@ -911,6 +911,7 @@ def test_direct_path_matches_one_cta_path(b, v):
     probs[2, 5] = float("nan")
     probs[3] = 0
     probs[4, ::3] = -0.0
+    probs[5] = 1.0 / v  # flat: every block holds kept values
     p = torch.rand(b, device="cuda", generator=g) * 0.9 + 0.1
     idx = torch.randint(0, b, (2 * b,), device="cuda", generator=g)
     kw = dict(seed=11, offset=8)
@@ -923,6 +924,9 @@ def test_direct_path_matches_one_cta_path(b, v):
             sampling.top_p_sampling_from_probs(probs, 0.01, **kw),
             sampling.top_p_sampling_from_probs(probs, 1.0, **kw),
             sampling.min_p_sampling_from_probs(probs, 0.05, **kw),
+            # most blocks kept, and per-row min_p
+            sampling.min_p_sampling_from_probs(probs, 0.001, **kw),
+            sampling.min_p_sampling_from_probs(probs, p, **kw),
         ]
 
     ours = ops()
