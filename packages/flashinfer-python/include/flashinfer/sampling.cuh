@@ -43,6 +43,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "launch.cuh"
@@ -1173,19 +1174,61 @@ inline RowPlan plan_sample(int64_t vocab) {
 
 /// SampleKernel<..., kDirect>'s plan for `rows` rows where plan_sample's clusters would not all be
 /// resident at once (more than one wave of kCtasPerSm CTAs a SM): the largest cluster up to
-/// plan_sample's with every row's cluster resident, its chunk of whole 512-column blocks, and
-/// shared memory for the Shared block and the chunk's block sums and max keys only. cluster 0:
-/// one wave of plan_sample's clusters holds the rows (the copy into shared memory is faster).
-inline RowPlan plan_direct(int64_t vocab, int64_t rows, int sms) {
+/// plan_sample's for which `clusters_of(c, smem)` (the clusters of c CTAs the device holds at
+/// once) holds every row, else one CTA a row; its chunk of whole 512-column blocks, and shared
+/// memory for the Shared block and the chunk's block sums and max keys only. cluster 0: one wave
+/// of plan_sample's clusters holds the rows (the copy into shared memory is faster).
+template <typename ClustersOf>
+inline RowPlan plan_direct(int64_t vocab, int64_t rows, int sms, ClustersOf clusters_of) {
   constexpr int kCtasPerSm = 3;  // SampleKernel's __launch_bounds__ (and its 64 KB chunks)
   const RowPlan base = plan_sample(vocab);
-  const int64_t resident = static_cast<int64_t>(sms) * kCtasPerSm;
-  if (rows * base.cluster <= resident || base.cluster > 8) return RowPlan{0, 0, 0, 0};
-  const int c = rows >= resident ? 1 : static_cast<int>(resident / rows);
-  const int64_t chunk = ceil_div(ceil_div(vocab, c), kBlockCols) * kBlockCols;
-  return RowPlan{c, chunk, kThreads,
-                 sizeof(Shared) + static_cast<size_t>(chunk / kBlockCols) *
-                                      (sizeof(float) + sizeof(uint32_t))};
+  if (rows * base.cluster <= static_cast<int64_t>(sms) * kCtasPerSm || base.cluster > 8)
+    return RowPlan{0, 0, 0, 0};
+  auto plan_of = [vocab](int c) {
+    const int64_t chunk = ceil_div(ceil_div(vocab, c), kBlockCols) * kBlockCols;
+    return RowPlan{c, chunk, kThreads,
+                   sizeof(Shared) + static_cast<size_t>(chunk / kBlockCols) *
+                                        (sizeof(float) + sizeof(uint32_t))};
+  };
+  for (int c = base.cluster; c > 1; --c) {
+    const RowPlan plan = plan_of(c);
+    if (rows <= clusters_of(c, plan.smem)) return plan;
+  }
+  return plan_of(1);
+}
+
+/// The clusters of `c` CTAs of `kernel` (`smem` bytes of dynamic shared memory each) that device
+/// `dev` holds at once (cudaOccupancyMaxActiveClusters; 0 where the query fails), asked once per
+/// device and size: the H100 held fewer than 4 CTAs a SM of the direct kernel in clusters of 4,
+/// though its registers allow 4 (benchmarks/notes/sampling-cluster-radix.md, wave 17).
+template <typename Kernel>
+inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices][9];  // clusters + 1; 0: not asked yet
+  if (dev < kDevices && c <= 8) {
+    const int k = known[dev][c].load(std::memory_order_relaxed);
+    if (k) return k - 1;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(c);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = c;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int n = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();  // a failed query leaves no sticky error: plan without it
+    n = 0;
+  }
+  if (dev < kDevices && c <= 8) known[dev][c].store(n + 1, std::memory_order_relaxed);
+  return n;
 }
 
 /// Launch SampleKernel<T, kFilters> (params.filter is in kFilters). Not inline: the bindings
@@ -1201,13 +1244,15 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess) return e;
-    const RowPlan plan = plan_direct(vocab, num_out, sms);
+    auto* const direct = &SampleKernel<T, kFilters, true>;
+    const RowPlan plan = plan_direct(vocab, num_out, sms, [&](int c, size_t smem) {
+      return resident_clusters(direct, dev, c, smem);
+    });
     // Min-p re-reads its kept blocks (refine_block_sums): with one CTA a row that lost to the
     // copy (H100, 256 x 128256: 98.7 vs 89.6 us; benchmarks/notes/sampling-cluster-radix.md).
     if (!scratch.ptr && !params.logits && plan.cluster &&
         (params.filter == kNoFilter || plan.cluster >= 2) &&
         rows_vectorizable<float>(in, stride, plan.chunk)) {
-      auto* const direct = &SampleKernel<T, kFilters, true>;
       e = prepare(direct, plan);
       if (e != cudaSuccess) return e;
       return launch_kernel_clustered(direct, dim3(num_out * plan.cluster), dim3(plan.threads),
