@@ -199,20 +199,30 @@ def test_unknown_keyword():
 
 
 def test_sample_kernels_each_in_one_source():
-    """Each filter set's SampleKernel is instantiated in exactly one of the module's translation
-    units, and the binding's (sampling.cu) declares the others extern: a source missing from the
-    spec would only fail when the built module loads (an undefined symbol)."""
+    """Each (input dtype, filter set) SampleKernel and each dtype's TransformKernel is instantiated
+    in exactly one of the module's translation units, and the bindings' units declare the others
+    extern: a source missing from the spec would only fail when the built module loads (an
+    undefined symbol)."""
     from flashinfer.jit import toolchain
     from flashinfer.jit.sampling import gen_sampling_module
 
     csrc, srcs = toolchain.csrc_dir(), gen_sampling_module().sources
     assert sorted(p.name for p in csrc.glob("sampling*.cu")) == sorted(srcs)
     text = {s: (csrc / s).read_text() for s in srcs}
-    defined = [m for t in text.values() for m in re.findall(r"SAMPLE_FILTERS\(, (\w+)\)", t)]
-    assert sorted(defined) == ["kDrawFilters", "kTopKFilters", "kTopKTopPFilters", "kTopPFilters"]
-    declared = re.findall(r"SAMPLE_FILTERS\(extern, (\w+)\)", text["sampling.cu"])
-    assert sorted(declared + re.findall(r"SAMPLE_FILTERS\(, (\w+)\)", text["sampling.cu"])) == \
-        sorted(defined)
+    dtypes = ("float", "__half", "__nv_bfloat16")
+
+    def pairs(t, prefix):
+        found = [(d, f) for f in re.findall(rf"SAMPLE_FILTERS\({prefix}, (\w+)\)", t) for d in dtypes]
+        return found + re.findall(rf"SAMPLE_FILTER\({prefix}, (\w+), (\w+)\)", t)
+
+    defined = [p for t in text.values() for p in pairs(t, "")]
+    sets = ("kDrawFilters", "kTopKFilters", "kTopKTopPFilters", "kTopPFilters")
+    assert sorted(defined) == sorted((d, f) for d in dtypes for f in sets)
+    assert sorted(pairs(text["sampling.cu"], "extern")) == sorted(defined)
+    rows = [d for t in text.values() for d in re.findall(r"TRANSFORM_ROWS\(, (\w+)\)", t)]
+    assert sorted(rows) == sorted(dtypes)
+    bound = re.findall(r"TRANSFORM_ROWS\(extern, (\w+)\)", text["sampling_transform.cu"])
+    assert sorted(bound) == sorted(dtypes)
 
 
 def test_chain_validation():

@@ -1,8 +1,8 @@
 // TVM-FFI binding of flashinfer::sampling's draw (include/flashinfer/sampling.cuh): `sample`, every
-// sampling op (the filter is a runtime argument). One kernel per input dtype and filter set: the
-// draw alone (plain, min-p) here; top-p in sampling_top_p.cu and the top-k filters in
-// sampling_top_k.cu, so the first-call build compiles them side by side, with the transforms
-// and chain speculative sampling (sampling_transform.cu).
+// sampling op (the filter is a runtime argument). No kernels here: one per input dtype and filter
+// set in translation units of their own (sampling_draw.cu: plain and min-p; sampling_top_p*.cu;
+// sampling_top_k.cu; sampling_top_k_top_p*.cu), so that the first-call build compiles them side
+// by side with this one and the transforms' (sampling_transform*.cu).
 #include "sampling_args.h"
 
 using namespace flashinfer::ffi_utils;
@@ -14,7 +14,7 @@ namespace flashinfer::sampling {
 FLASHINFER_SAMPLE_FILTERS(extern, kTopPFilters)
 FLASHINFER_SAMPLE_FILTERS(extern, kTopKFilters)
 FLASHINFER_SAMPLE_FILTERS(extern, kTopKTopPFilters)
-FLASHINFER_SAMPLE_FILTERS(, kDrawFilters)
+FLASHINFER_SAMPLE_FILTERS(extern, kDrawFilters)
 }  // namespace flashinfer::sampling
 
 /// out[i] = a token drawn from row indices[i] (or i) of input after `filter`; valid[i] = row has

@@ -1,8 +1,8 @@
-// SampleKernel for top-p (the rejection; the radix search where it falls back), every input
-// dtype: a translation unit of its own (kernels only), built beside csrc/sampling.cu, which
-// launches it.
+// SampleKernel for top-p (the rejection; the radix search where it falls back), float32 input: a
+// translation unit of its own (kernels only; one dtype a unit, so that the first-call build
+// compiles them side by side), built beside csrc/sampling.cu, which launches it.
 #include <flashinfer/sampling.cuh>
 
 namespace flashinfer::sampling {
-FLASHINFER_SAMPLE_FILTERS(, kTopPFilters)
+FLASHINFER_SAMPLE_FILTER(, float, kTopPFilters)
 }  // namespace flashinfer::sampling

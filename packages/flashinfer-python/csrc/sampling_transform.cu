@@ -1,8 +1,14 @@
 // TVM-FFI bindings of flashinfer::sampling's transforms and chain speculative sampling
 // (include/flashinfer/sampling.cuh): `transform` (softmax, top-p/top-k renorm, top-k mask; one
-// kernel per input dtype) and `chain_speculative` (float32). The sampling module's second
-// translation unit, beside sampling.cu.
+// kernel per input dtype, each in a translation unit of its own) and `chain_speculative`
+// (float32). Built beside sampling.cu.
 #include "sampling_args.h"
+
+namespace flashinfer::sampling {  // the kernels: sampling_transform_{float,half,bf16}.cu
+FLASHINFER_TRANSFORM_ROWS(extern, float)
+FLASHINFER_TRANSFORM_ROWS(extern, __half)
+FLASHINFER_TRANSFORM_ROWS(extern, __nv_bfloat16)
+}  // namespace flashinfer::sampling
 
 using namespace flashinfer::ffi_utils;
 using namespace flashinfer::sampling;

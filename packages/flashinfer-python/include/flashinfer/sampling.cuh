@@ -1288,17 +1288,17 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
                                  plan.chunk, vec, RowGrid{num_out, 0, nullptr, 0}, params);
 }
 
-/// Declare (PREFIX extern) or define (PREFIX empty) SampleFilters<T, SET> for every input dtype.
-#define FLASHINFER_SAMPLE_FILTERS(PREFIX, SET)                                                     \
-  PREFIX template cudaError_t SampleFilters<float, SET>(const float*, int64_t, int64_t, int64_t,  \
-                                                        const SampleParams&, const Scratch&, bool, \
-                                                        cudaStream_t);                             \
-  PREFIX template cudaError_t SampleFilters<__half, SET>(const __half*, int64_t, int64_t, int64_t, \
-                                                         const SampleParams&, const Scratch&,      \
-                                                         bool, cudaStream_t);                      \
-  PREFIX template cudaError_t SampleFilters<__nv_bfloat16, SET>(                                  \
-      const __nv_bfloat16*, int64_t, int64_t, int64_t, const SampleParams&, const Scratch&, bool, \
-      cudaStream_t);
+/// Declare (PREFIX extern) or define (PREFIX empty) SampleFilters<T, SET> for one input dtype, or
+/// for every one (FLASHINFER_SAMPLE_FILTERS). The heavy sets define one dtype a translation unit,
+/// so that the first-call build compiles them side by side (csrc/sampling*.cu).
+#define FLASHINFER_SAMPLE_FILTER(PREFIX, T, SET)                                                   \
+  PREFIX template cudaError_t SampleFilters<T, SET>(const T*, int64_t, int64_t, int64_t,          \
+                                                    const SampleParams&, const Scratch&, bool,     \
+                                                    cudaStream_t);
+#define FLASHINFER_SAMPLE_FILTERS(PREFIX, SET)         \
+  FLASHINFER_SAMPLE_FILTER(PREFIX, float, SET)         \
+  FLASHINFER_SAMPLE_FILTER(PREFIX, __half, SET)        \
+  FLASHINFER_SAMPLE_FILTER(PREFIX, __nv_bfloat16, SET)
 
 /// Draw one token per output row with params.filter: the kernel of its filter set.
 template <typename T>
@@ -1329,8 +1329,16 @@ cudaError_t TransformRows(const T* in, int64_t stride, int64_t rows, int64_t voc
                      stream);
 }
 
-inline cudaError_t ChainSpeculative(const ChainParams& params, int64_t batch,
-                                    const Scratch& scratch, bool enable_pdl, cudaStream_t stream) {
+/// Declare (PREFIX extern) or define (PREFIX empty) TransformRows<T>: one dtype a translation unit.
+#define FLASHINFER_TRANSFORM_ROWS(PREFIX, T)                                                       \
+  PREFIX template cudaError_t TransformRows<T>(const T*, int64_t, int64_t, int64_t,               \
+                                               const TransformParams&, const Scratch&, bool,       \
+                                               cudaStream_t);
+
+/// (A template, so that only the translation unit that calls it compiles ChainKernel.)
+template <int = 0>
+cudaError_t ChainSpeculative(const ChainParams& params, int64_t batch, const Scratch& scratch,
+                             bool enable_pdl, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
   if (scratch.ptr) {
     for (int64_t r0 = 0; r0 < batch; r0 += scratch.rows) {
