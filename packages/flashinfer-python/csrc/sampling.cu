@@ -15,6 +15,9 @@ FLASHINFER_SAMPLE_FILTERS(extern, kTopPFilters)
 FLASHINFER_SAMPLE_FILTERS(extern, kTopKFilters)
 FLASHINFER_SAMPLE_FILTERS(extern, kTopKTopPFilters)
 FLASHINFER_SAMPLE_FILTERS(extern, kDrawFilters)
+#if FLASHINFER_SAMPLING_PROBE_TRACE
+cudaError_t DrawTraceCopy(void* dst);  // sampling_draw.cu
+#endif
 }  // namespace flashinfer::sampling
 
 /// out[i] = a token drawn from row indices[i] (or i) of input after `filter`; valid[i] = row has
@@ -85,3 +88,16 @@ void sample(TensorView out, Optional<TensorView> valid, TensorView input,
 }
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(sample, sample);
+
+#if FLASHINFER_SAMPLING_PROBE_TRACE
+/// The trace probe's stamps of the draw set's kernels into `out`, int64 [kTraceCtas, kTraceSlots]
+/// on the host (include/flashinfer/sampling_common.cuh; benchmarks/probes/trace_sampling.py).
+void trace_copy(TensorView out) {
+  TVM_FFI_CHECK(out.ndim() == 2 && out.size(0) == kTraceCtas && out.size(1) == kTraceSlots &&
+                    out.dtype().bits == 64,
+                ValueError)
+      << "trace_copy takes an int64 tensor [" << kTraceCtas << ", " << int(kTraceSlots) << "]";
+  check_launch(DrawTraceCopy(out.data_ptr()), "trace copy");
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(trace_copy, trace_copy);
+#endif

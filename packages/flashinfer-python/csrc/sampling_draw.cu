@@ -5,4 +5,10 @@
 
 namespace flashinfer::sampling {
 FLASHINFER_SAMPLE_FILTERS(, kDrawFilters)
+#if FLASHINFER_SAMPLING_PROBE_TRACE
+/// The trace probe's stamps of this unit's kernels (the draw set) into `dst` on the host.
+cudaError_t DrawTraceCopy(void* dst) {
+  return cudaMemcpyFromSymbol(dst, sampling_trace, sizeof(sampling_trace));
+}
+#endif
 }  // namespace flashinfer::sampling

@@ -614,6 +614,9 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   // The filter, known false at compile time for those this kernel does not take.
   const int filter = p.filter;
   auto is = [filter](int x) { return has_filter(kFilters, x) && filter == x; };
+  auto stamp = [](SampleTrace e) {  // the trace probe: the draw set's kernels only
+    if (kFilters == kDrawFilters) trace(e);
+  };
   // The draw's block sums in the first pass (top-p's rejection draws its candidates from them);
   // the top-k filters sum none (kBlockDraw).
   const bool sums_first = kBlockDraw<kFilters>;
@@ -634,6 +637,7 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
     } else {
       load_chunk<T>(ctx, in + in_row * stride, vec);
     }
+    stamp(kTraceLoaded);
     if (is_probs && sums_first) {
       // Negatives clamped to 0, the draw's block sums (they do not depend on the row's max,
       // only their fixed-point weights do). A NaN stays (its block's sum shows it): the row is
@@ -641,6 +645,7 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       const BlockStats st = fill_block_sums(ctx, 0, [](float x) { return x < 0.f ? 0.f : x; });
       nan = __syncthreads_or(st.nan);
       mx = block_max(st.max, ctx.s);
+      stamp(kTraceFilled);
     } else if (bound) {
       float tm;
       bool any;
@@ -657,6 +662,7 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
     cluster_reduce2_f(ctx, mx, nan ? 1.f : 0.f, 0, true, &mx, &nan_f);
   }
   const bool any_nan = nan_f > 0.f;
+  stamp(kTraceExchanged);
   int64_t col = -1;
   bool arrived = false;
   if (row_ok && !any_nan) {
@@ -751,7 +757,9 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       } else {
         fill_block_sums(ctx, t, [](float x) { return x; });
       }
+      stamp(kTraceRefined);
       const DrawPrefix d = block_prefix(ctx, 0);
+      stamp(kTracePrefixed);
       arrived = ctx.clustered;
       col = block_locate(ctx, t, d, r);
       K = d.K;
@@ -763,6 +771,7 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
     col = 0;
   }
   if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, row_ok && !any_nan);
+  stamp(kTraceEnd);
   return arrived;
 }
 
@@ -779,6 +788,7 @@ __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict_
                                                     int64_t vocab, int64_t chunk, bool vec,
                                                     RowGrid g, SampleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
+  if (kFilters == kDrawFilters) trace(kTraceEntry);
   pdl_wait();
   RowCtx ctx = kDirect
                    ? make_ctx(nullptr, reinterpret_cast<Shared*>(smem), vocab, chunk, false, true)

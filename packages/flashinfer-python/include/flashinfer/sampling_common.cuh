@@ -51,6 +51,46 @@ inline constexpr int64_t kMaxChunk = 200 * 1024 / 4;
 /// Preferred chunk (floats): 64 KB lets 3 CTAs (of different rows) share an SM.
 inline constexpr int64_t kPreferredChunk = 64 * 1024 / 4;
 
+// PROBE_TRACE (a timing probe with correct outputs; off by default, the kernels then unchanged):
+// thread 0 of each CTA of the draw set's kernels stamps %globaltimer at the points of
+// SampleTrace into sampling_trace[CTA] (its translation unit's copy), which the module's
+// trace_copy reads back (benchmarks/probes/trace_sampling.py).
+#ifndef FLASHINFER_SAMPLING_PROBE_TRACE
+#define FLASHINFER_SAMPLING_PROBE_TRACE 0
+#endif
+/// The points PROBE_TRACE stamps, in kernel order; kTraceSm holds the CTA's SM.
+enum SampleTrace : int {
+  kTraceEntry = 0,   ///< kernel entry
+  kTraceLoaded,      ///< the chunk in shared memory (the copy path; the direct path: entry)
+  kTraceFilled,      ///< block sums filled, the CTA's max known
+  kTraceExchanged,   ///< the group's max known (first cluster exchange)
+  kTraceRefined,     ///< the threshold's block sums refined (min-p; plain: = exchanged)
+  kTracePrefixed,    ///< the draw's block prefix known (second cluster exchange)
+  kTraceEnd,         ///< the sample written (or the CTA done)
+  kTraceSm,
+  kTraceSlots,
+};
+inline constexpr int kTraceCtas = 4096;
+#if FLASHINFER_SAMPLING_PROBE_TRACE
+static __device__ unsigned long long sampling_trace[kTraceCtas][kTraceSlots];
+#endif
+/// PROBE_TRACE: thread 0 stamps the time of `event` for its CTA (nothing otherwise).
+__device__ __forceinline__ void trace(SampleTrace event) {
+#if FLASHINFER_SAMPLING_PROBE_TRACE
+  if (threadIdx.x != 0 || blockIdx.x >= kTraceCtas) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  sampling_trace[blockIdx.x][event] = t;
+  if (event == kTraceEntry) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    sampling_trace[blockIdx.x][kTraceSm] = sm;
+  }
+#else
+  (void)event;
+#endif
+}
+
 /// A per-row parameter: row i reads arr[i] when arr is set, else the scalar.
 template <typename V>
 struct RowParam {
