@@ -131,10 +131,7 @@ int64_t cluster_capacity(int64_t cta, int64_t cluster_size) {
 /// The trace probe's stamps into `out`, int64 [kTraceCtas, kTraceSlots] on the host
 /// (include/flashinfer/attention/common.cuh; benchmarks/probes/trace_decode.py).
 void trace_copy(TensorView out) {
-  TVM_FFI_CHECK(out.ndim() == 2 && out.size(0) == kTraceCtas && out.size(1) == kTraceSlots &&
-                    out.dtype().bits == 64,
-                ValueError)
-      << "trace_copy takes an int64 tensor [" << kTraceCtas << ", " << int(kTraceSlots) << "]";
+  check_trace_tensor(out, kTraceCtas, kTraceSlots);
   check_launch(cudaMemcpyFromSymbol(out.data_ptr(), attention_trace, sizeof(attention_trace)),
                "trace copy");
 }

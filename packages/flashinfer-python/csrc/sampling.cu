@@ -93,10 +93,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(sample, sample);
 /// The trace probe's stamps of the draw set's kernels into `out`, int64 [kTraceCtas, kTraceSlots]
 /// on the host (include/flashinfer/sampling_common.cuh; benchmarks/probes/trace_sampling.py).
 void trace_copy(TensorView out) {
-  TVM_FFI_CHECK(out.ndim() == 2 && out.size(0) == kTraceCtas && out.size(1) == kTraceSlots &&
-                    out.dtype().bits == 64,
-                ValueError)
-      << "trace_copy takes an int64 tensor [" << kTraceCtas << ", " << int(kTraceSlots) << "]";
+  check_trace_tensor(out, kTraceCtas, kTraceSlots);
   check_launch(DrawTraceCopy(out.data_ptr()), "trace copy");
 }
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(trace_copy, trace_copy);

@@ -97,6 +97,15 @@ inline cudaStream_t get_stream(DLDevice device) {
 }
 
 /// Raise a RuntimeError naming the op if a launch (or the launcher) failed.
+/// A trace probe's host copy of its stamps: int64 [ctas, slots] (the attention and sampling
+/// modules' trace_copy, built with their PROBE_TRACE macros).
+inline void check_trace_tensor(const TensorView& out, int64_t ctas, int64_t slots) {
+  TVM_FFI_CHECK(out.ndim() == 2 && out.size(0) == ctas && out.size(1) == slots &&
+                    out.dtype().bits == 64,
+                ValueError)
+      << "trace_copy takes an int64 tensor [" << ctas << ", " << slots << "]";
+}
+
 inline void check_launch(cudaError_t status, const char* op) {
   TVM_FFI_CHECK(status == cudaSuccess, RuntimeError)
       << op << " failed to launch: " << cudaGetErrorString(status);

@@ -642,7 +642,7 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       // Negatives clamped to 0, the draw's block sums (they do not depend on the row's max,
       // only their fixed-point weights do). A NaN stays (its block's sum shows it): the row is
       // then not drawn from.
-      const BlockStats st = fill_block_sums(ctx, 0, [](float x) { return x < 0.f ? 0.f : x; });
+      const BlockStats st = fill_block_sums(ctx, 0, [](float x) { return RowCtx::nonneg(x); });
       nan = __syncthreads_or(st.nan);
       mx = block_max(st.max, ctx.s);
       stamp(kTraceFilled);
