@@ -203,9 +203,18 @@ struct AttentionLaunch {
     const CUtensorMapDataType type = std::is_same_v<T, __half>
                                          ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                          : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    // The L2 fetches 256 bytes per 128-byte box row only where every head's row is whole
+    // 256-byte lines: at head_dim 192 (384-byte rows) every other line would be half of a
+    // neighbouring head's row, fetched and not read (192 / 128 ragged 16 x 1024: DRAM reads
+    // 2.44 -> 2.30 GB, L2 sectors from the SMs 248 -> 230 M, the peer's figure; Nsight Compute,
+    // H100, benchmarks/notes/sm90-dynamic-claims.md).
+    const bool whole_lines = (head_dim * bytes) % 256 == 0 && (stride_h * bytes) % 256 == 0 &&
+                             (stride_n * bytes) % 256 == 0 &&
+                             reinterpret_cast<uintptr_t>(ptr) % 256 == 0;
+    const CUtensorMapL2promotion promotion =
+        whole_lines ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
     return encode(map, type, 3, const_cast<void*>(ptr), dims, strides, box, steps,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   }
 
