@@ -703,7 +703,11 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
   constexpr int NB = kTileKV / 8;  // 8-key blocks of S per thread
   constexpr bool kRescaleEarly = FLASHINFER_ATTENTION_SM90_RESCALE_EARLY != 0;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wg = warp / 4;  // consumer warpgroup: rows 64 wg .. 64 wg + 63 of the tile
+  // The consumer warpgroup (rows 64 wg .. 64 wg + 63 of the tile), taken from lane 0 so that
+  // ptxas knows it warp-uniform: the Q descriptors then live in uniform registers instead of
+  // being rebuilt in vector registers (a 64-bit add and a move to a uniform register per k16
+  // step of every S = Q K^T).
+  const int wg = __shfl_sync(0xffffffff, warp / 4, 0);
   const int g = lane / 4, t = lane % 4;
 
   T* v_smem = reinterpret_cast<T*>(sync.smem + KT::kVOffset);
@@ -816,20 +820,28 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     // The sinks of this thread's two rows, loaded now so that the epilogue does not wait on
     // them (a load there cost paged 8 x 2048 prefill 5%; -inf: none, sink_log2).
     float sink[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      sink[h] = sink_log2(p, r, qo_head(first_row + g + 8 * h, kv_head, p.group_div).head);
     float m[1][2] = {{-INFINITY, -INFINITY}}, d[1][2] = {{0.f, 0.f}};
-    zero_o();
+    auto set_up = [&] {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        sink[h] = sink_log2(p, r, qo_head(first_row + g + 8 * h, kv_head, p.group_div).head);
+      zero_o();
+    };
 
     if (r.num_tiles > 0) {
-      RowFacts<1> rows;
-      rows.template init<KT::kPos>(p, r, first_row, kv_head, g);
-      // Tile 0: S only.
+      // Tile 0: S only, issued before the item's setup, which runs while the tensor cores
+      // compute it. (Its issue and its wait stay in one branch: ptxas serializes every wgmma
+      // of the kernel otherwise, C7518.)
       {
         const int slot = c % S;
         sm90_acquire(sync.full_k(slot), (c / S) & 1, !tma_kv);
         issue_qk(qb, slot);
+      }
+      set_up();
+      RowFacts<1> rows;
+      rows.template init<KT::kPos>(p, r, first_row, kv_head, g);
+      {
+        const int slot = c % S;
         sm90::wgmma_wait<0>();
         sm90::fence_operands(s_flat);
         sm90_release(sync.empty_k(slot));
@@ -857,7 +869,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
         const int slot = cj % S, prev = (cj - 1) % S;
         sm90_acquire(sync.full_k(slot), (cj / S) & 1, !tma_kv);
         sm90_acquire(sync.full_v(prev), ((cj - 1) / S) & 1, !tma_kv);
-        zero_v_tail(prev, r.kv_lo + (j - 1) * kTileKV, r);
+        // (No zero_v_tail: only an item's last tile reaches past its request's keys.)
         issue_qk(qb, slot);
         if constexpr (kRescaleEarly) apply_rescale();
         issue_pv(prev);
@@ -887,6 +899,8 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
       // it back then; the first one's arrival tells it that its last P V is done.
       if (!KT::kStageO || wg == 0) sm90_release(sync.empty_v(cl % S));
       c += r.num_tiles;
+    } else {
+      set_up();
     }
 
     quad_sum(d);
