@@ -577,23 +577,43 @@ __device__ __forceinline__ bool sm90_softmax_step(float (&s)[1][NB][4], float (&
   return __any_sync(0xffffffff, rescale);
 }
 
+/// The end of a thread's two rows (g and g + 8): the base-2 lse (the sink folded in) and the
+/// factor of the output, 1 / (row sum) times the sink's share (o_scale not applied). Worked
+/// out from the row state alone, so the consumer takes it while the item's last P V runs.
+struct Sm90RowEnd {
+  float lse[2];
+  float inv[2];
+};
+
+/// Sm90RowEnd of the thread's rows from the quad-summed row sums `d`, the maxima `m` and the
+/// sinks' sink_log2 (-inf: none).
+__device__ __forceinline__ Sm90RowEnd sm90_row_end(const float (&m)[1][2], const float (&d)[1][2],
+                                                   const float (&sink)[2]) {
+  Sm90RowEnd e;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    e.lse[h] = d[0][h] > 0.f ? m[0][h] + log2f(d[0][h]) : -INFINITY;
+    e.inv[h] = (d[0][h] > 0.f ? 1.f / d[0][h] : 0.f) * fold_sink_log2(sink[h], e.lse[h]);
+  }
+  return e;
+}
+
 /*!
  * @brief The final output of one warp's 16 rows through shared memory: the accumulators
  *   (normalized and scaled, in the output dtype) into rows `tile_row` .. `tile_row` + 15 of
  *   `stage`, a Tile (a Q buffer, or one warpgroup's rows: KT::WgOTile; the same swizzled
  *   layout: conflict-free for the 4-byte writes of the accumulator layout and for the 16-byte
  *   reads of whole rows), then each row to global memory as D / 8 16-byte chunks. Rows past
- *   the request are skipped; the lse as before. `sink`: the sink_log2 of the thread's rows g
- *   and g + 8, loaded at the item's start.
+ *   the request are skipped; the lse as before. `e`: the rows' lse and output factor
+ *   (sm90_row_end; o_scale applied here).
  */
 template <class KT, class Tile = typename KT::OTile>
 __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT::DTypeO,
                                                                       KT::kHeadDimVO>& out,
                                                   const float (&o)[1][KT::kHeadDimVO / 8][4],
-                                                  const float (&m)[1][2], const float (&d)[1][2],
+                                                  const Sm90RowEnd& e,
                                                   typename KT::DTypeO* stage, int tile_row,
                                                   int first_row, int lane,
-                                                  const float (&sink)[2],
                                                   const CUtensorMap* o_map, bool tma_o) {
   using TO = typename KT::DTypeO;
   constexpr int D = KT::kHeadDimVO, kChunks = D / 8, kRowsPerPass = 32 / kChunks;
@@ -604,15 +624,14 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = tile_row + g + 8 * h, pr = first_row + g + 8 * h;
-    float lse = d[0][h] > 0.f ? m[0][h] + log2f(d[0][h]) : -INFINITY;
-    const float inv = (d[0][h] > 0.f ? p.o_scale / d[0][h] : 0.f) * fold_sink_log2(sink[h], lse);
+    const float inv = e.inv[h] * p.o_scale;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       *reinterpret_cast<uint32_t*>(stage + Tile::offset(row, n) + 2 * t) =
           pack2<TO>(o[0][n][2 * h] * inv, o[0][n][2 * h + 1] * inv);
     }
     if (t == 0 && pr < r.packed_len) {
-      out.lse(pr, lse);
+      out.lse(pr, e.lse[h]);
     }
   }
   __syncwarp();
@@ -664,26 +683,24 @@ __device__ __forceinline__ void sm90_store_o_smem(const OutputWriter<typename KT
 
 /*!
  * @brief The final output of one warp's 16 rows straight from the accumulators (one Q buffer
- *   handed back early, a V buffer too small to stage 128 rows): 4-byte stores, the lse as
- *   sm90_store_o_smem, `sink` loaded at the item's start.
+ *   handed back early, a V buffer too small to stage 128 rows): 4-byte stores (OutputWriter
+ *   applies o_scale), the lse as sm90_store_o_smem.
  */
 template <class KT>
 __device__ __forceinline__ void sm90_store_o_regs(const OutputWriter<typename KT::DTypeO,
                                                                       KT::kHeadDimVO>& out,
                                                   const float (&o)[1][KT::kHeadDimVO / 8][4],
-                                                  const float (&m)[1][2], const float (&d)[1][2],
-                                                  int first_row, int g, int t,
-                                                  const float (&sink)[2]) {
+                                                  const Sm90RowEnd& e, int first_row, int g,
+                                                  int t) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int pr = first_row + g + 8 * h;
     if (pr >= out.r.packed_len) continue;
-    float lse = d[0][h] > 0.f ? m[0][h] + log2f(d[0][h]) : -INFINITY;
-    const float inv = (d[0][h] > 0.f ? 1.f / d[0][h] : 0.f) * fold_sink_log2(sink[h], lse);
+    const float inv = e.inv[h];
 #pragma unroll
     for (int n = 0; n < KT::kHeadDimVO / 8; ++n)
       out.pair(pr, n * 8 + 2 * t, o[0][n][2 * h] * inv, o[0][n][2 * h + 1] * inv);
-    if (t == 0) out.lse(pr, lse);
+    if (t == 0) out.lse(pr, e.lse[h]);
   }
 }
 
@@ -821,6 +838,7 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     // them (a load there cost paged 8 x 2048 prefill 5%; -inf: none, sink_log2).
     float sink[2];
     float m[1][2] = {{-INFINITY, -INFINITY}}, d[1][2] = {{0.f, 0.f}};
+    Sm90RowEnd end;  // the rows' lse and output factor, once the last softmax is done
     auto set_up = [&] {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
@@ -892,6 +910,9 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
       sm90_acquire(sync.full_v(cl % S), (cl / S) & 1, !tma_kv);
       zero_v_tail(cl % S, r.kv_lo + (r.num_tiles - 1) * kTileKV, r);
       issue_pv(cl % S);
+      // The rows' end while the tensor cores run the last P V.
+      quad_sum(d);
+      end = sm90_row_end(m, d, sink);
       sm90::wgmma_wait<0>();
       sm90::fence_operands(o_flat);
       sm90::fence_operands(pf_flat);
@@ -901,9 +922,9 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
       c += r.num_tiles;
     } else {
       set_up();
+      end = sm90_row_end(m, d, sink);  // no key: lse -inf (or the sink's), output 0
     }
 
-    quad_sum(d);
     // A row that saw no key writes 0 and lse -inf.
     const OutputWriter<TO, DV> out{p, r, kv_head, writes_partial(p, r)};
     const int tile_row = wg * 64 + (warp % 4) * 16;
@@ -919,8 +940,8 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     if (p.split_kv) {
       out.rows(o, m, d, first_row, g, t);
     } else if (q_held) {
-      sm90_store_o_smem<KT>(out, o, m, d, sync.template q_tile<TO>(qb), tile_row, first_row,
-                            lane, sink, o_map, tma_o);
+      sm90_store_o_smem<KT>(out, o, end, sync.template q_tile<TO>(qb), tile_row, first_row,
+                            lane, o_map, tma_o);
     } else if constexpr (KT::kStageO) {
       // The first warpgroup in its own region; the second in the last tile's V buffer once
       // the first warpgroup's last P V (which read it) is done.
@@ -933,10 +954,10 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
         else sm90::named_barrier(2, KT::kConsumerThreads);
         stage = reinterpret_cast<TO*>(v_smem + (c - 1) % S * kTileKV * DV);
       }
-      sm90_store_o_smem<KT, typename KT::WgOTile>(out, o, m, d, stage, (warp % 4) * 16,
-                                                  first_row, lane, sink, o_map, tma_o);
+      sm90_store_o_smem<KT, typename KT::WgOTile>(out, o, end, stage, (warp % 4) * 16,
+                                                  first_row, lane, o_map, tma_o);
     } else {
-      sm90_store_o_regs<KT>(out, o, m, d, first_row, g, t, sink);
+      sm90_store_o_regs<KT>(out, o, end, first_row, g, t);
     }
     // The epilogue's shared-memory accesses (generic proxy) come before the next TMA write of
     // the buffer it used (async proxy); the first warpgroup's own region takes none.
