@@ -834,8 +834,9 @@ __device__ __forceinline__ void sm90_consume(const AttentionParams& p, const boo
     if (kv_head == kNoUnit) break;
     const ItemRange r = sync.slot(qb)->r;
     const int first_row = r.row_begin + wg * 64 + (warp % 4) * 16;  // this warp's 16 rows
-    // The sinks of this thread's two rows, loaded now so that the epilogue does not wait on
-    // them (a load there cost paged 8 x 2048 prefill 5%; -inf: none, sink_log2).
+    // The sinks of this thread's two rows, loaded at the item's start (set_up) so that the
+    // epilogue does not wait on them (a load there cost paged 8 x 2048 prefill 5%; -inf: none,
+    // sink_log2).
     float sink[2];
     float m[1][2] = {{-INFINITY, -INFINITY}}, d[1][2] = {{0.f, 0.f}};
     Sm90RowEnd end;  // the rows' lse and output factor, once the last softmax is done
