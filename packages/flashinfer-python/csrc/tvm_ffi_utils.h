@@ -96,7 +96,6 @@ inline cudaStream_t get_stream(DLDevice device) {
   return static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
 }
 
-/// Raise a RuntimeError naming the op if a launch (or the launcher) failed.
 /// A trace probe's host copy of its stamps: int64 [ctas, slots] (the attention and sampling
 /// modules' trace_copy, built with their PROBE_TRACE macros).
 inline void check_trace_tensor(const TensorView& out, int64_t ctas, int64_t slots) {
@@ -106,6 +105,7 @@ inline void check_trace_tensor(const TensorView& out, int64_t ctas, int64_t slot
       << "trace_copy takes an int64 tensor [" << ctas << ", " << slots << "]";
 }
 
+/// Raise a RuntimeError naming the op if a launch (or the launcher) failed.
 inline void check_launch(cudaError_t status, const char* op) {
   TVM_FFI_CHECK(status == cudaSuccess, RuntimeError)
       << op << " failed to launch: " << cudaGetErrorString(status);
