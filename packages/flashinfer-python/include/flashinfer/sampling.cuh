@@ -214,6 +214,19 @@ __device__ __forceinline__ uint32_t* block_max_keys(const RowCtx& ctx) {
   return reinterpret_cast<uint32_t*>(block_sums(ctx) + num_blocks(ctx));
 }
 
+/// The direct path's max keys of its blocks by 128-column step, their upper 16 bits (block b's:
+/// steps 0 and 1 in [b].x, 2 and 3 in [b].y, low half first; after the block max keys): a step
+/// whose upper half is below a threshold's holds no kept value, so refine_block_sums re-reads
+/// only the others from global memory (min-p: a few percent of the row instead of a third).
+/// The copy path keeps none: its refine reads shared memory.
+__device__ __forceinline__ uint2* step_max_keys(const RowCtx& ctx) {
+  return reinterpret_cast<uint2*>(block_max_keys(ctx) + num_blocks(ctx));
+}
+
+/// Shared memory a block's sum and max key take, and on the direct path its step max keys.
+inline constexpr size_t kBlockBytes = sizeof(float) + sizeof(uint32_t);
+inline constexpr size_t kDirectBlockBytes = kBlockBytes + kBlockSteps * sizeof(uint16_t);
+
 /// What fill_block_sums saw on this thread: the max of the mapped values (NaNs skipped) and
 /// whether a block sum was NaN (a NaN the map kept).
 struct BlockStats {
@@ -237,11 +250,27 @@ __device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_
   for (int b = warp; b < nb; b += nw) {
     float4 v[kBlockSteps];
     block_lane<true>(ctx, b, lane, map, v);
-    float m = -INFINITY;
+    uint32_t mk;
+    if (ctx.direct) {  // the max key of each step, and of the block as their max
+      uint32_t sk[kBlockSteps];
 #pragma unroll
-    for (int q = 0; q < kBlockSteps; ++q) m = fmaxf(m, fmaxf(fmaxf(v[q].x, v[q].y), fmaxf(v[q].z, v[q].w)));
-    st.max = fmaxf(st.max, m);
-    const uint32_t mk = __reduce_max_sync(0xffffffffu, ctx.key(m));
+      for (int q = 0; q < kBlockSteps; ++q) {
+        const float m = fmaxf(fmaxf(v[q].x, v[q].y), fmaxf(v[q].z, v[q].w));
+        st.max = fmaxf(st.max, m);
+        sk[q] = __reduce_max_sync(0xffffffffu, ctx.key(m));
+      }
+      mk = max(max(sk[0], sk[1]), max(sk[2], sk[3]));
+      static_assert(kBlockSteps == 4, "the step keys' upper halves fill one uint2");
+      if (lane == 0)
+        step_max_keys(ctx)[b] = make_uint2(sk[0] >> 16 | (sk[1] >> 16) << 16,
+                                           sk[2] >> 16 | (sk[3] >> 16) << 16);
+    } else {
+      float m = -INFINITY;
+#pragma unroll
+      for (int q = 0; q < kBlockSteps; ++q) m = fmaxf(m, fmaxf(fmaxf(v[q].x, v[q].y), fmaxf(v[q].z, v[q].w)));
+      st.max = fmaxf(st.max, m);
+      mk = __reduce_max_sync(0xffffffffu, ctx.key(m));
+    }
     float k[4 * kBlockSteps];
     lane_kept(ctx, v, t, k);
     const float sum = warp_sum_f(lane_sum(k));
@@ -255,8 +284,10 @@ __device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_
 /*!
  * @brief Block-wide: turn fill_block_sums's t = 0 sums into the kept (key >= t) sums: 0 for a
  *   block whose max key is below t, recomputed (the same order, so the same bits as summing
- *   with t from the start) for a block that holds a kept element. After a top-k or min-p
- *   threshold few blocks hold one: no pass over the chunk. Ends with a barrier.
+ *   with t from the start) for a block that holds a kept element; on the direct path from only
+ *   its steps that may hold one (step_max_keys: the others' values are all dropped, and zeros
+ *   add exactly). After a top-k or min-p threshold few blocks hold one: no pass over the chunk.
+ *   Ends with a barrier.
  */
 __device__ __forceinline__ void refine_block_sums(const RowCtx& ctx, uint32_t t) {
   if (t == 0) return;
@@ -268,7 +299,18 @@ __device__ __forceinline__ void refine_block_sums(const RowCtx& ctx, uint32_t t)
     float sum = 0.f;
     if (max_keys[b] >= t) {  // warp-uniform
       float4 v[kBlockSteps];
-      block_lane<false>(ctx, b, lane, [](float x) { return x; }, v);
+      if (ctx.direct) {
+        const uint2 sk = step_max_keys(ctx)[b];
+        const uint32_t th = t >> 16, m[kBlockSteps] = {sk.x & 0xffffu, sk.x >> 16,
+                                                       sk.y & 0xffffu, sk.y >> 16};
+#pragma unroll
+        for (int q = 0; q < kBlockSteps; ++q)
+          v[q] = m[q] >= th ? lane_quad<false>(ctx, b * kBlockCols + q * 128 + lane * 4,
+                                               [](float x) { return x; })
+                            : make_float4(0.f, 0.f, 0.f, 0.f);
+      } else {
+        block_lane<false>(ctx, b, lane, [](float x) { return x; }, v);
+      }
       float k[4 * kBlockSteps];
       lane_kept(ctx, v, t, k);
       sum = warp_sum_f(lane_sum(k));
@@ -1178,7 +1220,7 @@ inline RowPlan plan_sample(int64_t vocab) {
   RowPlan plan = plan_rows(vocab);
   plan.chunk = ceil_div(ceil_div(vocab, plan.cluster), kBlockCols) * kBlockCols;
   plan.smem = static_cast<size_t>(plan.chunk) * sizeof(float) + sizeof(Shared) +
-              static_cast<size_t>(plan.chunk / kBlockCols) * (sizeof(float) + sizeof(uint32_t));
+              static_cast<size_t>(plan.chunk / kBlockCols) * kBlockBytes;
   return plan;
 }
 
@@ -1197,8 +1239,7 @@ inline RowPlan plan_direct(int64_t vocab, int64_t rows, int sms, ClustersOf clus
   auto plan_of = [vocab](int c) {
     const int64_t chunk = ceil_div(ceil_div(vocab, c), kBlockCols) * kBlockCols;
     return RowPlan{c, chunk, kThreads,
-                   sizeof(Shared) + static_cast<size_t>(chunk / kBlockCols) *
-                                        (sizeof(float) + sizeof(uint32_t))};
+                   sizeof(Shared) + static_cast<size_t>(chunk / kBlockCols) * kDirectBlockBytes};
   };
   for (int c = base.cluster; c > 1; --c) {
     const RowPlan plan = plan_of(c);
@@ -1241,6 +1282,18 @@ inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem) {
   return n;
 }
 
+/// The SM count of device `dev`, asked once per device.
+inline cudaError_t sm_count(int dev, int* out) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices];  // 0: not asked yet
+  if (dev >= 0 && dev < kDevices && (*out = known[dev].load(std::memory_order_relaxed)))
+    return cudaSuccess;
+  const cudaError_t e = cudaDeviceGetAttribute(out, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess && dev >= 0 && dev < kDevices)
+    known[dev].store(*out, std::memory_order_relaxed);
+  return e;
+}
+
 /// Launch SampleKernel<T, kFilters> (params.filter is in kFilters). Not inline: the bindings
 /// instantiate each filter set in a translation unit of its own (FLASHINFER_SAMPLE_FILTERS).
 template <typename T, unsigned kFilters>
@@ -1252,13 +1305,13 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
   if constexpr (std::is_same_v<T, float> && kFilters == kDrawFilters) {
     int dev = 0, sms = 0;
     cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = sm_count(dev, &sms);
     if (e != cudaSuccess) return e;
     auto* const direct = &SampleKernel<T, kFilters, true>;
     const RowPlan plan = plan_direct(vocab, num_out, sms, [&](int c, size_t smem) {
       return resident_clusters(direct, dev, c, smem);
     });
-    // Min-p re-reads its kept blocks (refine_block_sums): with one CTA a row that lost to the
+    // Min-p re-reads its kept steps (refine_block_sums): with one CTA a row that lost to the
     // copy (H100, 256 x 128256: 98.7 vs 89.6 us; benchmarks/notes/sampling-cluster-radix.md).
     if (!scratch.ptr && !params.logits && plan.cluster &&
         (params.filter == kNoFilter || plan.cluster >= 2) &&
@@ -1274,8 +1327,7 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
   if (scratch.ptr) {  // one CTA per row: Shared and the row's block sums and max keys
     const size_t smem =
         sizeof(Shared) +
-        (kBlockDraw<kFilters> ? ceil_div(vocab, kBlockCols) * (sizeof(float) + sizeof(uint32_t))
-                              : 0);
+        (kBlockDraw<kFilters> ? ceil_div(vocab, kBlockCols) * kBlockBytes : 0);
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
     if (e != cudaSuccess) return e;
