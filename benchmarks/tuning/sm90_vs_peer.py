@@ -47,8 +47,10 @@ VARIANTS = {
     # setmaxnreg splits (default 88 / 208; the consumers take the rest)
     "producer 40 / consumers 232": (("SM90_PRODUCER_REGS=40",), None),
     "producer 56 / consumers 224": (("SM90_PRODUCER_REGS=56",), None),
-    # O rescaled after P_{j-1} V_{j-1} completes (the default: between issuing S_j and P V).
+    # O rescaled after P_{j-1} V_{j-1} completes (the default at head_dim 128 but paged), or
+    # between issuing S_j and P V (the default elsewhere).
     "rescale O after P V": (("SM90_RESCALE_EARLY=0",), ((128, 128), (192, 128))),
+    "hd128: rescale O early": (("SM90_RESCALE_EARLY=1",), ((128, 128),)),
     # One Q buffer (192 / 128 and 256 by default) handed back after the item's last S
     # (EARLY_Q), the output staged in shared memory (STAGE_O: default at 192 / 128) or stored
     # from registers (default at 256, whose staging spills in the consumers).

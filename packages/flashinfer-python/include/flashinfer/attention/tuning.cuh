@@ -160,9 +160,13 @@
 #endif
 // 1 = O is rescaled by the new row maxima between issuing S_j = Q K_j^T and P_{j-1} V_{j-1}
 // (while the tensor cores run S_j), 0 = after P_{j-1} V_{j-1} completes (the tensor cores idle
-// while it runs). Measured: benchmarks/notes/sm90-head-dims.md (2026-11-26, second call).
+// while it runs). Late at head_dim 128 with K/V through the TMA (not paged), where it ran faster
+// on the H100 (cold L2: single 4096 267.5 -> 260.6 us, ragged 16 x 1024 336.6 -> 328.0, ragged
+// 64 x 256 185.8 -> 180.3; back to back ragged 16 x 1024 362.6 -> 355.0); early elsewhere (paged
+// 8 x 2048 590.2 -> 598.4 late, 192 / 128 slower late): benchmarks/notes/sm90-dynamic-claims.md.
+// Read in sm90_consume<KT>.
 #ifndef FLASHINFER_ATTENTION_SM90_RESCALE_EARLY
-#define FLASHINFER_ATTENTION_SM90_RESCALE_EARLY 1
+#define FLASHINFER_ATTENTION_SM90_RESCALE_EARLY (KT::kHeadDim != 128 || KT::kPaged)
 #endif
 // K/V stages of the Hopper kernel: by default as many as shared memory holds (prefill_sm90.cuh,
 // Sm90Traits::kStages); FLASHINFER_ATTENTION_SM90_STAGES overrides it for a tuning build.
