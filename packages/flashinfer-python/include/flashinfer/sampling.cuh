@@ -1286,8 +1286,13 @@ inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem) {
 inline cudaError_t sm_count(int dev, int* out) {
   constexpr int kDevices = 64;
   static std::atomic<int> known[kDevices];  // 0: not asked yet
-  if (dev >= 0 && dev < kDevices && (*out = known[dev].load(std::memory_order_relaxed)))
-    return cudaSuccess;
+  if (dev >= 0 && dev < kDevices) {
+    const int n = known[dev].load(std::memory_order_relaxed);
+    if (n) {
+      *out = n;
+      return cudaSuccess;
+    }
+  }
   const cudaError_t e = cudaDeviceGetAttribute(out, cudaDevAttrMultiProcessorCount, dev);
   if (e == cudaSuccess && dev >= 0 && dev < kDevices)
     known[dev].store(*out, std::memory_order_relaxed);
