@@ -335,6 +335,60 @@ def test_top_p_fallback_tiny_acceptance(force_one_cta):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("force_one_cta", [False, True])
+@pytest.mark.parametrize("top_p", [0.25, 0.7])
+def test_top_p_mass_at_the_limit(top_p, force_one_cta):
+    """TIES with p at a candidate's mass above it (0.25: the 0.25 above the tied 0.15; 0.7: the
+    0.25 and three 0.15 above the 0.1): the counting pass's exact test (fixed-point weights,
+    the radix search's set) keeps them: every sample in the exact set, the exact set's
+    frequencies, equal samples on a repeat, on the cluster and the one-CTA path."""
+    from flashinfer import knobs
+
+    probs = TIES.cuda()[None]
+    keep = (ref_top_p_renorm_exact(probs, top_p) > 0).cpu()
+    idx = torch.zeros(N_DRAWS // 4, dtype=torch.int32, device="cuda")
+    with knobs.sampling.scope():
+        knobs.sampling.no_cluster = force_one_cta
+        s = sampling.top_p_sampling_from_probs(probs, top_p, indices=idx, seed=21, offset=0)
+        again = sampling.top_p_sampling_from_probs(probs, top_p, indices=idx, seed=21, offset=0)
+    assert torch.equal(s, again)
+    assert keep[0, s.long().cpu()].all()
+    _assert_freq(s, renorm(TIES[None], keep)[0])
+
+
+@pytest.mark.gpu
+def test_top_p_direct_path_mass_at_the_limit():
+    """Top-p on the direct path (160 x 128256 float32: rows read where they lie, candidates
+    decided by the mass histogram) where p sits at a candidate's mass above it: TIES spread over
+    the row at random columns, the rest 0 or tiny, p 0.25 / 0.7 / 0.5 / 0.9 per row. The
+    histogram cannot decide those candidates (their prefix holds the threshold): the counting
+    pass over the row does. Every sample in its row's exact top-p set, the one-CTA path's
+    samples bit for bit, equal samples on a repeat."""
+    from flashinfer import knobs
+
+    b, v = 160, 128256
+    g = torch.Generator(device="cuda").manual_seed(5)
+    probs = torch.rand(b, v, device="cuda", generator=g) * 1e-9
+    probs[::3] = 0
+    cols = torch.stack(
+        [torch.randperm(v, device="cuda", generator=g)[: TIES.numel()] for _ in range(b)]
+    )
+    probs.scatter_(1, cols, TIES.cuda().expand(b, -1).contiguous())
+    p = torch.tensor([0.25, 0.7, 0.5, 0.9], device="cuda").repeat(b // 4)
+    keep = ref_top_p_renorm_exact(probs, p) > 0
+    kw = dict(seed=3, offset=0)
+    for off in range(4):
+        kw["offset"] = 32 * off
+        s = sampling.top_p_sampling_from_probs(probs, p, **kw)
+        again = sampling.top_p_sampling_from_probs(probs, p, **kw)
+        with knobs.sampling.scope():
+            knobs.sampling.no_cluster = True
+            one = sampling.top_p_sampling_from_probs(probs, p, **kw)
+        assert torch.equal(s, again) and torch.equal(s, one)
+        assert keep[torch.arange(b, device="cuda"), s.long()].all()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("v", [391, 128256])
 def test_block_draw_frequencies(v):
     """The draw weighs 128-column blocks, then the elements of a block: mass at block and
@@ -911,8 +965,9 @@ def test_direct_path_matches_one_cta_path(b, v):
     """Plain and min-p sampling of batches too large for one wave of the copy path's clusters
     read float32 probabilities where they lie (SampleKernel's kDirect, plan_direct): the same
     samples as the one-CTA path, bit for bit, with negatives (clamped to 0), a NaN row, a zero
-    row, -0.0 and the indices path (more output rows than input rows); top-p (the copy path at
-    every batch) alongside."""
+    row, -0.0 and the indices path (more output rows than input rows); top-p too where a row
+    takes 2 or more CTAs (128256 columns: its mass histogram decides the candidates, the flat
+    row's go to the counting pass, p = 0.01 to the radix search)."""
     from flashinfer import knobs
 
     g = torch.Generator(device="cuda").manual_seed(b + v)
@@ -933,6 +988,8 @@ def test_direct_path_matches_one_cta_path(b, v):
             sampling.top_p_sampling_from_probs(probs, p, **kw),
             sampling.top_p_sampling_from_probs(probs, 0.01, **kw),
             sampling.top_p_sampling_from_probs(probs, 1.0, **kw),
+            sampling.top_p_sampling_from_probs(probs, 0.9, **kw),
+            sampling.top_p_sampling_from_probs(probs, p.repeat(2), indices=idx, **kw),
             sampling.min_p_sampling_from_probs(probs, 0.05, **kw),
             # most blocks kept, and per-row min_p
             sampling.min_p_sampling_from_probs(probs, 0.001, **kw),

@@ -227,6 +227,149 @@ __device__ __forceinline__ uint2* step_max_keys(const RowCtx& ctx) {
 inline constexpr size_t kBlockBytes = sizeof(float) + sizeof(uint32_t);
 inline constexpr size_t kDirectBlockBytes = kBlockBytes + kBlockSteps * sizeof(uint16_t);
 
+// Top-p on the direct path: a histogram of the row's mass by key prefix (the exponent and
+// kMassMantissa mantissa bits: bins of 1/32 octave), filled in the streaming pass with one
+// shared-memory atomic per value, so that most of the rejection's candidates are decided without
+// a counting pass (which reads the row from HBM again). Bin b = bits >> (23 - kMassMantissa)
+// sums (s >> hist_shift) for the values there, s the 24-bit significand: exact integers,
+// whatever the order of the atomics. In a bin of exponent E, every value's fixed-point weight
+// floor(s 2^(E - Emax + 17)) (Emax the row max's exponent; fixed()) follows from s, so the bin's
+// sum bounds the exact fixed-point mass there within 2^(hist_shift - 23) of it; the window's
+// bounds are scanned from the top (mass_window) and a candidate whose bounds put the mass above
+// it clearly at or below floor(p K), or clearly above, is decided (mass_verdict). Only a
+// candidate in the bin of the threshold needs the counting pass: on rows of softmax(2 randn)
+// over 128256 columns at p = 0.9 that bin holds ~1% of the mass at 1/8 octave, ~0.24% at 1/32.
+// Values of exponent Emax - 41 or less weigh 0 exactly.
+
+/// Mantissa bits of the histogram's prefix, its bins (every prefix of a non-negative float
+/// below +inf) and the window of prefixes whose values may weigh 1 or more (exponents
+/// Emax - 40 .. Emax).
+inline constexpr int kMassMantissa = 5;
+inline constexpr int kMassPerOctave = 1 << kMassMantissa;
+inline constexpr int kMassBins = 256 * kMassPerOctave;
+inline constexpr int kMassWindow = 41 * kMassPerOctave;
+/// Shared memory of the direct top-p kernel's histogram and window scans.
+inline constexpr size_t kMassHistBytes =
+    kMassBins * sizeof(uint32_t) + (2 * kMassWindow + 2) * sizeof(unsigned long long);
+
+/// The histogram's right shift for rows of `vocab` values: a CTA's bin sums stay below 2^32
+/// (fewer than 2^c values of at most 2^(24 - shift) - 1 each, c = ceil(log2 vocab)).
+__host__ __device__ constexpr int mass_hist_shift(int64_t vocab) {
+  int c = 0;
+  while ((int64_t{1} << c) < vocab) ++c;
+  return c <= 16 ? 8 : c - 8;
+}
+
+/// Add x (>= 0, or NaN / -0.0: skipped) to the histogram unless its exponent is at most
+/// floor_e (a bound below which values weigh 0: the thread's max exponent - 41). One
+/// `red.shared` without a memory clobber, so the streaming loads around it keep their order.
+__device__ __forceinline__ void mass_hist_add(uint32_t* h, float x, uint32_t floor_e, int shift) {
+  const uint32_t u = __float_as_uint(x), e = u >> 23;
+  if (e > floor_e && e < 255u) {
+    asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(static_cast<uint32_t>(
+                     __cvta_generic_to_shared(h + (u >> (23 - kMassMantissa))))),
+                 "r"(((u & 0x7fffffu) | 0x800000u) >> shift));
+  }
+}
+
+/// Where mass_window leaves its results (after the histogram): for window index w (prefix
+/// top - w), the lower bound of the mass strictly above prefix top - w, and the upper bound of
+/// the mass at or above it; then the bounds of the row's mass K.
+struct MassScan {
+  unsigned long long* above_lo;
+  unsigned long long* upto_hi;
+};
+__device__ __forceinline__ MassScan mass_scan(const RowCtx& ctx) {
+  auto* base = reinterpret_cast<unsigned long long*>(ctx.hist + kMassBins);
+  return MassScan{base, base + kMassWindow};
+}
+
+/*!
+ * @brief Group-wide, after the exchange that follows fill_block_sums<true> (every rank's
+ *   histogram is complete): merge the group's histograms over the window below the row max
+ *   `mx` (>= 0) and scan the bounds of the exact fixed-point masses (fixed(), scale 2^(40 - e))
+ *   from the top into mass_scan. In a bin of exponent E with sum H (shift sh): the values'
+ *   significands sum to S in [H 2^sh, H 2^sh + n (2^sh - 1)], n <= H >> (23 - sh) values; with
+ *   d = E - Emax + 17 their weights sum to S 2^d exactly (d >= 0), else to within n below
+ *   floor(S / 2^-d). Thread t takes window indices 8t .. 8t + 7 (two 16-byte reads a rank).
+ *   Returns false where the bounds do not hold (a max below 2^-85, whose subnormals may weigh
+ *   something, or not finite): no verdict is then asked. Ends with a barrier.
+ */
+__device__ __forceinline__ bool mass_window(const RowCtx& ctx, float mx) {
+  static_assert(kMassWindow <= 8 * kThreads && kMassPerOctave % 8 == 0, "8 bins a thread");
+  const uint32_t emax = __float_as_uint(mx) >> 23;
+  const bool ok = emax >= 42u && emax < 255u;
+  const MassScan m = mass_scan(ctx);
+  const int sh = ctx.hist_shift, top = static_cast<int>(emax) * kMassPerOctave + kMassPerOctave - 1;
+  const int w0 = 8 * ctx.tid;
+  unsigned long long lo[8] = {}, hi[8] = {};
+  if (ok && w0 < kMassWindow) {
+    const int b0 = top - w0 - 7;  // bins b0 .. b0 + 7 (ascending) are w0 + 7 .. w0
+    uint32_t H32[8] = {};
+    unsigned long long H[8] = {};
+    for (int r = 0; r < ctx.csize; ++r) {
+      const uint4* src = reinterpret_cast<const uint4*>(peer(ctx, ctx.hist + b0, r));
+      const uint4 x = src[0], y = src[1];
+      H32[0] = x.x, H32[1] = x.y, H32[2] = x.z, H32[3] = x.w;
+      H32[4] = y.x, H32[5] = y.y, H32[6] = y.z, H32[7] = y.w;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) H[i] += H32[i];
+    }
+    const int d = (b0 / kMassPerOctave) - static_cast<int>(emax) + 17;  // -23 .. 17, one octave
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {  // window index w0 + i is bin b0 + 7 - i
+      const unsigned long long h = H[7 - i];
+      const unsigned long long T = h << sh, n = h >> (23 - sh), S = T + n * ((1ull << sh) - 1);
+      if (d >= 0) {
+        lo[i] = T << d, hi[i] = S << d;
+      } else {
+        const unsigned long long f = T >> -d;
+        lo[i] = f > n ? f - n : 0ull, hi[i] = S >> -d;
+      }
+    }
+  }
+  unsigned long long sl = 0, su = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sl += lo[i], su += hi[i];
+  CM total;
+  const CM incl = block_scan(CM{sl, su}, ctx.s, &total);
+  if (w0 < kMassWindow) {
+    unsigned long long al = incl.c - sl, uh = incl.m - su;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      uh += hi[i];
+      m.above_lo[w0 + i] = al, m.upto_hi[w0 + i] = uh;
+      al += lo[i];
+    }
+  }
+  if (ctx.tid == 0) m.above_lo[2 * kMassWindow] = total.c, m.above_lo[2 * kMassWindow + 1] = total.m;
+  __syncthreads();
+  return ok;
+}
+
+/// top_p_rejection's limit floor(p K), computed as its exact test computes it (monotone in K).
+__device__ __forceinline__ unsigned long long top_p_limit(float top_p, unsigned long long K) {
+  return static_cast<unsigned long long>(floor(static_cast<double>(top_p) * static_cast<double>(K)));
+}
+
+/// The verdict of mass_window's bounds on a candidate of key `key` of a row whose max has
+/// exponent field emax: 2 kept (the mass above it is at most floor(p K) for any K the bounds
+/// allow), 1 rejected (above it for any), 0 undecided (the counting pass decides).
+__device__ __forceinline__ unsigned mass_verdict(const RowCtx& ctx, uint32_t key, uint32_t emax,
+                                                 float top_p) {
+  const MassScan m = mass_scan(ctx);
+  const unsigned long long k_lo = m.above_lo[2 * kMassWindow], k_hi = m.above_lo[2 * kMassWindow + 1];
+  const int w = static_cast<int>(emax) * kMassPerOctave + kMassPerOctave - 1 -
+                static_cast<int>(key >> (24 - kMassMantissa));
+  if (w < 0) return 0u;
+  // Below the window a value weighs 0: everything in the window is above it.
+  const unsigned long long above = w < kMassWindow ? m.above_lo[w] : k_lo;
+  const unsigned long long upto = w < kMassWindow ? m.upto_hi[w] : k_hi;
+  if (upto <= top_p_limit(top_p, k_lo)) return 2u;
+  if (above > top_p_limit(top_p, k_hi)) return 1u;
+  return 0u;
+}
+
 /// What fill_block_sums saw on this thread: the max of the mapped values (NaNs skipped) and
 /// whether a block sum was NaN (a NaN the map kept).
 struct BlockStats {
@@ -240,7 +383,7 @@ struct BlockStats {
  *   with a barrier. Summed with t = 0 before a threshold is known, refine_block_sums keeps the
  *   sums of the threshold found later.
  */
-template <typename Map>
+template <bool kHist = false, typename Map>
 __device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_t t, Map map) {
   float* sums = block_sums(ctx);
   uint32_t* max_keys = block_max_keys(ctx);
@@ -258,6 +401,13 @@ __device__ __forceinline__ BlockStats fill_block_sums(const RowCtx& ctx, uint32_
         const float m = fmaxf(fmaxf(v[q].x, v[q].y), fmaxf(v[q].z, v[q].w));
         st.max = fmaxf(st.max, m);
         sk[q] = __reduce_max_sync(0xffffffffu, ctx.key(m));
+        if constexpr (kHist) {  // (st.max >= 0 here: the values are clamped, NaNs skipped)
+          const uint32_t e = __float_as_uint(st.max) >> 23, floor_e = e > 41u ? e - 41u : 0u;
+          mass_hist_add(ctx.hist, v[q].x, floor_e, ctx.hist_shift);
+          mass_hist_add(ctx.hist, v[q].y, floor_e, ctx.hist_shift);
+          mass_hist_add(ctx.hist, v[q].z, floor_e, ctx.hist_shift);
+          mass_hist_add(ctx.hist, v[q].w, floor_e, ctx.hist_shift);
+        }
       }
       mk = max(max(sk[0], sk[1]), max(sk[2], sk[3]));
       static_assert(kBlockSteps == 4, "the step keys' upper halves fill one uint2");
@@ -476,24 +626,32 @@ __device__ __forceinline__ void count_above(const RowCtx& ctx,
  *   locating them is warp-local (block_locate, from one block prefix of the row), then one
  *   barrier broadcasts their keys, one pass over the chunk sums A for all of them (the first
  *   pass also K) and one barrier adds the group's sums; the first kept candidate in draw order
- *   wins. Returns true when one was kept (*col its column on the CTA that drew it, -1 on the
- *   others) or the row has no mass (*col 0 on rank 0); false: the caller searches the threshold
- *   and draws with Philox output kTopPCandidates * kTopPPasses. ctx.scale set; the block sums
- *   filled with t = 0.
+ *   wins. On the direct path (ctx.hist: the mass histogram of the streaming pass) the drawing
+ *   CTA first asks mass_verdict and sends the verdict with the key: where the verdicts in draw
+ *   order reach a kept candidate before an undecided one (or reject all four), the pass is
+ *   decided without the counting pass; its samples are the counting pass's, bit for bit.
+ *   Returns true when one was kept (*col its column on the CTA that drew it, -1 on the others)
+ *   or the row has no mass (*col 0 on rank 0); false: the caller searches the threshold and
+ *   draws with Philox output kTopPCandidates * kTopPPasses. ctx.scale set (mx: the row max, >=
+ *   0); the block sums filled with t = 0.
  */
 __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
                                                 const RngArgs& rng_args, int64_t row,
-                                                int64_t* col) {
+                                                float mx, int64_t* col) {
   Shared* s = ctx.s;
   constexpr int C = kTopPCandidates;
   *col = -1;
+  // The direct path's histogram bounds (mass_window): most candidates decided without a pass.
+  const bool hist = ctx.hist != nullptr && top_p < 1.f && mass_window(ctx, mx);
+  const uint32_t emax = __float_as_uint(mx) >> 23;
   const DrawPrefix d = block_prefix(ctx, 0, false);
   if (d.K == 0) {  // nothing to draw from
     if (ctx.rank == 0 && ctx.tid == 0) *col = 0;
     return true;
   }
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
-  unsigned long long limit = 0;  // floor(p K): after the first pass's exchange
+  unsigned long long limit = 0;  // floor(p K): after the first counting pass's exchange
+  bool counted = false;          // K summed (the first counting pass)
   for (int pass = 0; pass < kTopPPasses; ++pass) {
     // Peers read cand_key before the last barrier of the previous pass: safe to reset.
     if (ctx.tid < C) s->cand_col[ctx.tid] = -1, s->cand_key[ctx.tid] = 0;
@@ -503,7 +661,11 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
 #pragma unroll
       for (int j = 0; j < C; ++j) {
         const int64_t c = block_locate(ctx, 0, d, rng.next());
-        if (c >= 0) s->cand_col[j] = c, s->cand_key[j] = ctx.key(ctx.vals[c - ctx.begin]);
+        if (c >= 0) {
+          const uint32_t key = ctx.key(ctx.val(static_cast<int>(c - ctx.begin)));
+          const unsigned v = hist ? mass_verdict(ctx, key, emax, top_p) : 0u;
+          s->cand_col[j] = c, s->cand_key[j] = key | static_cast<unsigned long long>(v) << 32;
+        }
       }
     }
     if (top_p >= 1.f) {  // floor(p K) >= K > A(x): every candidate is kept
@@ -512,6 +674,19 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
       return true;
     }
     group_sum_candidates<C>(ctx, s->cand_key);  // exactly one CTA drew each candidate
+    if (hist) {  // the verdicts in draw order, up to the first kept or undecided candidate
+      unsigned v = 1u;
+      int j = 0;
+      for (; j < C && v == 1u; ++j) v = static_cast<unsigned>(s->cand_sum[j] >> 32);
+      if (v == 2u) {
+        if (ctx.tid == 0) *col = s->cand_col[j - 1];  // -1 on the CTAs that did not draw it
+        return true;
+      }
+      if (v == 1u) {  // every candidate rejected
+        row_sync(ctx);  // the peers have read this CTA's cand_key
+        continue;
+      }
+    }
     uint32_t key[C], lowest = 0xffffffffu;
     unsigned long long above[C], total;
 #pragma unroll
@@ -519,7 +694,7 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
       key[j] = static_cast<uint32_t>(s->cand_sum[j]), above[j] = 0;
       lowest = min(lowest, key[j]);
     }
-    if (pass == 0) {
+    if (!counted) {
       count_above<true>(ctx, key, lowest, above, &total);
     } else {
       count_above<false>(ctx, key, lowest, above, &total);
@@ -529,7 +704,7 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
       const unsigned long long a = warp_sum_u(above[j]);
       if (lane == 0) s->cand_warp[warp][j] = a;
     }
-    if (pass == 0) {
+    if (!counted) {
       const unsigned long long t = warp_sum_u(total);
       if (lane == 0) s->cand_warp[warp][C] = t;
     }
@@ -539,10 +714,10 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
       for (int w = 0; w < nw; ++w) a += s->cand_warp[w][ctx.tid];
       s->cand_above[ctx.tid] = a;
     }
-    if (pass == 0) {
+    if (!counted) {
       group_sum_candidates<C + 1>(ctx, s->cand_above);
-      limit = static_cast<unsigned long long>(
-          floor(static_cast<double>(top_p) * static_cast<double>(s->cand_sum[C])));
+      limit = top_p_limit(top_p, s->cand_sum[C]);
+      counted = true;
     } else {
       group_sum_candidates<C>(ctx, s->cand_above);
     }
@@ -646,7 +821,7 @@ __device__ __forceinline__ void group_max_nan_lo(const RowCtx& ctx, float mx, fl
 
 /// Load, filter and draw one token for output row `out_row`. Group-wide. Returns whether this
 /// CTA arrived at the cluster barrier (block_prefix): the kernel then waits on it to exit.
-template <typename T, unsigned kFilters>
+template <typename T, unsigned kFilters, bool kHist = false>
 __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in, int64_t stride,
                                            int64_t vocab, bool vec, const SampleParams& p,
                                            int64_t out_row) {
@@ -684,7 +859,8 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       // Negatives clamped to 0, the draw's block sums (they do not depend on the row's max,
       // only their fixed-point weights do). A NaN stays (its block's sum shows it): the row is
       // then not drawn from.
-      const BlockStats st = fill_block_sums(ctx, 0, [](float x) { return RowCtx::nonneg(x); });
+      const BlockStats st =
+          fill_block_sums<kHist>(ctx, 0, [](float x) { return RowCtx::nonneg(x); });
       nan = __syncthreads_or(st.nan);
       mx = block_max(st.max, ctx.s);
       stamp(kTraceFilled);
@@ -723,7 +899,7 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       mx = dead ? 0.f : 1.f;
     }
     ctx.scale = fixed_scale(mx);
-    if (is(kTopP) && top_p_rejection(ctx, p.top_p(out_row), p.rng, out_row, &col)) {
+    if (is(kTopP) && top_p_rejection(ctx, p.top_p(out_row), p.rng, out_row, mx, &col)) {
       if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, true);
       return false;
     }
@@ -819,12 +995,14 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
 
 /// One cluster (or one CTA) per output row: load, filter, draw one token. Shared memory: the
 /// chunk (clusters), the Shared block, the chunk's block sums and max keys (see plan_sample).
-/// kDirect (float32 probabilities, plain and min-p sampling; plan_direct): the cluster's CTAs
-/// read their chunks of the input row where they lie instead of copying them into shared
+/// kDirect (float32 probabilities, plain, min-p and top-p sampling; plan_direct): the cluster's
+/// CTAs read their chunks of the input row where they lie instead of copying them into shared
 /// memory, so that a cluster needs only the Shared block and the block sums and every row of a
 /// large batch is in flight at once. The draw set reads a row once (fill_block_sums) and then
-/// only the blocks it refines and locates. (Top-p's counting pass re-reads the whole row: with
-/// it, 128 x 128256 took 106.8 us against the copy's 80.8 on the H100.)
+/// only the blocks it refines and locates; top-p also fills a histogram of the row's mass in
+/// that pass, which decides most candidates (mass_window): its counting pass, which re-reads
+/// the row (128 x 128256 took 106.8 us with it on every row, against the copy's 80.8 on the
+/// H100), runs only for a candidate in the prefix of the threshold.
 template <typename T, unsigned kFilters, bool kDirect = false>
 __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict__ in, int64_t stride,
                                                     int64_t vocab, int64_t chunk, bool vec,
@@ -832,12 +1010,23 @@ __global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict_
   extern __shared__ __align__(16) unsigned char smem[];
   if (kFilters == kDrawFilters) trace(kTraceEntry);
   pdl_wait();
+  // Top-p on the direct path: the mass histogram after the block arrays (a chunk's worth on
+  // every rank, so that the peers find it at the same offset), cleared before make_ctx's barrier.
+  constexpr bool kHist = kDirect && kFilters == kTopPFilters;
+  static_assert(sizeof(Shared) % 16 == 0, "the block arrays and the histogram stay 16-byte aligned");
+  uint32_t* hist = nullptr;
+  if constexpr (kHist) {
+    hist = reinterpret_cast<uint32_t*>(smem + sizeof(Shared) + (chunk / kBlockCols) * kDirectBlockBytes);
+    for (int b = threadIdx.x; b < kMassBins / 4; b += blockDim.x)
+      reinterpret_cast<uint4*>(hist)[b] = make_uint4(0u, 0u, 0u, 0u);
+  }
   RowCtx ctx = kDirect
                    ? make_ctx(nullptr, reinterpret_cast<Shared*>(smem), vocab, chunk, false, true)
                    : row_ctx(smem, g, vocab, chunk, false);
   ctx.direct = kDirect;
+  if constexpr (kHist) ctx.hist = hist, ctx.hist_shift = mass_hist_shift(vocab);
   // Peers may still read this CTA's shared memory until they arrive.
-  if (sample_row<T, kFilters>(ctx, in, stride, vocab, vec, p, row_of(g, ctx))) {
+  if (sample_row<T, kFilters, kHist>(ctx, in, stride, vocab, vec, p, row_of(g, ctx))) {
     cluster_wait();
   } else {
     row_sync(ctx);
@@ -1228,18 +1417,21 @@ inline RowPlan plan_sample(int64_t vocab) {
 /// resident at once (more than one wave of kCtasPerSm CTAs a SM): the largest cluster up to
 /// plan_sample's for which `clusters_of(c, smem)` (the clusters of c CTAs the device holds at
 /// once) holds every row, else one CTA a row; its chunk of whole 512-column blocks, and shared
-/// memory for the Shared block and the chunk's block sums and max keys only. cluster 0: one wave
-/// of plan_sample's clusters holds the rows (the copy into shared memory is faster).
+/// memory for the Shared block and the chunk's block sums and max keys only (and `extra` bytes
+/// after them: top-p's mass histogram). cluster 0: one wave of plan_sample's clusters holds the
+/// rows (the copy into shared memory is faster).
 template <typename ClustersOf>
-inline RowPlan plan_direct(int64_t vocab, int64_t rows, int sms, ClustersOf clusters_of) {
+inline RowPlan plan_direct(int64_t vocab, int64_t rows, int sms, ClustersOf clusters_of,
+                           size_t extra = 0) {
   constexpr int kCtasPerSm = 3;  // SampleKernel's __launch_bounds__ (and its 64 KB chunks)
   const RowPlan base = plan_sample(vocab);
   if (rows * base.cluster <= static_cast<int64_t>(sms) * kCtasPerSm || base.cluster > 8)
     return RowPlan{0, 0, 0, 0};
-  auto plan_of = [vocab](int c) {
+  auto plan_of = [vocab, extra](int c) {
     const int64_t chunk = ceil_div(ceil_div(vocab, c), kBlockCols) * kBlockCols;
     return RowPlan{c, chunk, kThreads,
-                   sizeof(Shared) + static_cast<size_t>(chunk / kBlockCols) * kDirectBlockBytes};
+                   sizeof(Shared) + static_cast<size_t>(chunk / kBlockCols) * kDirectBlockBytes +
+                       extra};
   };
   for (int c = base.cluster; c > 1; --c) {
     const RowPlan plan = plan_of(c);
@@ -1251,8 +1443,9 @@ inline RowPlan plan_direct(int64_t vocab, int64_t rows, int sms, ClustersOf clus
 /// The clusters of `c` CTAs of `kernel` (`smem` bytes of dynamic shared memory each) that device
 /// `dev` holds at once (cudaOccupancyMaxActiveClusters; 0 where the query fails), asked once per
 /// device and size: the H100 held fewer than 4 CTAs a SM of the direct kernel in clusters of 4,
-/// though its registers allow 4 (benchmarks/notes/sampling-cluster-radix.md, wave 17).
-template <typename Kernel>
+/// though its registers allow 4 (benchmarks/notes/sampling-cluster-radix.md, wave 17). kSet:
+/// the kernel's filter set (each kernel's answers are kept apart).
+template <unsigned kSet, typename Kernel>
 inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem) {
   constexpr int kDevices = 64;
   static std::atomic<int> known[kDevices][9];  // clusters + 1; 0: not asked yet
@@ -1307,17 +1500,20 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
                           cudaStream_t stream) {
   auto* const kernel = &SampleKernel<T, kFilters>;
   if (num_out == 0) return cudaSuccess;
-  if constexpr (std::is_same_v<T, float> && kFilters == kDrawFilters) {
+  if constexpr (std::is_same_v<T, float> &&
+                (kFilters == kDrawFilters || kFilters == kTopPFilters)) {
     int dev = 0, sms = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = sm_count(dev, &sms);
     if (e != cudaSuccess) return e;
     auto* const direct = &SampleKernel<T, kFilters, true>;
-    const RowPlan plan = plan_direct(vocab, num_out, sms, [&](int c, size_t smem) {
-      return resident_clusters(direct, dev, c, smem);
-    });
-    // Min-p re-reads its kept steps (refine_block_sums): with one CTA a row that lost to the
-    // copy (H100, 256 x 128256: 98.7 vs 89.6 us; benchmarks/notes/sampling-cluster-radix.md).
+    const RowPlan plan = plan_direct(
+        vocab, num_out, sms,
+        [&](int c, size_t smem) { return resident_clusters<kFilters>(direct, dev, c, smem); },
+        kFilters == kTopPFilters ? kMassHistBytes : 0);
+    // Min-p re-reads its kept steps (refine_block_sums), top-p its row where a candidate is
+    // undecided: with one CTA a row min-p lost to the copy (H100, 256 x 128256: 98.7 vs 89.6
+    // us; benchmarks/notes/sampling-cluster-radix.md).
     if (!scratch.ptr && !params.logits && plan.cluster &&
         (params.filter == kNoFilter || plan.cluster >= 2) &&
         rows_vectorizable<float>(in, stride, plan.chunk)) {

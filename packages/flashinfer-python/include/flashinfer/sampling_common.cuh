@@ -249,10 +249,14 @@ struct RowCtx {
   float scale;    ///< fixed-point scale, 2^(40 - e)
   bool signed_keys;
   bool clustered;  ///< the row is spread over a thread-block cluster (SM90+); else one CTA
-  /// vals is the input row itself (float32 probabilities in global memory: the draw set's
-  /// kDirect, see SampleKernel): read-only, and lane_quad, the only reader on that path, clamps
-  /// negatives to 0 as the copy's first pass would.
+  /// vals is the input row itself (float32 probabilities in global memory: SampleKernel's
+  /// kDirect): read-only, and its readers (quad_col, val) clamp negatives to 0 as the copy's
+  /// first pass would.
   bool direct;
+  /// Top-p on the direct path: the CTA's histogram of mass by key prefix (sampling.cuh,
+  /// mass_hist_add), and the right shift of the 24-bit significands it sums; nullptr elsewhere.
+  uint32_t* hist;
+  int hist_shift;
 
   /// The quad at column c (a multiple of 4) and value i, as the draw set's passes see them.
   __device__ __forceinline__ float4 quad_col(int c) const {
@@ -497,6 +501,22 @@ __device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool
 template <typename F>
 __device__ __forceinline__ void for_each_value(const RowCtx& ctx, F f) {
   const int n4 = ctx.n / 4;
+  if (ctx.direct) {  // the input row (negatives read as 0), 4 loads in flight a thread
+    int i = ctx.tid;
+    for (; i + 3 * ctx.nthreads < n4; i += 4 * ctx.nthreads) {
+      float4 x[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) x[u] = ctx.quad_col(4 * (i + u * ctx.nthreads));
+#pragma unroll
+      for (int u = 0; u < 4; ++u) f(x[u].x), f(x[u].y), f(x[u].z), f(x[u].w);
+    }
+    for (; i < n4; i += ctx.nthreads) {
+      const float4 x = ctx.quad_col(4 * i);
+      f(x.x), f(x.y), f(x.z), f(x.w);
+    }
+    for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) f(ctx.val(i));
+    return;
+  }
   const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
   for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
     const float4 x = v4[i];
@@ -1275,6 +1295,8 @@ __device__ __forceinline__ RowCtx make_ctx(float* vals, Shared* s, int64_t vocab
 #endif
   ctx.clustered = clustered;
   ctx.direct = false;
+  ctx.hist = nullptr;
+  ctx.hist_shift = 0;
   ctx.tid = threadIdx.x;
   ctx.nthreads = blockDim.x;
   ctx.begin = ctx.rank * chunk;
