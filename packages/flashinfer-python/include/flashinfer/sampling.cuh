@@ -688,66 +688,45 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
       }
     }
     uint32_t key[C], lowest = 0xffffffffu;
+    unsigned long long above[C], total;
 #pragma unroll
     for (int j = 0; j < C; ++j) {
-      key[j] = static_cast<uint32_t>(s->cand_sum[j]);
+      key[j] = static_cast<uint32_t>(s->cand_sum[j]), above[j] = 0;
       lowest = min(lowest, key[j]);
     }
-    // The counting pass. With the histogram, K lies within its bounds, so the first round sums
-    // only the masses above the candidates (the values below the lowest skip the conversion)
-    // and decides against floor(p K) for K at both bounds; only a candidate between the two
-    // (a mass above it within ~2^-14 K of the limit) takes a second round that sums K too.
-    for (int round = 0; round < 2; ++round) {
-      const bool with_k = !counted && !(hist && round == 0);
-      unsigned long long above[C] = {}, total = 0;
-      if (with_k) {
-        count_above<true>(ctx, key, lowest, above, &total);
-      } else {
-        count_above<false>(ctx, key, lowest, above, &total);
-      }
+    if (!counted) {
+      count_above<true>(ctx, key, lowest, above, &total);
+    } else {
+      count_above<false>(ctx, key, lowest, above, &total);
+    }
 #pragma unroll
-      for (int j = 0; j < C; ++j) {
-        const unsigned long long a = warp_sum_u(above[j]);
-        if (lane == 0) s->cand_warp[warp][j] = a;
-      }
-      if (with_k) {
-        const unsigned long long t = warp_sum_u(total);
-        if (lane == 0) s->cand_warp[warp][C] = t;
-      }
-      __syncthreads();
-      if (ctx.tid <= C) {
-        unsigned long long a = 0;
-        for (int w = 0; w < nw; ++w) a += s->cand_warp[w][ctx.tid];
-        s->cand_above[ctx.tid] = a;
-      }
-      if (with_k) {
-        group_sum_candidates<C + 1>(ctx, s->cand_above);
-        limit = top_p_limit(top_p, s->cand_sum[C]);
-        counted = true;
-      } else {
-        group_sum_candidates<C>(ctx, s->cand_above);
-      }
-      unsigned long long lo = limit, hi = limit;
-      if (!counted) {
-        const MassScan m = mass_scan(ctx);
-        lo = top_p_limit(top_p, m.above_lo[2 * kMassWindow]);
-        hi = top_p_limit(top_p, m.above_lo[2 * kMassWindow + 1]);
-      }
-      bool undecided = false;
+    for (int j = 0; j < C; ++j) {
+      const unsigned long long a = warp_sum_u(above[j]);
+      if (lane == 0) s->cand_warp[warp][j] = a;
+    }
+    if (!counted) {
+      const unsigned long long t = warp_sum_u(total);
+      if (lane == 0) s->cand_warp[warp][C] = t;
+    }
+    __syncthreads();
+    if (ctx.tid <= C) {
+      unsigned long long a = 0;
+      for (int w = 0; w < nw; ++w) a += s->cand_warp[w][ctx.tid];
+      s->cand_above[ctx.tid] = a;
+    }
+    if (!counted) {
+      group_sum_candidates<C + 1>(ctx, s->cand_above);
+      limit = top_p_limit(top_p, s->cand_sum[C]);
+      counted = true;
+    } else {
+      group_sum_candidates<C>(ctx, s->cand_above);
+    }
 #pragma unroll
-      for (int j = 0; j < C; ++j) {
-        const unsigned long long a = s->cand_sum[j];
-        if (a <= lo) {
-          if (ctx.tid == 0) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
-          return true;
-        }
-        if (a <= hi) {
-          undecided = true;
-          break;
-        }
+    for (int j = 0; j < C; ++j) {
+      if (s->cand_sum[j] <= limit) {
+        if (ctx.tid == 0) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
+        return true;
       }
-      if (!undecided) break;  // every candidate rejected: the next pass
-      row_sync(ctx);          // the peers have read this CTA's cand_above
     }
   }
   return false;
