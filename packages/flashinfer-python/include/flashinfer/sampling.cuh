@@ -611,6 +611,31 @@ __device__ __forceinline__ void count_above(const RowCtx& ctx,
 }
 
 /*!
+ * @brief Top-p on the direct path, for a candidate of key `key` that mass_verdict left
+ *   undecided (its prefix holds the threshold): the group's exact fixed-point mass above it,
+ *   one pass over the chunk with one accumulator and no branch per value (a warp's lanes would
+ *   take both sides), against floor(p K) at mass_window's bounds of K: 2 kept, 1 rejected, 0
+ *   still undecided (the mass within ~2^-14 K of the limit: the counting pass decides). One
+ *   group exchange (slot `slot` of xu). Group-wide.
+ */
+__device__ __forceinline__ unsigned top_p_one(const RowCtx& ctx, uint32_t key, float top_p,
+                                              int slot) {
+  unsigned long long a = 0;
+  for_each_value(ctx, [&](float x) {
+    const unsigned long long w = ctx.fixed(x);
+    a += ctx.key(x) > key ? w : 0ull;
+  });
+  CM total;
+  block_scan(CM{0, a}, ctx.s, &total);
+  unsigned long long before;
+  const unsigned long long A = cluster_sum_u(ctx, total.m, slot, &before);
+  const MassScan m = mass_scan(ctx);
+  if (A <= top_p_limit(top_p, m.above_lo[2 * kMassWindow])) return 2u;
+  if (A > top_p_limit(top_p, m.above_lo[2 * kMassWindow + 1])) return 1u;
+  return 0u;
+}
+
+/*!
  * @brief Top-p by rejection: draw a candidate x from the whole row (the block draw, t = 0, of
  *   fill_block_sums's sums) and keep it when it is in the top-p set, i.e. when the mass of the
  *   elements with a larger key, A(x), is below the radix search's target floor(p K) + 1 (K the
@@ -627,9 +652,9 @@ __device__ __forceinline__ void count_above(const RowCtx& ctx,
  *   barrier broadcasts their keys, one pass over the chunk sums A for all of them (the first
  *   pass also K) and one barrier adds the group's sums; the first kept candidate in draw order
  *   wins. On the direct path (ctx.hist: the mass histogram of the streaming pass) the drawing
- *   CTA first asks mass_verdict and sends the verdict with the key: where the verdicts in draw
- *   order reach a kept candidate before an undecided one (or reject all four), the pass is
- *   decided without the counting pass; its samples are the counting pass's, bit for bit.
+ *   CTA first asks mass_verdict and sends the verdict with the key; an undecided candidate
+ *   (its prefix holds the threshold) gets top_p_one's pass for it alone, and only one that pass
+ *   leaves undecided the counting pass. The samples are the counting pass's, bit for bit.
  *   Returns true when one was kept (*col its column on the CTA that drew it, -1 on the others)
  *   or the row has no mass (*col 0 on rank 0); false: the caller searches the threshold and
  *   draws with Philox output kTopPCandidates * kTopPPasses. ctx.scale set (mx: the row max, >=
@@ -674,15 +699,23 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
       return true;
     }
     group_sum_candidates<C>(ctx, s->cand_key);  // exactly one CTA drew each candidate
-    if (hist) {  // the verdicts in draw order, up to the first kept or undecided candidate
-      unsigned v = 1u;
-      int j = 0;
-      for (; j < C && v == 1u; ++j) v = static_cast<unsigned>(s->cand_sum[j] >> 32);
-      if (v == 2u) {
-        if (ctx.tid == 0) *col = s->cand_col[j - 1];  // -1 on the CTAs that did not draw it
-        return true;
+    if (hist) {  // the verdicts in draw order, up to the first kept candidate
+      bool exact = false;
+      int slot = 2;  // top_p_one's exchange slots, alternating
+      for (int j = 0; j < C && !exact; ++j) {
+        const unsigned long long ck = s->cand_sum[j];
+        unsigned v = static_cast<unsigned>(ck >> 32);
+        if (v == 0u) {  // undecided: the mass above it alone, K at the histogram's bounds
+          v = top_p_one(ctx, static_cast<uint32_t>(ck), top_p, slot);
+          slot ^= 1;
+          exact = v == 0u;
+        }
+        if (v == 2u) {
+          if (ctx.tid == 0) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
+          return true;
+        }
       }
-      if (v == 1u) {  // every candidate rejected
+      if (!exact) {  // every candidate rejected
         row_sync(ctx);  // the peers have read this CTA's cand_key
         continue;
       }
