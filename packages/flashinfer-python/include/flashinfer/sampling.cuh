@@ -7,9 +7,9 @@
 // rows up to ~512K float32 elements): each CTA loads its contiguous chunk of the row once from
 // HBM into shared memory (<= 64 KB, so 2-3 CTAs of different rows share an SM and one loads while
 // another computes), and every later pass runs over shared memory. The CTAs exchange only small
-// partial results through distributed shared memory (DSMEM) after a cluster barrier. (Plain and
-// min-p sampling of float32 batches too large for one wave of such clusters read the rows where
-// they lie instead, every row's cluster resident at once: SampleKernel's kDirect.)
+// partial results through distributed shared memory (DSMEM) after a cluster barrier. (Plain,
+// min-p and top-p sampling of float32 batches too large for one wave of such clusters read the
+// rows where they lie instead, every row's cluster resident at once: SampleKernel's kDirect.)
 //
 // Thresholds are found by a radix select over order-preserving 32-bit keys of the values. The
 // first round bins the 11-bit key prefix (exponent and 3 mantissa bits) in a window of the 255
