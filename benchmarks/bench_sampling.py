@@ -82,6 +82,17 @@ def specs():
          probs_case("top_k_top_p_sampling_from_probs", 50, 0.9), read, ""),
         ("sampling_from_probs 128x128256 fp32", probs_case("sampling_from_probs"), read, ""),
         ("sampling_from_logits 128x128256 fp32", logits_case("sampling_from_logits"), read, ""),
+        # The same calls with seed and offset given: no generator, so a captured call is the
+        # sampling kernel alone in both packages (with the default generator ours draws
+        # (seed, offset) on the device while capturing, one more graph node; FlashInfer reads
+        # the generator on the host and replays that seed). Top-p's time depends on the draws
+        # on the direct path (benchmarks/probes/top_p_seeds.py): seed 0 is one draw.
+        ("sampling_from_probs 128x128256 fp32 (seed, offset given)",
+         probs_case("sampling_from_probs", seed=0, offset=0), read, ""),
+        ("min_p_sampling_from_probs 128x128256 fp32 min_p=0.1 (seed, offset given)",
+         probs_case("min_p_sampling_from_probs", 0.1, seed=0, offset=0), read, ""),
+        ("top_p_sampling_from_probs 128x128256 fp32 p=0.9 (seed, offset given)",
+         probs_case("top_p_sampling_from_probs", 0.9, seed=0, offset=0), read, ""),
         ("top_p_sampling_from_probs 1x128256 fp32 p=0.9 (latency)",
          probs_case("top_p_sampling_from_probs", 0.9, b=1), V * 4, ""),
         ("sampling_from_probs 1x128256 fp32 (latency)", probs_case("sampling_from_probs", b=1),

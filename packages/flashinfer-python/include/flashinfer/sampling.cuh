@@ -620,13 +620,27 @@ __device__ __forceinline__ void count_above(const RowCtx& ctx,
  */
 __device__ __forceinline__ unsigned top_p_one(const RowCtx& ctx, uint32_t key, float top_p,
                                               int slot) {
-  unsigned long long a = 0;
-  for_each_value(ctx, [&](float x) {
+  unsigned long long a[4] = {0, 0, 0, 0};  // one per value of a quad: four independent chains
+  auto add = [&](unsigned long long& acc, float x) {
     const unsigned long long w = ctx.fixed(x);
-    a += ctx.key(x) > key ? w : 0ull;
-  });
+    acc += ctx.key(x) > key ? w : 0ull;
+  };
+  const int n4 = ctx.n / 4;
+  int i = ctx.tid;
+  for (; i + 3 * ctx.nthreads < n4; i += 4 * ctx.nthreads) {  // 4 loads in flight
+    float4 x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] = ctx.quad_col(4 * (i + u * ctx.nthreads));
+#pragma unroll
+    for (int u = 0; u < 4; ++u) add(a[0], x[u].x), add(a[1], x[u].y), add(a[2], x[u].z), add(a[3], x[u].w);
+  }
+  for (; i < n4; i += ctx.nthreads) {
+    const float4 x = ctx.quad_col(4 * i);
+    add(a[0], x.x), add(a[1], x.y), add(a[2], x.z), add(a[3], x.w);
+  }
+  for (int j = n4 * 4 + ctx.tid; j < ctx.n; j += ctx.nthreads) add(a[0], ctx.val(j));
   CM total;
-  block_scan(CM{0, a}, ctx.s, &total);
+  block_scan(CM{0, (a[0] + a[1]) + (a[2] + a[3])}, ctx.s, &total);
   unsigned long long before;
   const unsigned long long A = cluster_sum_u(ctx, total.m, slot, &before);
   const MassScan m = mass_scan(ctx);
