@@ -1512,8 +1512,12 @@ inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem) {
   config.attrs = &attribute;
   config.numAttrs = 1;
   int n = 0;
+  // The launch's attributes (prepare): without the carveout the query assumes the default
+  // split of L1 and shared memory, and held top-p's 65 KB CTAs to clusters of 2 at 128 rows.
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem)) != cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
       cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();  // a failed query leaves no sticky error: plan without it
     n = 0;
