@@ -228,7 +228,7 @@ inline constexpr size_t kBlockBytes = sizeof(float) + sizeof(uint32_t);
 inline constexpr size_t kDirectBlockBytes = kBlockBytes + kBlockSteps * sizeof(uint16_t);
 
 // Top-p on the direct path: a histogram of the row's mass by key prefix (the exponent and
-// kMassMantissa mantissa bits: bins of 1/32 octave), filled in the streaming pass with one
+// kMassMantissa mantissa bits: bins of 1/16 octave), filled in the streaming pass with one
 // shared-memory atomic per value, so that most of the rejection's candidates are decided without
 // a counting pass (which reads the row from HBM again). Bin b = bits >> (23 - kMassMantissa)
 // sums (s >> hist_shift) for the values there, s the 24-bit significand: exact integers,
@@ -238,13 +238,15 @@ inline constexpr size_t kDirectBlockBytes = kBlockBytes + kBlockSteps * sizeof(u
 // bounds are scanned from the top (mass_window) and a candidate whose bounds put the mass above
 // it clearly at or below floor(p K), or clearly above, is decided (mass_verdict). Only a
 // candidate in the bin of the threshold needs the counting pass: on rows of softmax(2 randn)
-// over 128256 columns at p = 0.9 that bin holds ~1% of the mass at 1/8 octave, ~0.24% at 1/32.
+// over 128256 columns at p = 0.9 that bin holds ~1% of the mass at 1/8 octave, ~0.47% at 1/16,
+// ~0.24% at 1/32. (1/16: 16 KB of bins, so that 4 CTAs of the direct kernel share an SM and 128
+// rows run in clusters of 3; 1/32 took 32 KB and clusters of 2: H100, wave 22 of the notes.)
 // Values of exponent Emax - 41 or less weigh 0 exactly.
 
 /// Mantissa bits of the histogram's prefix, its bins (every prefix of a non-negative float
 /// below +inf) and the window of prefixes whose values may weigh 1 or more (exponents
 /// Emax - 40 .. Emax).
-inline constexpr int kMassMantissa = 5;
+inline constexpr int kMassMantissa = 4;
 inline constexpr int kMassPerOctave = 1 << kMassMantissa;
 inline constexpr int kMassBins = 256 * kMassPerOctave;
 inline constexpr int kMassWindow = 41 * kMassPerOctave;
@@ -1050,8 +1052,13 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
 /// that pass, which decides most candidates (mass_window): its counting pass, which re-reads
 /// the row (128 x 128256 took 106.8 us with it on every row, against the copy's 80.8 on the
 /// H100), runs only for a candidate in the prefix of the threshold.
+/// Top-p's direct kernel at 4 CTAs a SM (64 registers; its spills sit after the streaming pass):
+/// 128 rows of 128256 then fit in resident clusters of 3 (124 fit at 3 CTAs a SM).
+template <unsigned kFilters, bool kDirect>
+inline constexpr int kSampleCtasPerSm = kDirect && kFilters == kTopPFilters ? 4 : 3;
+
 template <typename T, unsigned kFilters, bool kDirect = false>
-__global__ void __launch_bounds__(kThreads, 3) SampleKernel(const T* __restrict__ in, int64_t stride,
+__global__ void __launch_bounds__(kThreads, (kSampleCtasPerSm<kFilters, kDirect>)) SampleKernel(const T* __restrict__ in, int64_t stride,
                                                     int64_t vocab, int64_t chunk, bool vec,
                                                     RowGrid g, SampleParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
