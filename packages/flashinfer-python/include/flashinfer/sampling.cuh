@@ -1042,6 +1042,11 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   return arrived;
 }
 
+/// Top-p's direct kernel at 4 CTAs a SM (64 registers; its spills sit after the streaming pass):
+/// 128 rows of 128256 then fit in resident clusters of 3 (124 fit at 3 CTAs a SM).
+template <unsigned kFilters, bool kDirect>
+inline constexpr int kSampleCtasPerSm = kDirect && kFilters == kTopPFilters ? 4 : 3;
+
 /// One cluster (or one CTA) per output row: load, filter, draw one token. Shared memory: the
 /// chunk (clusters), the Shared block, the chunk's block sums and max keys (see plan_sample).
 /// kDirect (float32 probabilities, plain, min-p and top-p sampling; plan_direct): the cluster's
@@ -1052,11 +1057,6 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
 /// that pass, which decides most candidates (mass_window): its counting pass, which re-reads
 /// the row (128 x 128256 took 106.8 us with it on every row, against the copy's 80.8 on the
 /// H100), runs only for a candidate in the prefix of the threshold.
-/// Top-p's direct kernel at 4 CTAs a SM (64 registers; its spills sit after the streaming pass):
-/// 128 rows of 128256 then fit in resident clusters of 3 (124 fit at 3 CTAs a SM).
-template <unsigned kFilters, bool kDirect>
-inline constexpr int kSampleCtasPerSm = kDirect && kFilters == kTopPFilters ? 4 : 3;
-
 template <typename T, unsigned kFilters, bool kDirect = false>
 __global__ void __launch_bounds__(kThreads, (kSampleCtasPerSm<kFilters, kDirect>)) SampleKernel(const T* __restrict__ in, int64_t stride,
                                                     int64_t vocab, int64_t chunk, bool vec,
