@@ -960,7 +960,7 @@ def test_one_cta_path_matches_cluster_path(v, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("b, v", [(64, 128256), (160, 128256), (1100, 1000), (400, 4097)])
+@pytest.mark.parametrize("b, v", [(64, 128256), (160, 128256), (64, 256000), (1100, 1000), (400, 4097)])
 def test_direct_path_matches_one_cta_path(b, v):
     """Plain and min-p sampling of batches too large for one wave of the copy path's clusters
     read float32 probabilities where they lie (SampleKernel's kDirect, plan_direct): the same
