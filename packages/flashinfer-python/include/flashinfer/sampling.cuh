@@ -276,14 +276,15 @@ __device__ __forceinline__ void mass_hist_add(uint32_t* h, float x, uint32_t flo
 
 /// Where mass_window leaves its results (after the histogram): for window index w (prefix
 /// top - w), the lower bound of the mass strictly above prefix top - w, and the upper bound of
-/// the mass at or above it; then the bounds of the row's mass K.
+/// the mass at or above it; the bounds of the row's mass K (k[0] <= K <= k[1]).
 struct MassScan {
   unsigned long long* above_lo;
   unsigned long long* upto_hi;
+  unsigned long long* k;
 };
 __device__ __forceinline__ MassScan mass_scan(const RowCtx& ctx) {
   auto* base = reinterpret_cast<unsigned long long*>(ctx.hist + kMassBins);
-  return MassScan{base, base + kMassWindow};
+  return MassScan{base, base + kMassWindow, base + 2 * kMassWindow};
 }
 
 /*!
@@ -344,7 +345,7 @@ __device__ __forceinline__ bool mass_window(const RowCtx& ctx, float mx) {
       al += lo[i];
     }
   }
-  if (ctx.tid == 0) m.above_lo[2 * kMassWindow] = total.c, m.above_lo[2 * kMassWindow + 1] = total.m;
+  if (ctx.tid == 0) m.k[0] = total.c, m.k[1] = total.m;
   __syncthreads();
   return ok;
 }
@@ -360,7 +361,7 @@ __device__ __forceinline__ unsigned long long top_p_limit(float top_p, unsigned 
 __device__ __forceinline__ unsigned mass_verdict(const RowCtx& ctx, uint32_t key, uint32_t emax,
                                                  float top_p) {
   const MassScan m = mass_scan(ctx);
-  const unsigned long long k_lo = m.above_lo[2 * kMassWindow], k_hi = m.above_lo[2 * kMassWindow + 1];
+  const unsigned long long k_lo = m.k[0], k_hi = m.k[1];
   const int w = static_cast<int>(emax) * kMassPerOctave + kMassPerOctave - 1 -
                 static_cast<int>(key >> (24 - kMassMantissa));
   if (w < 0) return 0u;
@@ -646,8 +647,8 @@ __device__ __forceinline__ unsigned top_p_one(const RowCtx& ctx, uint32_t key, f
   unsigned long long before;
   const unsigned long long A = cluster_sum_u(ctx, total.m, slot, &before);
   const MassScan m = mass_scan(ctx);
-  if (A <= top_p_limit(top_p, m.above_lo[2 * kMassWindow])) return 2u;
-  if (A > top_p_limit(top_p, m.above_lo[2 * kMassWindow + 1])) return 1u;
+  if (A <= top_p_limit(top_p, m.k[0])) return 2u;
+  if (A > top_p_limit(top_p, m.k[1])) return 1u;
   return 0u;
 }
 
