@@ -308,15 +308,22 @@ __device__ __forceinline__ bool mass_window(const RowCtx& ctx, float mx) {
   unsigned long long lo[8] = {}, hi[8] = {};
   if (ok && w0 < kMassWindow) {
     const int b0 = top - w0 - 7;  // bins b0 .. b0 + 7 (ascending) are w0 + 7 .. w0
-    uint32_t H32[8] = {};
     unsigned long long H[8] = {};
-    for (int r = 0; r < ctx.csize; ++r) {
-      const uint4* src = reinterpret_cast<const uint4*>(peer(ctx, ctx.hist + b0, r));
-      const uint4 x = src[0], y = src[1];
-      H32[0] = x.x, H32[1] = x.y, H32[2] = x.z, H32[3] = x.w;
-      H32[4] = y.x, H32[5] = y.y, H32[6] = y.z, H32[7] = y.w;
+    auto add = [&H](uint4 x, uint4 y) {
+      const uint32_t h[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
 #pragma unroll
-      for (int i = 0; i < 8; ++i) H[i] += H32[i];
+      for (int i = 0; i < 8; ++i) H[i] += h[i];
+    };
+    for (int r = 0; r < ctx.csize; r += 2) {  // two ranks' reads in flight
+      const uint4* a = reinterpret_cast<const uint4*>(peer(ctx, ctx.hist + b0, r));
+      const uint4 x0 = a[0], y0 = a[1];
+      uint4 x1 = make_uint4(0u, 0u, 0u, 0u), y1 = x1;
+      if (r + 1 < ctx.csize) {
+        const uint4* b = reinterpret_cast<const uint4*>(peer(ctx, ctx.hist + b0, r + 1));
+        x1 = b[0], y1 = b[1];
+      }
+      add(x0, y0);
+      add(x1, y1);
     }
     const int d = (b0 / kMassPerOctave) - static_cast<int>(emax) + 17;  // -23 .. 17, one octave
 #pragma unroll
@@ -507,12 +514,56 @@ __device__ __forceinline__ DrawPrefix block_prefix(const RowCtx& ctx, int slot, 
   return d;
 }
 
+/*!
+ * @brief block_prefix without its exchange, where every rank's block sums are final since the
+ *   group's last barrier (fill_block_sums's t = 0 sums of probabilities, after the exchange of
+ *   the max): every CTA reads its peers' sums from distributed shared memory (the same offset
+ *   on every rank) and adds their fixed-point weights itself. Integer sums: K and the prefix
+ *   are block_prefix's, bit for bit, with one group barrier less. Warp w adds ranks w, w + 8,
+ *   ... into wsum[16 + rank] (ranks <= 16; wsum[0, 8) hold the warps' own masses).
+ */
+__device__ __forceinline__ DrawPrefix block_prefix_peers(const RowCtx& ctx, int64_t vocab,
+                                                         bool last = true) {
+  static_assert(kThreads / 32 <= 16, "wsum[16 + rank] past the warps' slots");
+  const float* sums = block_sums(ctx);
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  const int nb = num_blocks(ctx), per = (nb + nw - 1) / nw;
+  DrawPrefix d;
+  d.s0 = min(nb, warp * per);
+  d.s1 = min(nb, d.s0 + per);
+  unsigned long long mine = 0;
+  for (int b = d.s0 + lane; b < d.s1; b += 32) mine += ctx.fixed(sums[b]);
+  d.mine = warp_sum_u(mine);
+  if (lane == 0) ctx.s->wsum[warp] = d.mine;
+  const int64_t chunk = ctx.rank ? ctx.begin / ctx.rank : ctx.n;  // ranks below the last: full
+  for (int r = warp; r < ctx.csize; r += nw) {
+    const int64_t n = min(chunk, vocab - r * chunk);
+    const int nbr = static_cast<int>((n + kBlockCols - 1) / kBlockCols);
+    const float* ps = peer(ctx, sums, r);
+    unsigned long long m = 0;
+    for (int b = lane; b < nbr; b += 32) m += ctx.fixed(ps[b]);
+    m = warp_sum_u(m);
+    if (lane == 0) ctx.s->wsum[16 + r] = m;
+  }
+  __syncthreads();
+  unsigned long long warp_before = 0, before = 0, K = 0;
+  for (int w = 0; w < warp; ++w) warp_before += ctx.s->wsum[w];
+  for (int r = 0; r < ctx.csize; ++r) {
+    if (r == ctx.rank) before = K;
+    K += ctx.s->wsum[16 + r];
+  }
+  d.K = K;
+  d.before = before + warp_before;
+  if (last && ctx.clustered) cluster_arrive();
+  return d;
+}
+
 /// Warp-wide: the column of block b's kept element where the block's float running sum (lanes
 /// in order, a lane's 16 values in order) first exceeds lb / scale (lb < W_b), on the lane that
-/// holds it (-1 elsewhere). Where rounding puts the target past the block's float sum, the
-/// block's last element of positive weight.
+/// holds it (-1 elsewhere; *value, where given, its value on that lane). Where rounding puts the
+/// target past the block's float sum, the block's last element of positive weight.
 __device__ __forceinline__ int64_t block_column(const RowCtx& ctx, uint32_t t, int b,
-                                                unsigned long long lb) {
+                                                unsigned long long lb, float* value = nullptr) {
   const int lane = ctx.tid & 31;
   float4 v[kBlockSteps];
   block_lane<false>(ctx, b, lane, [](float x) { return x; }, v);
@@ -545,17 +596,24 @@ __device__ __forceinline__ int64_t block_column(const RowCtx& ctx, uint32_t t, i
       a += k[i];
     }
   }
+  if (value) {  // its value as read (a static index: k stays in registers)
+    float x = k[0];
+#pragma unroll
+    for (int i = 1; i < 4 * kBlockSteps; ++i) x = i == last ? k[i] : x;
+    *value = x;
+  }
   return ctx.begin + b * kBlockCols + (last >> 2) * 128 + lane * 4 + (last & 3);
 }
 
 /*!
  * @brief The draw with 32-bit uniform r from block_prefix's d: target = floor(r K / 2^32), the
  *   block whose running W exceeds it (a warp scan of the owning warp's block masses), then the
- *   element in the block (block_column). The column on the thread that finds it, -1 elsewhere.
- *   Warp-local.
+ *   element in the block (block_column). The column on the thread that finds it, -1 elsewhere
+ *   (and there, where `value` is given, the element's value as read). Warp-local.
  */
 __device__ __forceinline__ int64_t block_locate(const RowCtx& ctx, uint32_t t,
-                                                const DrawPrefix& d, uint32_t r) {
+                                                const DrawPrefix& d, uint32_t r,
+                                                float* value = nullptr) {
   if (d.K == 0) return -1;
   const unsigned long long target = __umul64hi(d.K, static_cast<unsigned long long>(r) << 32);
   if (target < d.before || target >= d.before + d.mine) return -1;
@@ -572,7 +630,7 @@ __device__ __forceinline__ int64_t block_locate(const RowCtx& ctx, uint32_t t,
     }
     const int src = __ffs(__ballot_sync(0xffffffffu, incl > local)) - 1;
     const unsigned long long before_b = __shfl_sync(0xffffffffu, incl - w, src);
-    return block_column(ctx, t, b0 + src, local - before_b);
+    return block_column(ctx, t, b0 + src, local - before_b, value);
   }
   return -1;  // unreachable: the warp's mass exceeds local
 }
@@ -668,25 +726,32 @@ __device__ __forceinline__ unsigned top_p_one(const RowCtx& ctx, uint32_t key, f
  *   locating them is warp-local (block_locate, from one block prefix of the row), then one
  *   barrier broadcasts their keys, one pass over the chunk sums A for all of them (the first
  *   pass also K) and one barrier adds the group's sums; the first kept candidate in draw order
- *   wins. On the direct path (ctx.hist: the mass histogram of the streaming pass) the drawing
- *   CTA first asks mass_verdict and sends the verdict with the key; an undecided candidate
- *   (its prefix holds the threshold) gets top_p_one's pass for it alone, and only one that pass
- *   leaves undecided the counting pass. The samples are the counting pass's, bit for bit.
+ *   wins. On the direct path (ctx.hist: the mass histogram of the streaming pass) every CTA
+ *   asks mass_verdict about the exchanged keys first; an undecided candidate (its prefix holds
+ *   the threshold) gets top_p_one's pass for it alone, and only one that pass leaves undecided
+ *   the counting pass. The samples are the counting pass's, bit for bit. The direct kernel
+ *   (kDirect) takes the block prefix from the peers' block sums (block_prefix_peers) and each
+ *   candidate's value from its locate.
  *   Returns true when one was kept (*col its column on the CTA that drew it, -1 on the others)
  *   or the row has no mass (*col 0 on rank 0); false: the caller searches the threshold and
  *   draws with Philox output kTopPCandidates * kTopPPasses. ctx.scale set (mx: the row max, >=
  *   0); the block sums filled with t = 0.
  */
+template <bool kDirect>
 __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
                                                 const RngArgs& rng_args, int64_t row,
-                                                float mx, int64_t* col) {
+                                                float mx, bool probs, int64_t vocab,
+                                                int64_t* col) {
   Shared* s = ctx.s;
   constexpr int C = kTopPCandidates;
   *col = -1;
   // The direct path's histogram bounds (mass_window): most candidates decided without a pass.
   const bool hist = ctx.hist != nullptr && top_p < 1.f && mass_window(ctx, mx);
   const uint32_t emax = __float_as_uint(mx) >> 23;
-  const DrawPrefix d = block_prefix(ctx, 0, false);
+  // Probabilities: every rank's block sums are final since the exchange of the max. (The direct
+  // kernel only: in the copy kernel, at its register cap, the same code spills.)
+  const DrawPrefix d = kDirect && probs ? block_prefix_peers(ctx, vocab, false)
+                                        : block_prefix(ctx, 0, false);
   if (d.K == 0) {  // nothing to draw from
     if (ctx.rank == 0 && ctx.tid == 0) *col = 0;
     return true;
@@ -702,11 +767,11 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
       Philox rng = rng_args.make(row, static_cast<uint64_t>(pass) * C);
 #pragma unroll
       for (int j = 0; j < C; ++j) {
-        const int64_t c = block_locate(ctx, 0, d, rng.next());
+        float x;
+        const int64_t c = block_locate(ctx, 0, d, rng.next(), kDirect ? &x : nullptr);
         if (c >= 0) {
-          const uint32_t key = ctx.key(ctx.val(static_cast<int>(c - ctx.begin)));
-          const unsigned v = hist ? mass_verdict(ctx, key, emax, top_p) : 0u;
-          s->cand_col[j] = c, s->cand_key[j] = key | static_cast<unsigned long long>(v) << 32;
+          if (!kDirect) x = ctx.val(static_cast<int>(c - ctx.begin));
+          s->cand_col[j] = c, s->cand_key[j] = ctx.key(x);
         }
       }
     }
@@ -720,10 +785,10 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
       bool exact = false;
       int slot = 2;  // top_p_one's exchange slots, alternating
       for (int j = 0; j < C && !exact; ++j) {
-        const unsigned long long ck = s->cand_sum[j];
-        unsigned v = static_cast<unsigned>(ck >> 32);
+        const uint32_t key = static_cast<uint32_t>(s->cand_sum[j]);
+        unsigned v = mass_verdict(ctx, key, emax, top_p);
         if (v == 0u) {  // undecided: the mass above it alone, K at the histogram's bounds
-          v = top_p_one(ctx, static_cast<uint32_t>(ck), top_p, slot);
+          v = top_p_one(ctx, key, top_p, slot);
           slot ^= 1;
           exact = v == 0u;
         }
@@ -949,7 +1014,9 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       mx = dead ? 0.f : 1.f;
     }
     ctx.scale = fixed_scale(mx);
-    if (is(kTopP) && top_p_rejection(ctx, p.top_p(out_row), p.rng, out_row, mx, &col)) {
+    if (is(kTopP) &&
+        top_p_rejection<kHist>(ctx, p.top_p(out_row), p.rng, out_row, mx, is_probs, vocab,
+                               &col)) {
       if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, true);
       return false;
     }
@@ -1026,7 +1093,9 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
         fill_block_sums(ctx, t, [](float x) { return x; });
       }
       stamp(kTraceRefined);
-      const DrawPrefix d = block_prefix(ctx, 0);
+      // The t = 0 sums of probabilities are final since the exchange of the max.
+      const DrawPrefix d = sums_first && is_probs && t == 0 ? block_prefix_peers(ctx, vocab)
+                                                            : block_prefix(ctx, 0);
       stamp(kTracePrefixed);
       arrived = ctx.clustered;
       col = block_locate(ctx, t, d, r);
