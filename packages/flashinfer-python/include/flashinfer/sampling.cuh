@@ -494,6 +494,19 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
+/// This warp's blocks [d.s0, d.s1) of the chunk (contiguous) and, on every lane, its lanes'
+/// shares of their fixed-point weights (the warp's sum is theirs).
+__device__ __forceinline__ unsigned long long warp_block_masses(const RowCtx& ctx, DrawPrefix* d) {
+  const float* sums = block_sums(ctx);
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
+  const int nb = num_blocks(ctx), per = (nb + nw - 1) / nw;
+  d->s0 = min(nb, warp * per);
+  d->s1 = min(nb, d->s0 + per);
+  unsigned long long mine = 0;
+  for (int b = d->s0 + lane; b < d->s1; b += 32) mine += ctx.fixed(sums[b]);
+  return mine;
+}
+
 /*!
  * @brief Group-wide, after fill_block_sums: the row's kept mass K = sum of W_b, and this warp's
  *   share of it (blocks [s0, s1), contiguous, and the mass before them in column order). Where
@@ -501,14 +514,8 @@ __device__ __forceinline__ void cluster_wait() {
  *   (the kernel waits on it before it exits), so no CTA waits for the peers' locate.
  */
 __device__ __forceinline__ DrawPrefix block_prefix(const RowCtx& ctx, int slot, bool last = true) {
-  const float* sums = block_sums(ctx);
-  const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
-  const int nb = num_blocks(ctx), per = (nb + nw - 1) / nw;
   DrawPrefix d;
-  d.s0 = min(nb, warp * per);
-  d.s1 = min(nb, d.s0 + per);
-  unsigned long long mine = 0;
-  for (int b = d.s0 + lane; b < d.s1; b += 32) mine += ctx.fixed(sums[b]);
+  const unsigned long long mine = warp_block_masses(ctx, &d);
   prefix_of_warp_masses(ctx, mine, slot, &d);
   if (last && ctx.clustered) cluster_arrive();
   return d;
@@ -527,12 +534,8 @@ __device__ __forceinline__ DrawPrefix block_prefix_peers(const RowCtx& ctx, int6
   static_assert(kThreads / 32 <= 16, "wsum[16 + rank] past the warps' slots");
   const float* sums = block_sums(ctx);
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
-  const int nb = num_blocks(ctx), per = (nb + nw - 1) / nw;
   DrawPrefix d;
-  d.s0 = min(nb, warp * per);
-  d.s1 = min(nb, d.s0 + per);
-  unsigned long long mine = 0;
-  for (int b = d.s0 + lane; b < d.s1; b += 32) mine += ctx.fixed(sums[b]);
+  const unsigned long long mine = warp_block_masses(ctx, &d);
   d.mine = warp_sum_u(mine);
   if (lane == 0) ctx.s->wsum[warp] = d.mine;
   const int64_t chunk = ctx.rank ? ctx.begin / ctx.rank : ctx.n;  // ranks below the last: full
