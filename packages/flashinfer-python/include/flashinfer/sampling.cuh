@@ -638,6 +638,54 @@ __device__ __forceinline__ int64_t block_locate(const RowCtx& ctx, uint32_t t,
   return -1;  // unreachable: the warp's mass exceeds local
 }
 
+/*!
+ * @brief Warp-wide, after block_prefix_peers (the ranks' masses in wsum[16 + r], every rank's
+ *   block sums final) on the direct path (ctx.vals: this rank's chunk of the row in global
+ *   memory): the draw with 32-bit uniform r from the whole row, located by any CTA of the group:
+ *   the rank by the ranks' masses, the block by a scan of that rank's block weights (its sums
+ *   read over DSMEM, 4 loads a lane in flight), the element by block_column on that rank's
+ *   chunk. The same column as block_locate on the rank that owns it (the same integers); the
+ *   column and its value on the lane that finds it, -1 elsewhere.
+ */
+__device__ __forceinline__ int64_t locate_in_row(const RowCtx& ctx, int64_t vocab,
+                                                 unsigned long long K, uint32_t r, float* value) {
+  const int lane = ctx.tid & 31;
+  const unsigned long long target = __umul64hi(K, static_cast<unsigned long long>(r) << 32);
+  unsigned long long local = target;
+  int rr = 0;
+  for (; rr < ctx.csize - 1; ++rr) {
+    const unsigned long long m = ctx.s->wsum[16 + rr];
+    if (local < m) break;
+    local -= m;
+  }
+  const int64_t chunk = ctx.rank ? ctx.begin / ctx.rank : ctx.n;
+  RowCtx o = ctx;  // rank rr's chunk
+  o.vals = ctx.vals + (rr - ctx.rank) * chunk;
+  o.begin = rr * chunk;
+  o.n = static_cast<int>(min(chunk, vocab - rr * chunk));
+  const int nb = num_blocks(o);
+  const float* ps = peer(ctx, block_sums(ctx), rr);
+  for (int b0 = 0; b0 < nb; b0 += 128) {
+    float w4[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w4[k] = b0 + 32 * k + lane < nb ? ps[b0 + 32 * k + lane] : 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const unsigned long long w = ctx.fixed(w4[k]);
+      const unsigned long long incl = warp_scan_u(w);
+      const unsigned long long tot = __shfl_sync(0xffffffffu, incl, 31);
+      if (local >= tot) {
+        local -= tot;
+        continue;
+      }
+      const int src = __ffs(__ballot_sync(0xffffffffu, incl > local)) - 1;
+      const unsigned long long before_b = __shfl_sync(0xffffffffu, incl - w, src);
+      return block_column(o, 0, b0 + 32 * k + src, local - before_b, value);
+    }
+  }
+  return -1;  // unreachable: the rank's mass exceeds local
+}
+
 /// Sums over the row's group of this CTA's arr[j], j < N, into s->cand_sum (every thread may
 /// read them on return). Starts with a group barrier: write arr first.
 template <int N>
@@ -751,10 +799,12 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
   // The direct path's histogram bounds (mass_window): most candidates decided without a pass.
   const bool hist = ctx.hist != nullptr && top_p < 1.f && mass_window(ctx, mx);
   const uint32_t emax = __float_as_uint(mx) >> 23;
-  // Probabilities: every rank's block sums are final since the exchange of the max. (The direct
-  // kernel only: in the copy kernel, at its register cap, the same code spills.)
-  const DrawPrefix d = kDirect && probs ? block_prefix_peers(ctx, vocab, false)
-                                        : block_prefix(ctx, 0, false);
+  // Probabilities: every rank's block sums are final since the exchange of the max, and on the
+  // direct path every CTA can read the row: each locates every candidate itself (no exchange of
+  // the keys). (The direct kernel only: in the copy kernel, at its register cap, the same code
+  // spills.)
+  const bool anywhere = kDirect && probs;
+  const DrawPrefix d = anywhere ? block_prefix_peers(ctx, vocab, false) : block_prefix(ctx, 0, false);
   if (d.K == 0) {  // nothing to draw from
     if (ctx.rank == 0 && ctx.tid == 0) *col = 0;
     return true;
@@ -766,24 +816,34 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
     // Peers read cand_key before the last barrier of the previous pass: safe to reset.
     if (ctx.tid < C) s->cand_col[ctx.tid] = -1, s->cand_key[ctx.tid] = 0;
     __syncthreads();
-    {
+    if (anywhere) {  // warp j locates candidate j (every CTA every candidate)
+      if (warp < C) {
+        Philox rng = rng_args.make(row, static_cast<uint64_t>(pass) * C);
+        uint32_t u = rng.next();
+        for (int j = 1; j <= warp; ++j) u = rng.next();
+        float x;
+        const int64_t c = locate_in_row(ctx, vocab, d.K, u, &x);
+        if (c >= 0) s->cand_col[warp] = c, s->cand_sum[warp] = ctx.key(x);
+      }
+      __syncthreads();
+    } else {
       Philox rng = rng_args.make(row, static_cast<uint64_t>(pass) * C);
 #pragma unroll
       for (int j = 0; j < C; ++j) {
-        float x;
-        const int64_t c = block_locate(ctx, 0, d, rng.next(), kDirect ? &x : nullptr);
-        if (c >= 0) {
-          if (!kDirect) x = ctx.val(static_cast<int>(c - ctx.begin));
-          s->cand_col[j] = c, s->cand_key[j] = ctx.key(x);
-        }
+        const int64_t c = block_locate(ctx, 0, d, rng.next());
+        if (c >= 0)
+          s->cand_col[j] = c, s->cand_key[j] = ctx.key(ctx.val(static_cast<int>(c - ctx.begin)));
       }
     }
+    // The CTA that writes a kept candidate: the one that drew it, or rank 0 where every CTA
+    // located every candidate.
+    const bool writer = ctx.tid == 0 && (!anywhere || ctx.rank == 0);
     if (top_p >= 1.f) {  // floor(p K) >= K > A(x): every candidate is kept
       __syncthreads();
-      if (ctx.tid == 0) *col = s->cand_col[0];
+      if (writer) *col = s->cand_col[0];
       return true;
     }
-    group_sum_candidates<C>(ctx, s->cand_key);  // exactly one CTA drew each candidate
+    if (!anywhere) group_sum_candidates<C>(ctx, s->cand_key);  // exactly one CTA drew each
     if (hist) {  // the verdicts in draw order, up to the first kept candidate
       bool exact = false;
       int slot = 2;  // top_p_one's exchange slots, alternating
@@ -796,12 +856,16 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
           exact = v == 0u;
         }
         if (v == 2u) {
-          if (ctx.tid == 0) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
+          if (writer) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
           return true;
         }
       }
       if (!exact) {  // every candidate rejected
-        row_sync(ctx);  // the peers have read this CTA's cand_key
+        if (anywhere) {
+          __syncthreads();  // the verdicts read the keys
+        } else {
+          row_sync(ctx);  // the peers have read this CTA's cand_key
+        }
         continue;
       }
     }
@@ -842,7 +906,7 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
 #pragma unroll
     for (int j = 0; j < C; ++j) {
       if (s->cand_sum[j] <= limit) {
-        if (ctx.tid == 0) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
+        if (writer) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
         return true;
       }
     }
