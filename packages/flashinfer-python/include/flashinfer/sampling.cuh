@@ -288,73 +288,100 @@ __device__ __forceinline__ MassScan mass_scan(const RowCtx& ctx) {
 }
 
 /*!
- * @brief Group-wide, after the exchange that follows fill_block_sums<true> (every rank's
- *   histogram is complete): merge the group's histograms over the window below the row max
- *   `mx` (>= 0) and scan the bounds of the exact fixed-point masses (fixed(), scale 2^(40 - e))
- *   from the top into mass_scan. In a bin of exponent E with sum H (shift sh): the values'
- *   significands sum to S in [H 2^sh, H 2^sh + n (2^sh - 1)], n <= H >> (23 - sh) values; with
- *   d = E - Emax + 17 their weights sum to S 2^d exactly (d >= 0), else to within n below
- *   floor(S / 2^-d). Thread t takes window indices 8t .. 8t + 7 (two 16-byte reads a rank).
- *   Returns false where the bounds do not hold (a max below 2^-85, whose subnormals may weigh
- *   something, or not finite): no verdict is then asked. Ends with a barrier.
+ * @brief The per-thread half of mass_window (no barrier): thread first + t merges window
+ *   indices 8t .. 8t + 7 over the group's histograms (two 16-byte DSMEM reads a rank), writes
+ *   each bin's bounds to mass_scan's arrays and returns their sums ({0, 0} on the threads
+ *   outside the window's range, e.g. below `first`, busy with other work).
  */
-__device__ __forceinline__ bool mass_window(const RowCtx& ctx, float mx) {
-  static_assert(kMassWindow <= 8 * kThreads && kMassPerOctave % 8 == 0, "8 bins a thread");
+__device__ __forceinline__ CM mass_window_merge(const RowCtx& ctx, float mx, int first) {
+  static_assert(kMassWindow <= 8 * (kThreads / 2) && kMassPerOctave % 8 == 0,
+                "8 bins a thread of the block's upper half");
   const uint32_t emax = __float_as_uint(mx) >> 23;
   const bool ok = emax >= 42u && emax < 255u;
   const MassScan m = mass_scan(ctx);
   const int sh = ctx.hist_shift, top = static_cast<int>(emax) * kMassPerOctave + kMassPerOctave - 1;
-  const int w0 = 8 * ctx.tid;
-  unsigned long long lo[8] = {}, hi[8] = {};
-  if (ok && w0 < kMassWindow) {
+  const int w0 = 8 * (ctx.tid - first);
+  // Each bin's bounds go to the scan's arrays (mass_window_scan makes them running sums), so
+  // that none stays in registers across the scan's barriers.
+  CM part{0, 0};
+  if (w0 >= 0 && w0 < kMassWindow) {
     const int b0 = top - w0 - 7;  // bins b0 .. b0 + 7 (ascending) are w0 + 7 .. w0
     unsigned long long H[8] = {};
-    auto add = [&H](uint4 x, uint4 y) {
-      const uint32_t h[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+    if (ok) {
+      auto add = [&H](uint4 x, uint4 y) {
+        const uint32_t h[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
 #pragma unroll
-      for (int i = 0; i < 8; ++i) H[i] += h[i];
-    };
-    for (int r = 0; r < ctx.csize; r += 2) {  // two ranks' reads in flight
-      const uint4* a = reinterpret_cast<const uint4*>(peer(ctx, ctx.hist + b0, r));
-      const uint4 x0 = a[0], y0 = a[1];
-      uint4 x1 = make_uint4(0u, 0u, 0u, 0u), y1 = x1;
-      if (r + 1 < ctx.csize) {
-        const uint4* b = reinterpret_cast<const uint4*>(peer(ctx, ctx.hist + b0, r + 1));
-        x1 = b[0], y1 = b[1];
+        for (int i = 0; i < 8; ++i) H[i] += h[i];
+      };
+      for (int r = 0; r < ctx.csize; r += 2) {  // two ranks' reads in flight
+        const uint4* a = reinterpret_cast<const uint4*>(peer(ctx, ctx.hist + b0, r));
+        const uint4 x0 = a[0], y0 = a[1];
+        uint4 x1 = make_uint4(0u, 0u, 0u, 0u), y1 = x1;
+        if (r + 1 < ctx.csize) {
+          const uint4* b = reinterpret_cast<const uint4*>(peer(ctx, ctx.hist + b0, r + 1));
+          x1 = b[0], y1 = b[1];
+        }
+        add(x0, y0);
+        add(x1, y1);
       }
-      add(x0, y0);
-      add(x1, y1);
     }
     const int d = (b0 / kMassPerOctave) - static_cast<int>(emax) + 17;  // -23 .. 17, one octave
 #pragma unroll
     for (int i = 0; i < 8; ++i) {  // window index w0 + i is bin b0 + 7 - i
       const unsigned long long h = H[7 - i];
       const unsigned long long T = h << sh, n = h >> (23 - sh), S = T + n * ((1ull << sh) - 1);
+      unsigned long long lo, hi;
       if (d >= 0) {
-        lo[i] = T << d, hi[i] = S << d;
+        lo = T << d, hi = S << d;
       } else {
         const unsigned long long f = T >> -d;
-        lo[i] = f > n ? f - n : 0ull, hi[i] = S >> -d;
+        lo = f > n ? f - n : 0ull, hi = S >> -d;
       }
+      m.above_lo[w0 + i] = lo, m.upto_hi[w0 + i] = hi;
+      part.c += lo, part.m += hi;
     }
   }
-  unsigned long long sl = 0, su = 0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) sl += lo[i], su += hi[i];
+  return part;
+}
+
+/// The block-wide half of mass_window: the scan of every thread's mass_window_merge part (the
+/// threads that merged nothing pass {0, 0}) into the running bounds and the bounds of K. Ends
+/// with a barrier; false where the bounds do not hold (see mass_window).
+__device__ __forceinline__ bool mass_window_scan(const RowCtx& ctx, float mx, CM part, int first) {
+  const uint32_t emax = __float_as_uint(mx) >> 23;
+  const MassScan m = mass_scan(ctx);
+  const int w0 = 8 * (ctx.tid - first);
   CM total;
-  const CM incl = block_scan(CM{sl, su}, ctx.s, &total);
-  if (w0 < kMassWindow) {
-    unsigned long long al = incl.c - sl, uh = incl.m - su;
+  const CM incl = block_scan(part, ctx.s, &total);
+  if (w0 >= 0 && w0 < kMassWindow) {  // each bin's bounds -> the running bounds
+    unsigned long long al = incl.c - part.c, uh = incl.m - part.m;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      uh += hi[i];
+      const unsigned long long lo = m.above_lo[w0 + i];
+      uh += m.upto_hi[w0 + i];
       m.above_lo[w0 + i] = al, m.upto_hi[w0 + i] = uh;
-      al += lo[i];
+      al += lo;
     }
   }
   if (ctx.tid == 0) m.k[0] = total.c, m.k[1] = total.m;
   __syncthreads();
-  return ok;
+  return emax >= 42u && emax < 255u;
+}
+
+/*!
+ * @brief Group-wide, after the exchange that follows fill_block_sums<true> (every rank's
+ *   histogram is complete): merge the group's histograms over the window below the row max
+ *   `mx` (>= 0) and scan the bounds of the exact fixed-point masses (fixed(), scale 2^(40 - e))
+ *   from the top into mass_scan. In a bin of exponent E with sum H (shift sh): the values'
+ *   significands sum to S in [H 2^sh, H 2^sh + n (2^sh - 1)], n <= H >> (23 - sh) values; with
+ *   d = E - Emax + 17 their weights sum to S 2^d exactly (d >= 0), else to within n below
+ *   floor(S / 2^-d). Returns false where the bounds do not hold (a max below 2^-85, whose
+ *   subnormals may weigh something, or not finite): no verdict is then asked. Ends with a
+ *   barrier. (mass_window_merge, then mass_window_scan: the direct top-p kernel runs the merge
+ *   on the warps that do not locate candidates.)
+ */
+__device__ __forceinline__ bool mass_window(const RowCtx& ctx, float mx, int first = 0) {
+  return mass_window_scan(ctx, mx, mass_window_merge(ctx, mx, first), first);
 }
 
 /// top_p_rejection's limit floor(p K), computed as its exact test computes it (monotone in K).
@@ -796,14 +823,17 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
   Shared* s = ctx.s;
   constexpr int C = kTopPCandidates;
   *col = -1;
-  // The direct path's histogram bounds (mass_window): most candidates decided without a pass.
-  const bool hist = ctx.hist != nullptr && top_p < 1.f && mass_window(ctx, mx);
-  const uint32_t emax = __float_as_uint(mx) >> 23;
   // Probabilities: every rank's block sums are final since the exchange of the max, and on the
   // direct path every CTA can read the row: each locates every candidate itself (no exchange of
   // the keys). (The direct kernel only: in the copy kernel, at its register cap, the same code
   // spills.)
   const bool anywhere = kDirect && probs;
+  // The direct path's histogram bounds (mass_window): most candidates decided without a pass.
+  // Where every CTA locates every candidate, the warps above the locating ones merge the window
+  // while the first candidates are located.
+  const bool window = ctx.hist != nullptr && top_p < 1.f;
+  bool hist = !anywhere && window && mass_window(ctx, mx);
+  const uint32_t emax = __float_as_uint(mx) >> 23;
   const DrawPrefix d = anywhere ? block_prefix_peers(ctx, vocab, false) : block_prefix(ctx, 0, false);
   if (d.K == 0) {  // nothing to draw from
     if (ctx.rank == 0 && ctx.tid == 0) *col = 0;
@@ -817,6 +847,7 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
     if (ctx.tid < C) s->cand_col[ctx.tid] = -1, s->cand_key[ctx.tid] = 0;
     __syncthreads();
     if (anywhere) {  // warp j locates candidate j (every CTA every candidate)
+      CM part{0, 0};
       if (warp < C) {
         Philox rng = rng_args.make(row, static_cast<uint64_t>(pass) * C);
         uint32_t u = rng.next();
@@ -824,8 +855,14 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
         float x;
         const int64_t c = locate_in_row(ctx, vocab, d.K, u, &x);
         if (c >= 0) s->cand_col[warp] = c, s->cand_sum[warp] = ctx.key(x);
+      } else if (pass == 0 && window) {
+        part = mass_window_merge(ctx, mx, C * 32);
       }
-      __syncthreads();
+      if (pass == 0 && window) {
+        hist = mass_window_scan(ctx, mx, part, C * 32);  // (its barriers publish the keys)
+      } else {
+        __syncthreads();
+      }
     } else {
       Philox rng = rng_args.make(row, static_cast<uint64_t>(pass) * C);
 #pragma unroll
