@@ -571,7 +571,13 @@ __device__ __forceinline__ DrawPrefix block_prefix_peers(const RowCtx& ctx, int6
     const int nbr = static_cast<int>((n + kBlockCols - 1) / kBlockCols);
     const float* ps = peer(ctx, sums, r);
     unsigned long long m = 0;
-    for (int b = lane; b < nbr; b += 32) m += ctx.fixed(ps[b]);
+    for (int b0 = 0; b0 < nbr; b0 += 128) {  // 4 DSMEM loads a lane in flight
+      float w4[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w4[k] = b0 + 32 * k + lane < nbr ? ps[b0 + 32 * k + lane] : 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) m += ctx.fixed(w4[k]);
+    }
     m = warp_sum_u(m);
     if (lane == 0) ctx.s->wsum[16 + r] = m;
   }
@@ -810,8 +816,10 @@ __device__ __forceinline__ unsigned top_p_one(const RowCtx& ctx, uint32_t key, f
  *   the counting pass. The samples are the counting pass's, bit for bit. The direct kernel
  *   (kDirect) takes the block prefix from the peers' block sums (block_prefix_peers) and each
  *   candidate's value from its locate.
- *   Returns true when one was kept (*col its column on the CTA that drew it, -1 on the others)
- *   or the row has no mass (*col 0 on rank 0); false: the caller searches the threshold and
+ *   Returns true when one was kept (*col its column on the CTA that writes it, -1 on the
+ *   others; *arrived: the CTA arrived at the kernel's last cluster barrier, as soon as the
+ *   histogram kept a candidate on the direct path) or the row has no mass (*col 0 on rank 0);
+ *   false: the caller searches the threshold and
  *   draws with Philox output kTopPCandidates * kTopPPasses. ctx.scale set (mx: the row max, >=
  *   0); the block sums filled with t = 0.
  */
@@ -819,10 +827,11 @@ template <bool kDirect>
 __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
                                                 const RngArgs& rng_args, int64_t row,
                                                 float mx, bool probs, int64_t vocab,
-                                                int64_t* col) {
+                                                int64_t* col, bool* arrived) {
   Shared* s = ctx.s;
   constexpr int C = kTopPCandidates;
   *col = -1;
+  *arrived = false;
   // Probabilities: every rank's block sums are final since the exchange of the max, and on the
   // direct path every CTA can read the row: each locates every candidate itself (no exchange of
   // the keys). (The direct kernel only: in the copy kernel, at its register cap, the same code
@@ -894,6 +903,10 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
         }
         if (v == 2u) {
           if (writer) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
+          if (anywhere && ctx.clustered) {  // no DSMEM read follows: the kernel's last barrier
+            cluster_arrive();
+            *arrived = true;
+          }
           return true;
         }
       }
@@ -1118,11 +1131,10 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       mx = dead ? 0.f : 1.f;
     }
     ctx.scale = fixed_scale(mx);
-    if (is(kTopP) &&
-        top_p_rejection<kHist>(ctx, p.top_p(out_row), p.rng, out_row, mx, is_probs, vocab,
-                               &col)) {
+    if (is(kTopP) && top_p_rejection<kHist>(ctx, p.top_p(out_row), p.rng, out_row, mx, is_probs,
+                                            vocab, &col, &arrived)) {
       if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, true);
-      return false;
+      return arrived;
     }
     const uint32_t max_key = key_nonneg(mx);
     uint32_t t = 0;
