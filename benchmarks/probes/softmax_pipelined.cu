@@ -15,24 +15,11 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <random>
-#include <vector>
+
+#include "softmax_probe.h"
 
 namespace cg = cooperative_groups;
-
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -75,7 +62,7 @@ __device__ __forceinline__ void load_row(float* slot, const float* src, int chun
 /// on every thread. Two block barriers.
 template <int kThreads>
 __device__ __forceinline__ float2 chunk_max_sum(const float* x, int n4, float* red_m, float* red_s) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   const float4* x4 = reinterpret_cast<const float4*>(x);
   float m = -INFINITY, s = 0.f;
   for (int i = tid; i < n4; i += kThreads) {
@@ -84,22 +71,7 @@ __device__ __forceinline__ float2 chunk_max_sum(const float* x, int n4, float* r
     if (mm > m) s *= __expf(m - mm), m = mm;
     s += (__expf(v.x - m) + __expf(v.y - m)) + (__expf(v.z - m) + __expf(v.w - m));
   }
-  float bm = m;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
-  if (lane == 0) red_m[warp] = bm;
-  __syncthreads();
-  bm = red_m[0];
-#pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) bm = fmaxf(bm, red_m[w]);
-  float ss = m == -INFINITY ? 0.f : s * __expf(m - bm);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (lane == 0) red_s[warp] = ss;
-  __syncthreads();
-  float t = 0.f;
-  for (int w = 0; w < kThreads / 32; ++w) t += red_s[w];
-  return make_float2(bm, t);
+  return block_max_sum<kThreads>(m, s, red_m, red_s);
 }
 
 /// The group's (max, sum) from every rank's xch slot (DSMEM), on every lane.
@@ -121,6 +93,49 @@ __device__ __forceinline__ float2 group_max_sum(cg::cluster_group& cluster, floa
   return make_float2(gm, gs);
 }
 
+/// out = exp(x - M) / S for the chunk x in shared memory, (M, S) = gms.
+template <int kThreads>
+__device__ __forceinline__ void write_softmax(const float* x, float* out, int n4, float2 gms) {
+  const float gm = gms.x, inv = 1.f / gms.y;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  float4* o4 = reinterpret_cast<float4*>(out);
+  for (int i = threadIdx.x; i < n4; i += kThreads) {
+    const float4 v = x4[i];
+    o4[i] = make_float4(__expf(v.x - gm) * inv, __expf(v.y - gm) * inv, __expf(v.z - gm) * inv,
+                        __expf(v.w - gm) * inv);
+  }
+}
+
+/// A persistent cluster's rows (g, g + G, ...: `mine` of them) and its CTA's columns.
+struct ClusterRows {
+  int C, rank, g, G, mine;
+  long col0;
+};
+
+/// The ring's start (thread 0): the slots' mbarriers, an optional delay (a third of the
+/// clusters each `stagger_ns` later), the first kS rows' bulk copies. Block-wide.
+template <int kThreads, int kS>
+__device__ __forceinline__ ClusterRows start_ring(cg::cluster_group& cluster, const float* in,
+                                                  int rows, int vocab, int chunk, float* slots,
+                                                  uint64_t* full, int stagger_ns) {
+  ClusterRows cr;
+  cr.C = static_cast<int>(cluster.num_blocks());
+  cr.rank = static_cast<int>(cluster.block_rank());
+  cr.g = blockIdx.x / cr.C, cr.G = gridDim.x / cr.C;
+  cr.mine = cr.g < rows ? (rows - cr.g + cr.G - 1) / cr.G : 0;
+  cr.col0 = static_cast<long>(cr.rank) * chunk;
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < kS; ++k) mbar_init(&full[k], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int w = 0; w < (cr.g % 3) * stagger_ns; w += 1000) __nanosleep(1000);
+    for (int k = 0; k < kS && k < cr.mine; ++k)
+      load_row<kThreads>(slots + k * chunk, in + static_cast<long>(cr.g + k * cr.G) * vocab + cr.col0,
+                         chunk * 4, &full[k]);
+  }
+  __syncthreads();
+  return cr;
+}
+
 /// The lookahead form: row li + 1's max and sum are computed while the cluster barrier of row
 /// li completes (arrive, compute, wait), so the barrier's latency hides behind a pass.
 template <int kThreads, int kS>
@@ -132,21 +147,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ float xch[2][2];
   __shared__ float red_m[kThreads / 32], red_s[kThreads / 32];
   cg::cluster_group cluster = cg::this_cluster();
-  const int C = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int g = blockIdx.x / C, G = gridDim.x / C;
-  const int tid = threadIdx.x;
-  const int mine = g < rows ? (rows - g + G - 1) / G : 0;
+  const ClusterRows cr = start_ring<kThreads, kS>(cluster, in, rows, vocab, chunk, slots, full, 0);
+  const int C = cr.C, g = cr.g, G = cr.G, mine = cr.mine, tid = threadIdx.x;
   const int chunk_bytes = chunk * 4, n4 = chunk / 4;
-  const long col0 = static_cast<long>(rank) * chunk;
-  if (tid == 0) {
-    for (int k = 0; k < kS; ++k) mbar_init(&full[k], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int k = 0; k < kS && k < mine; ++k)
-      load_row<kThreads>(slots + k * chunk, in + static_cast<long>(g + k * G) * vocab + col0,
-                         chunk_bytes, &full[k]);
-  }
-  __syncthreads();
+  const long col0 = cr.col0;
   float2 ms = make_float2(-INFINITY, 0.f);
   if (mine > 0) {
     mbar_wait(&full[0], 0);
@@ -164,15 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       ms = chunk_max_sum<kThreads>(slots + s1 * chunk, n4, red_m, red_s);
     }
     asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-    const float2 gms = group_max_sum(cluster, &xch[li & 1][0], C);
-    const float gm = gms.x, inv = 1.f / gms.y;
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    float4* o4 = reinterpret_cast<float4*>(out + row * vocab + col0);
-    for (int i = tid; i < n4; i += kThreads) {
-      const float4 v = x4[i];
-      o4[i] = make_float4(__expf(v.x - gm) * inv, __expf(v.y - gm) * inv, __expf(v.z - gm) * inv,
-                          __expf(v.w - gm) * inv);
-    }
+    write_softmax<kThreads>(x, out + row * vocab + col0, n4,
+                            group_max_sum(cluster, &xch[li & 1][0], C));
     __syncthreads();
     if (tid == 0 && li + kS < mine) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -192,55 +189,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   __shared__ float xch[2][2];
   __shared__ float red_m[kThreads / 32], red_s[kThreads / 32];
   cg::cluster_group cluster = cg::this_cluster();
-  const int C = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int g = blockIdx.x / C, G = gridDim.x / C;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int mine = g < rows ? (rows - g + G - 1) / G : 0;  // rows g, g + G, ...
+  // Staggered starts (stagger_ns): some clusters compute while others load and write.
+  const ClusterRows cr =
+      start_ring<kThreads, kS>(cluster, in, rows, vocab, chunk, slots, full, stagger_ns);
+  const int C = cr.C, g = cr.g, G = cr.G, mine = cr.mine, tid = threadIdx.x;
   const int chunk_bytes = chunk * 4, n4 = chunk / 4;
-  const long col0 = static_cast<long>(rank) * chunk;
-  if (tid == 0) {
-    for (int k = 0; k < kS; ++k) mbar_init(&full[k], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    // Staggered starts: a third of the clusters each a phase later, so that some clusters
-    // compute while others load and write.
-    for (int w = 0; w < (g % 3) * stagger_ns; w += 1000) __nanosleep(1000);
-    for (int k = 0; k < kS && k < mine; ++k)
-      load_row<kThreads>(slots + k * chunk, in + static_cast<long>(g + k * G) * vocab + col0,
-                         chunk_bytes, &full[k]);
-  }
-  __syncthreads();
+  const long col0 = cr.col0;
   for (int li = 0; li < mine; ++li) {
     const int slot = li % kS;
     const long row = g + static_cast<long>(li) * G;
     float* x = slots + slot * chunk;
     mbar_wait(&full[slot], (li / kS) & 1);
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    float m = -INFINITY, s = 0.f;
-    for (int i = tid; i < n4; i += kThreads) {
-      const float4 v = x4[i];
-      const float mm = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
-      if (mm > m) s *= __expf(m - mm), m = mm;
-      s += (__expf(v.x - m) + __expf(v.y - m)) + (__expf(v.z - m) + __expf(v.w - m));
-    }
-    float bm = m;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
-    if (lane == 0) red_m[warp] = bm;
-    __syncthreads();
-    bm = red_m[0];
-#pragma unroll
-    for (int w = 1; w < kThreads / 32; ++w) bm = fmaxf(bm, red_m[w]);
-    float ss = m == -INFINITY ? 0.f : s * __expf(m - bm);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) red_s[warp] = ss;
-    __syncthreads();
-    if (tid == 0) {
-      float t = 0.f;
-      for (int w = 0; w < kThreads / 32; ++w) t += red_s[w];
-      xch[li & 1][0] = bm, xch[li & 1][1] = t;
-    }
+    const float2 ms = chunk_max_sum<kThreads>(x, n4, red_m, red_s);
+    if (tid == 0) xch[li & 1][0] = ms.x, xch[li & 1][1] = ms.y;
     // extra: passes and cluster barriers standing in for a threshold search (the renorms')
     for (int e = 0; e < extra; ++e) {
       const float2 z = chunk_max_sum<kThreads>(x, n4, red_m, red_s);
@@ -248,26 +209,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       cluster.sync();
     }
     cluster.sync();
-    float gm = -INFINITY, gs = 0.f;
-    if (lane < C) {
-      const float* p = cluster.map_shared_rank(&xch[li & 1][0], lane);
-      gm = p[0], gs = p[1];
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float mo = __shfl_xor_sync(0xffffffffu, gm, o);
-      const float so = __shfl_xor_sync(0xffffffffu, gs, o);
-      const float M = fmaxf(gm, mo);
-      gs = (gm == -INFINITY ? 0.f : gs * __expf(gm - M)) + (mo == -INFINITY ? 0.f : so * __expf(mo - M));
-      gm = M;
-    }
-    const float inv = 1.f / gs;
-    float4* o4 = reinterpret_cast<float4*>(out + row * vocab + col0);
-    for (int i = tid; i < n4; i += kThreads) {
-      const float4 v = x4[i];
-      o4[i] = make_float4(__expf(v.x - gm) * inv, __expf(v.y - gm) * inv, __expf(v.z - gm) * inv,
-                          __expf(v.w - gm) * inv);
-    }
+    write_softmax<kThreads>(x, out + row * vocab + col0, n4,
+                            group_max_sum(cluster, &xch[li & 1][0], C));
     __syncthreads();  // the slot read: free for the bulk copy of row li + kS
     if (tid == 0 && li + kS < mine) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -351,47 +294,19 @@ static float* g_flush;
 static const size_t kFlushBytes = 256ull << 20;
 
 float time_graph(cudaGraphExec_t exec) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(exec, 0));
-  CK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  for (int it = 0; it < 60; ++it) {
-    CK(cudaMemsetAsync(g_flush, it & 0xff, kFlushBytes, 0));
-    CK(cudaEventRecord(e0, 0));
-    CK(cudaGraphLaunch(exec, 0));
-    CK(cudaEventRecord(e1, 0));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    if (ms > 0) t.push_back(ms * 1000.f);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median_us([exec] { CK(cudaGraphLaunch(exec, 0)); }, g_flush, kFlushBytes);
 }
 
 int main() {
   const int rows = 128, vocab = 128256;
   const size_t n = static_cast<size_t>(rows) * vocab, bytes = n * sizeof(float);
-  std::vector<float> h(n);
-  std::mt19937 gen(1234);
-  std::normal_distribution<float> nd(0.f, 2.f);
-  for (auto& x : h) x = nd(gen);
+  const std::vector<float> h = probe_logits(rows, vocab);
   float *in, *out;
   CK(cudaMalloc(&in, bytes));
   CK(cudaMalloc(&out, bytes));
   CK(cudaMalloc(&g_flush, kFlushBytes));
   CK(cudaMemcpy(in, h.data(), bytes, cudaMemcpyHostToDevice));
-  std::vector<double> ref(n);
-  for (int r = 0; r < rows; ++r) {
-    const float* x = h.data() + static_cast<size_t>(r) * vocab;
-    double mx = -INFINITY, s = 0;
-    for (int j = 0; j < vocab; ++j) mx = std::max(mx, static_cast<double>(x[j]));
-    for (int j = 0; j < vocab; ++j) s += std::exp(x[j] - mx);
-    for (int j = 0; j < vocab; ++j) ref[static_cast<size_t>(r) * vocab + j] = std::exp(x[j] - mx) / s;
-  }
+  const std::vector<double> ref = softmax_reference(h, rows, vocab);
   // The copy ceiling: a captured cudaMemcpyAsync of the same bytes, the same timer.
   float t_copy;
   {
@@ -428,17 +343,10 @@ int main() {
     CK(cudaStreamDestroy(st));
   }
   auto check = [&](const char* name, float t, int clusters) {
-    std::vector<float> o(n);
-    CK(cudaMemcpy(o.data(), out, bytes, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0;
-    bool bad = false;
-    for (size_t j = 0; j < n; ++j) {
-      bad |= !std::isfinite(o[j]);
-      num += (o[j] - ref[j]) * (o[j] - ref[j]);
-      den += ref[j] * ref[j];
-    }
+    bool bad;
+    const double err = rel_error(out, ref, &bad);
     std::printf("%-34s clusters %3d  %.2f us  %.1f%% of copy  rel err %.2e%s\n", name, clusters, t,
-                100.f * t_copy / t, std::sqrt(num / den), bad ? "  NOT FINITE" : "");
+                100.f * t_copy / t, err, bad ? "  NOT FINITE" : "");
   };
   const Variant vars[] = {{"C8 S3 256 thr", 8, 3, 256, false, 0},
                           {"C8 S1 256 thr (no pipeline)", 8, 1, 256, false, 0},

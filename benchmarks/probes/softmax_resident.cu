@@ -11,23 +11,9 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <random>
-#include <vector>
+#include "softmax_probe.h"
 
 namespace cg = cooperative_groups;
-
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
 
 constexpr int kThreads = 256;
 
@@ -117,25 +103,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     if (i < keep4) kept[i] = v;
     online(v, m, s);
   }
-  // Block combine.
-  float bm = m;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
-  if ((tid & 31) == 0) red_m[tid >> 5] = bm;
-  __syncthreads();
-  bm = red_m[0];
-#pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) bm = fmaxf(bm, red_m[w]);
-  float ss = m == -INFINITY ? 0.f : s * __expf(m - bm);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if ((tid & 31) == 0) red_s[tid >> 5] = ss;
-  __syncthreads();
-  if (tid == 0) {
-    float t = 0.f;
-    for (int w = 0; w < kThreads / 32; ++w) t += red_s[w];
-    slot[0] = bm, slot[1] = t;
-  }
+  const float2 bms = block_max_sum<kThreads>(m, s, red_m, red_s);
+  if (tid == 0) slot[0] = bms.x, slot[1] = bms.y;
   cluster.sync();
   float gm = -INFINITY, gs = 0.f;
   for (int r = 0; r < C; ++r) {
@@ -186,46 +155,15 @@ struct Variant {
 int main() {
   const int rows = 128, vocab = 128256;
   const size_t n = static_cast<size_t>(rows) * vocab, bytes = n * sizeof(float);
-  std::vector<float> h(n);
-  std::mt19937 gen(1234);
-  std::normal_distribution<float> nd(0.f, 2.f);
-  for (auto& x : h) x = nd(gen);
+  const std::vector<float> h = probe_logits(rows, vocab);
   float *in, *out, *flush;
   const size_t flush_bytes = 256ull << 20;
   CK(cudaMalloc(&in, bytes));
   CK(cudaMalloc(&out, bytes));
   CK(cudaMalloc(&flush, flush_bytes));
   CK(cudaMemcpy(in, h.data(), bytes, cudaMemcpyHostToDevice));
-  // float64 reference
-  std::vector<double> ref(n);
-  for (int r = 0; r < rows; ++r) {
-    const float* x = h.data() + static_cast<size_t>(r) * vocab;
-    double mx = -INFINITY, s = 0;
-    for (int j = 0; j < vocab; ++j) mx = std::max(mx, static_cast<double>(x[j]));
-    for (int j = 0; j < vocab; ++j) s += std::exp(x[j] - mx);
-    for (int j = 0; j < vocab; ++j) ref[static_cast<size_t>(r) * vocab + j] = std::exp(x[j] - mx) / s;
-  }
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  auto time_it = [&](auto launch) {
-    std::vector<float> t;
-    for (int it = 0; it < 5; ++it) launch();
-    CK(cudaDeviceSynchronize());
-    for (int it = 0; it < 60; ++it) {
-      CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
-      CK(cudaEventRecord(e0));
-      launch();
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (ms > 0) t.push_back(ms * 1000.f);
-    }
-    CK(cudaGetLastError());
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  };
+  const std::vector<double> ref = softmax_reference(h, rows, vocab);
+  auto time_it = [&](auto launch) { return median_us(launch, flush, flush_bytes); };
   const float t_memcpy = time_it([&] { CK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice)); });
   const float t_copyk = time_it([&] { copy_kernel<<<132 * 8, 256>>>((const float4*)in, (float4*)out, n / 4); });
   const float ceil_us = std::min(t_memcpy, t_copyk);
@@ -261,18 +199,11 @@ int main() {
     CK(cudaMemset(out, 0xff, bytes));  // poison (NaN)
     launch();
     CK(cudaDeviceSynchronize());
-    std::vector<float> o(n);
-    CK(cudaMemcpy(o.data(), out, bytes, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0;
-    bool nan = false;
-    for (size_t j = 0; j < n; ++j) {
-      nan |= std::isnan(o[j]);
-      num += (o[j] - ref[j]) * (o[j] - ref[j]);
-      den += ref[j] * ref[j];
-    }
+    bool bad;
+    const double err = rel_error(out, ref, &bad);
     const float t = time_it(launch);
     std::printf("%-26s clusters %3d (rows %d)  %.2f us  %.1f%% of copy  rel err %.2e%s\n", v.name,
-                clusters, rows, t, 100.f * ceil_us / t, std::sqrt(num / den), nan ? " NaN!" : "");
+                clusters, rows, t, 100.f * ceil_us / t, err, bad ? " NOT FINITE" : "");
   }
   return 0;
 }

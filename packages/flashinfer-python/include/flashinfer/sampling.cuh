@@ -548,6 +548,14 @@ __device__ __forceinline__ DrawPrefix block_prefix(const RowCtx& ctx, int slot, 
   return d;
 }
 
+/// Lane `lane`'s block sums b0 + 32 k + lane (k < 4) of `sums` (nb of them; 0 past the end):
+/// four DSMEM loads in flight.
+__device__ __forceinline__ void lane_block_sums4(const float* sums, int b0, int nb, int lane,
+                                                 float (&w)[4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) w[k] = b0 + 32 * k + lane < nb ? sums[b0 + 32 * k + lane] : 0.f;
+}
+
 /*!
  * @brief block_prefix without its exchange, where every rank's block sums are final since the
  *   group's last barrier (fill_block_sums's t = 0 sums of probabilities, after the exchange of
@@ -571,10 +579,9 @@ __device__ __forceinline__ DrawPrefix block_prefix_peers(const RowCtx& ctx, int6
     const int nbr = static_cast<int>((n + kBlockCols - 1) / kBlockCols);
     const float* ps = peer(ctx, sums, r);
     unsigned long long m = 0;
-    for (int b0 = 0; b0 < nbr; b0 += 128) {  // 4 DSMEM loads a lane in flight
+    for (int b0 = 0; b0 < nbr; b0 += 128) {
       float w4[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) w4[k] = b0 + 32 * k + lane < nbr ? ps[b0 + 32 * k + lane] : 0.f;
+      lane_block_sums4(ps, b0, nbr, lane, w4);
 #pragma unroll
       for (int k = 0; k < 4; ++k) m += ctx.fixed(w4[k]);
     }
@@ -641,6 +648,21 @@ __device__ __forceinline__ int64_t block_column(const RowCtx& ctx, uint32_t t, i
   return ctx.begin + b * kBlockCols + (last >> 2) * 128 + lane * 4 + (last & 3);
 }
 
+/// Warp-wide, one weight w a lane (in order): the first lane whose running sum exceeds `local`
+/// and the weights before it (src -1 where the warp's weights do not reach it: `before` is then
+/// their total).
+struct WarpFind {
+  int src;
+  unsigned long long before;
+};
+__device__ __forceinline__ WarpFind warp_find(unsigned long long w, unsigned long long local) {
+  const unsigned long long incl = warp_scan_u(w);
+  const unsigned long long tot = __shfl_sync(0xffffffffu, incl, 31);
+  if (local >= tot) return WarpFind{-1, tot};
+  const int src = __ffs(__ballot_sync(0xffffffffu, incl > local)) - 1;
+  return WarpFind{src, __shfl_sync(0xffffffffu, incl - w, src)};
+}
+
 /*!
  * @brief The draw with 32-bit uniform r from block_prefix's d: target = floor(r K / 2^32), the
  *   block whose running W exceeds it (a warp scan of the owning warp's block masses), then the
@@ -657,16 +679,9 @@ __device__ __forceinline__ int64_t block_locate(const RowCtx& ctx, uint32_t t,
   const float* sums = block_sums(ctx);
   unsigned long long local = target - d.before;
   for (int b0 = d.s0; b0 < d.s1; b0 += 32) {
-    const unsigned long long w = b0 + lane < d.s1 ? ctx.fixed(sums[b0 + lane]) : 0ull;
-    const unsigned long long incl = warp_scan_u(w);
-    const unsigned long long tot = __shfl_sync(0xffffffffu, incl, 31);
-    if (local >= tot) {
-      local -= tot;
-      continue;
-    }
-    const int src = __ffs(__ballot_sync(0xffffffffu, incl > local)) - 1;
-    const unsigned long long before_b = __shfl_sync(0xffffffffu, incl - w, src);
-    return block_column(ctx, t, b0 + src, local - before_b, value);
+    const WarpFind f = warp_find(b0 + lane < d.s1 ? ctx.fixed(sums[b0 + lane]) : 0ull, local);
+    if (f.src >= 0) return block_column(ctx, t, b0 + f.src, local - f.before, value);
+    local -= f.before;
   }
   return -1;  // unreachable: the warp's mass exceeds local
 }
@@ -700,20 +715,12 @@ __device__ __forceinline__ int64_t locate_in_row(const RowCtx& ctx, int64_t voca
   const float* ps = peer(ctx, block_sums(ctx), rr);
   for (int b0 = 0; b0 < nb; b0 += 128) {
     float w4[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) w4[k] = b0 + 32 * k + lane < nb ? ps[b0 + 32 * k + lane] : 0.f;
+    lane_block_sums4(ps, b0, nb, lane, w4);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const unsigned long long w = ctx.fixed(w4[k]);
-      const unsigned long long incl = warp_scan_u(w);
-      const unsigned long long tot = __shfl_sync(0xffffffffu, incl, 31);
-      if (local >= tot) {
-        local -= tot;
-        continue;
-      }
-      const int src = __ffs(__ballot_sync(0xffffffffu, incl > local)) - 1;
-      const unsigned long long before_b = __shfl_sync(0xffffffffu, incl - w, src);
-      return block_column(o, 0, b0 + 32 * k + src, local - before_b, value);
+      const WarpFind f = warp_find(ctx.fixed(w4[k]), local);
+      if (f.src >= 0) return block_column(o, 0, b0 + 32 * k + f.src, local - f.before, value);
+      local -= f.before;
     }
   }
   return -1;  // unreachable: the rank's mass exceeds local
