@@ -548,6 +548,14 @@ __device__ __forceinline__ DrawPrefix block_prefix(const RowCtx& ctx, int slot, 
   return d;
 }
 
+/// The columns of rank r's chunk of the row (every rank's chunk but the last is full).
+__device__ __forceinline__ int64_t rank_columns(const RowCtx& ctx, int64_t vocab, int r,
+                                                int64_t* begin) {
+  const int64_t chunk = ctx.rank ? ctx.begin / ctx.rank : ctx.n;
+  *begin = r * chunk;
+  return min(chunk, vocab - *begin);
+}
+
 /// Lane `lane`'s block sums b0 + 32 k + lane (k < 4) of `sums` (nb of them; 0 past the end):
 /// four DSMEM loads in flight.
 __device__ __forceinline__ void lane_block_sums4(const float* sums, int b0, int nb, int lane,
@@ -573,9 +581,9 @@ __device__ __forceinline__ DrawPrefix block_prefix_peers(const RowCtx& ctx, int6
   const unsigned long long mine = warp_block_masses(ctx, &d);
   d.mine = warp_sum_u(mine);
   if (lane == 0) ctx.s->wsum[warp] = d.mine;
-  const int64_t chunk = ctx.rank ? ctx.begin / ctx.rank : ctx.n;  // ranks below the last: full
   for (int r = warp; r < ctx.csize; r += nw) {
-    const int64_t n = min(chunk, vocab - r * chunk);
+    int64_t begin;
+    const int64_t n = rank_columns(ctx, vocab, r, &begin);
     const int nbr = static_cast<int>((n + kBlockCols - 1) / kBlockCols);
     const float* ps = peer(ctx, sums, r);
     unsigned long long m = 0;
@@ -666,12 +674,11 @@ __device__ __forceinline__ WarpFind warp_find(unsigned long long w, unsigned lon
 /*!
  * @brief The draw with 32-bit uniform r from block_prefix's d: target = floor(r K / 2^32), the
  *   block whose running W exceeds it (a warp scan of the owning warp's block masses), then the
- *   element in the block (block_column). The column on the thread that finds it, -1 elsewhere
- *   (and there, where `value` is given, the element's value as read). Warp-local.
+ *   element in the block (block_column). The column on the thread that finds it, -1 elsewhere.
+ *   Warp-local.
  */
 __device__ __forceinline__ int64_t block_locate(const RowCtx& ctx, uint32_t t,
-                                                const DrawPrefix& d, uint32_t r,
-                                                float* value = nullptr) {
+                                                const DrawPrefix& d, uint32_t r) {
   if (d.K == 0) return -1;
   const unsigned long long target = __umul64hi(d.K, static_cast<unsigned long long>(r) << 32);
   if (target < d.before || target >= d.before + d.mine) return -1;
@@ -680,7 +687,7 @@ __device__ __forceinline__ int64_t block_locate(const RowCtx& ctx, uint32_t t,
   unsigned long long local = target - d.before;
   for (int b0 = d.s0; b0 < d.s1; b0 += 32) {
     const WarpFind f = warp_find(b0 + lane < d.s1 ? ctx.fixed(sums[b0 + lane]) : 0ull, local);
-    if (f.src >= 0) return block_column(ctx, t, b0 + f.src, local - f.before, value);
+    if (f.src >= 0) return block_column(ctx, t, b0 + f.src, local - f.before);
     local -= f.before;
   }
   return -1;  // unreachable: the warp's mass exceeds local
@@ -706,11 +713,9 @@ __device__ __forceinline__ int64_t locate_in_row(const RowCtx& ctx, int64_t voca
     if (local < m) break;
     local -= m;
   }
-  const int64_t chunk = ctx.rank ? ctx.begin / ctx.rank : ctx.n;
   RowCtx o = ctx;  // rank rr's chunk
-  o.vals = ctx.vals + (rr - ctx.rank) * chunk;
-  o.begin = rr * chunk;
-  o.n = static_cast<int>(min(chunk, vocab - rr * chunk));
+  o.n = static_cast<int>(rank_columns(ctx, vocab, rr, &o.begin));
+  o.vals = ctx.vals + (o.begin - ctx.begin);
   const int nb = num_blocks(o);
   const float* ps = peer(ctx, block_sums(ctx), rr);
   for (int b0 = 0; b0 < nb; b0 += 128) {
@@ -777,20 +782,9 @@ __device__ __forceinline__ unsigned top_p_one(const RowCtx& ctx, uint32_t key, f
     const unsigned long long w = ctx.fixed(x);
     acc += ctx.key(x) > key ? w : 0ull;
   };
-  const int n4 = ctx.n / 4;
-  int i = ctx.tid;
-  for (; i + 3 * ctx.nthreads < n4; i += 4 * ctx.nthreads) {  // 4 loads in flight
-    float4 x[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) x[u] = ctx.quad_col(4 * (i + u * ctx.nthreads));
-#pragma unroll
-    for (int u = 0; u < 4; ++u) add(a[0], x[u].x), add(a[1], x[u].y), add(a[2], x[u].z), add(a[3], x[u].w);
-  }
-  for (; i < n4; i += ctx.nthreads) {
-    const float4 x = ctx.quad_col(4 * i);
-    add(a[0], x.x), add(a[1], x.y), add(a[2], x.z), add(a[3], x.w);
-  }
-  for (int j = n4 * 4 + ctx.tid; j < ctx.n; j += ctx.nthreads) add(a[0], ctx.val(j));
+  for_each_direct_quad(
+      ctx, [&](float4 x) { add(a[0], x.x), add(a[1], x.y), add(a[2], x.z), add(a[3], x.w); },
+      [&](float x) { add(a[0], x); });
   CM total;
   block_scan(CM{0, (a[0] + a[1]) + (a[2] + a[3])}, ctx.s, &total);
   unsigned long long before;
@@ -826,9 +820,9 @@ __device__ __forceinline__ unsigned top_p_one(const RowCtx& ctx, uint32_t key, f
  *   Returns true when one was kept (*col its column on the CTA that writes it, -1 on the
  *   others; *arrived: the CTA arrived at the kernel's last cluster barrier, as soon as the
  *   histogram kept a candidate on the direct path) or the row has no mass (*col 0 on rank 0);
- *   false: the caller searches the threshold and
- *   draws with Philox output kTopPCandidates * kTopPPasses. ctx.scale set (mx: the row max, >=
- *   0); the block sums filled with t = 0.
+ *   false: the caller searches the threshold and draws with Philox output
+ *   kTopPCandidates * kTopPPasses. ctx.scale set (mx: the row max, >= 0); the block sums filled
+ *   with t = 0.
  */
 template <bool kDirect>
 __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
@@ -909,7 +903,7 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
           exact = v == 0u;
         }
         if (v == 2u) {
-          if (writer) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
+          if (writer) *col = s->cand_col[j];  // -1 on the other CTAs
           if (anywhere && ctx.clustered) {  // no DSMEM read follows: the kernel's last barrier
             cluster_arrive();
             *arrived = true;
@@ -963,7 +957,7 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
 #pragma unroll
     for (int j = 0; j < C; ++j) {
       if (s->cand_sum[j] <= limit) {
-        if (writer) *col = s->cand_col[j];  // -1 on the CTAs that did not draw it
+        if (writer) *col = s->cand_col[j];  // -1 on the other CTAs
         return true;
       }
     }

@@ -498,25 +498,30 @@ __device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool
 /// integer masses, shared-memory atomics). The radix rounds' scalar loops
 /// (one 4-byte load and the loop's address and bound work per element) were 35% of the top-k
 /// kernel's instructions (ncu source counts, H100, benchmarks/notes/sampling-cluster-radix.md).
+/// On the direct path (the input row in global memory, negatives read as 0): fq(quad) for every
+/// quad of the chunk, 4 loads in flight a thread, then ft(x) for the values of the tail.
+template <typename FQ, typename FT>
+__device__ __forceinline__ void for_each_direct_quad(const RowCtx& ctx, FQ fq, FT ft) {
+  const int n4 = ctx.n / 4;
+  int i = ctx.tid;
+  for (; i + 3 * ctx.nthreads < n4; i += 4 * ctx.nthreads) {
+    float4 x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] = ctx.quad_col(4 * (i + u * ctx.nthreads));
+#pragma unroll
+    for (int u = 0; u < 4; ++u) fq(x[u]);
+  }
+  for (; i < n4; i += ctx.nthreads) fq(ctx.quad_col(4 * i));
+  for (int j = n4 * 4 + ctx.tid; j < ctx.n; j += ctx.nthreads) ft(ctx.val(j));
+}
+
 template <typename F>
 __device__ __forceinline__ void for_each_value(const RowCtx& ctx, F f) {
-  const int n4 = ctx.n / 4;
-  if (ctx.direct) {  // the input row (negatives read as 0), 4 loads in flight a thread
-    int i = ctx.tid;
-    for (; i + 3 * ctx.nthreads < n4; i += 4 * ctx.nthreads) {
-      float4 x[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) x[u] = ctx.quad_col(4 * (i + u * ctx.nthreads));
-#pragma unroll
-      for (int u = 0; u < 4; ++u) f(x[u].x), f(x[u].y), f(x[u].z), f(x[u].w);
-    }
-    for (; i < n4; i += ctx.nthreads) {
-      const float4 x = ctx.quad_col(4 * i);
-      f(x.x), f(x.y), f(x.z), f(x.w);
-    }
-    for (int i = n4 * 4 + ctx.tid; i < ctx.n; i += ctx.nthreads) f(ctx.val(i));
+  if (ctx.direct) {
+    for_each_direct_quad(ctx, [&](float4 x) { f(x.x), f(x.y), f(x.z), f(x.w); }, f);
     return;
   }
+  const int n4 = ctx.n / 4;
   const float4* v4 = reinterpret_cast<const float4*>(ctx.vals);
   for (int i = ctx.tid; i < n4; i += ctx.nthreads) {
     const float4 x = v4[i];
