@@ -1592,6 +1592,17 @@ struct Scratch {
 /// Largest vocabulary the kernels take (16 CTAs of kMaxChunk elements).
 inline constexpr int64_t kMaxVocab = 16 * kMaxChunk;
 
+/// The direct kernels' clusters placed by the hardware's load balancing
+/// (cudaClusterSchedulingPolicyLoadBalancing). By default the H100 put 128 clusters of 3 CTAs
+/// of the direct top-p kernel on 124 SMs, 4 CTAs on 12 of them and none on 8, and those 4-CTA
+/// SMs ended the streaming pass last (benchmarks/notes/sampling-cluster-radix.md, wave 25).
+/// Set before the occupancy query (resident_clusters) and the launch alike.
+template <typename Kernel>
+cudaError_t balance_clusters(Kernel kernel) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeClusterSchedulingPolicyPreference,
+                              cudaClusterSchedulingPolicyLoadBalancing);
+}
+
 template <typename Kernel>
 cudaError_t prepare(Kernel kernel, const RowPlan& plan) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1706,10 +1717,11 @@ inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem) {
   config.attrs = &attribute;
   config.numAttrs = 1;
   int n = 0;
-  // The launch's attributes (prepare), the carveout included. (H100, 128256 columns: 124
+  // The launch's attributes (prepare, balance_clusters), the carveout included. (H100, 128256 columns: 124
   // resident clusters of 3 for the top-p kernel's 65 KB CTAs, so 128 rows take clusters of 2;
   // 3 forced: 70.4 us against 51.5, the last clusters in a second wave.)
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (balance_clusters(kernel) != cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem)) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                            cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
@@ -1764,6 +1776,7 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
         (params.filter == kNoFilter || plan.cluster >= 2) &&
         rows_vectorizable<float>(in, stride, plan.chunk)) {
       e = prepare(direct, plan);
+      if (e == cudaSuccess) e = balance_clusters(direct);
       if (e != cudaSuccess) return e;
       return launch_kernel_clustered(direct, dim3(num_out * plan.cluster), dim3(plan.threads),
                                      plan.smem, stream, enable_pdl, plan.cluster, in, stride,
