@@ -1595,12 +1595,15 @@ inline constexpr int64_t kMaxVocab = 16 * kMaxChunk;
 /// The direct kernels' clusters placed by the hardware's load balancing
 /// (cudaClusterSchedulingPolicyLoadBalancing). By default the H100 put 128 clusters of 3 CTAs
 /// of the direct top-p kernel on 124 SMs, 4 CTAs on 12 of them and none on 8, and those 4-CTA
-/// SMs ended the streaming pass last (benchmarks/notes/sampling-cluster-radix.md, wave 25).
-/// Set before the occupancy query (resident_clusters) and the launch alike.
+/// SMs ended the streaming pass last; under load balancing the occupancy query holds 128
+/// clusters of 4 and every SM streams (benchmarks/notes/sampling-cluster-radix.md, wave 25).
+/// Set before the occupancy query (resident_clusters) and the launch alike. A preference: where
+/// the runtime refuses it, the kernels run under the default placement.
 template <typename Kernel>
-cudaError_t balance_clusters(Kernel kernel) {
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeClusterSchedulingPolicyPreference,
-                              cudaClusterSchedulingPolicyLoadBalancing);
+void balance_clusters(Kernel kernel) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeClusterSchedulingPolicyPreference,
+                           cudaClusterSchedulingPolicyLoadBalancing) != cudaSuccess)
+    (void)cudaGetLastError();  // a refused preference is no error of the op
 }
 
 template <typename Kernel>
@@ -1717,11 +1720,12 @@ inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem) {
   config.attrs = &attribute;
   config.numAttrs = 1;
   int n = 0;
-  // The launch's attributes (prepare, balance_clusters), the carveout included. (H100, 128256 columns: 124
-  // resident clusters of 3 for the top-p kernel's 65 KB CTAs, so 128 rows take clusters of 2;
-  // 3 forced: 70.4 us against 51.5, the last clusters in a second wave.)
-  if (balance_clusters(kernel) != cudaSuccess ||
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  // The launch's attributes (prepare, balance_clusters), the carveout included. (H100, 128256
+  // columns, the default placement: 124 resident clusters of 3 of the 80-register top-p
+  // kernel's 65 KB CTAs, so 128 rows took clusters of 2; 3 forced: 70.4 us against 51.5, the
+  // last clusters in a second wave.)
+  balance_clusters(kernel);
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem)) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                            cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
@@ -1776,8 +1780,8 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
         (params.filter == kNoFilter || plan.cluster >= 2) &&
         rows_vectorizable<float>(in, stride, plan.chunk)) {
       e = prepare(direct, plan);
-      if (e == cudaSuccess) e = balance_clusters(direct);
       if (e != cudaSuccess) return e;
+      balance_clusters(direct);
       return launch_kernel_clustered(direct, dim3(num_out * plan.cluster), dim3(plan.threads),
                                      plan.smem, stream, enable_pdl, plan.cluster, in, stride,
                                      vocab, plan.chunk, true, RowGrid{num_out, 0, nullptr, 0},
