@@ -53,7 +53,7 @@ t=$(( $(left) - 80 )); [ $t -gt ${SWEEP_TIMEOUT:-150} ] && t=${SWEEP_TIMEOUT:-15
 rm -f /tmp/quiet
 if [ -n "${QUIET:-}" ]; then
   ( n=$(echo $groups | wc -w)
-    while { [ ! -f /tmp/aot-tests-done ] || [ "$(wc -l < /tmp/peer-ready 2>/dev/null || echo 0)" -lt $n ]; } \
+    while { [ ! -f /tmp/aot-tests-done ] || [ "$(cat /tmp/peer-ready 2>/dev/null | wc -l)" -lt $n ]; } \
           && [ $(left) -gt 150 ]; do sleep 1; done; touch /tmp/quiet ) &
 fi
 ours timeout $t nice -n ${SWEEP_NICE:-0} python3 benchmarks/tuning/sm90_vs_peer.py ours /tmp/ours.json "$@" \
@@ -77,8 +77,8 @@ run_tests() {  # $1: seconds to leave for what follows
 }
 run_peer() {
   local n_groups=$(echo $groups | wc -w)
-  while [ "$(wc -l < /tmp/peer-ready 2>/dev/null || echo 0)" -lt $n_groups ] && [ $(left) -gt 70 ]; do sleep 2; done
-  log "peer ready: $(tr '\n' ' ' < /tmp/peer-ready 2>/dev/null)"
+  while [ "$(cat /tmp/peer-ready 2>/dev/null | wc -l)" -lt $n_groups ] && [ $(left) -gt 70 ]; do sleep 2; done
+  log "peer ready: $(cat /tmp/peer-ready 2>/dev/null | tr '\n' ' ')"
   peer timeout $(( $(left) - ${1:-45} )) python3 benchmarks/tuning/sm90_vs_peer.py peer /tmp/peer.json \
     ${PEER_CASES:+--cases $PEER_CASES} > $OUT/peer.log 2>&1
   log "peer exit $?"
