@@ -35,7 +35,7 @@ def simulate(order, jobs, seed=0):
 
 def test_the_longest_builds_go_first():
     ordered = [s.name for s in aot.build_order([SimpleNamespace(name=n) for n in REGISTRY])]
-    assert ordered[0] == "rope" and ordered[-1] == "scale"
+    assert ordered[0] == "sampling" and ordered[-1] == "scale"
     weights = [aot.compile_weight(n) for n in ordered]
     assert weights == sorted(weights, reverse=True)
     attention = [n for n in ordered if n.startswith("attention_")]
@@ -67,10 +67,11 @@ def test_the_estimate_is_within_20_percent_of_what_is_left(jobs, seed):
 
 
 def test_the_old_estimate_ran_low():
-    """Why it changed: registry order (small modules first), 2 jobs, mean of all so far."""
+    """Why it changed: registry order (small modules first), 2 jobs, mean of all so far. (It ran
+    35-50% low until the sampling module, the registry's ninth and its longest, finished.)"""
     ends = [e for e in simulate(REGISTRY, 2) if e[0] == "end"]
-    at = ends[9][1]  # the 10th module to finish
-    old = at / 10 * (len(REGISTRY) - 10)
+    at = ends[4][1]  # the 5th module to finish
+    old = at / 5 * (len(REGISTRY) - 5)
     assert old < 0.8 * (ends[-1][1] - at)
 
 
