@@ -637,6 +637,35 @@ def test_softmax(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("b, v, pad", [
+    (1, 128256, 0), (1, 256000, 0), (7, 12, 0), (16, 1000, 4), (33, 128256, 0),
+    (64, 256000, 0), (100, 128256, 4), (128, 128256, 0), (132, 151936, 0), (128, 4, 0),
+    (128, 256000, 0), (133, 128256, 0), (128, 128256, 1), (50, 127, 0)])
+def test_softmax_rows_on_chip(b, v, pad):
+    # SoftmaxResidentKernel (float32, vocab % 4 == 0, 16-byte aligned rows, rows <= SMs): every
+    # cluster size, chunks in registers only / with shared memory / with a remainder read twice;
+    # the other shapes (more rows than SMs, a chunk too large, odd strides or vocabularies)
+    # take TransformKernel. -inf, NaN and +inf rows as torch.softmax.
+    g = torch.Generator(device="cuda").manual_seed(b * 7 + v)
+    wide = torch.randn(b, v + pad, device="cuda", generator=g) * 3
+    logits = wide[:, :v]
+    logits[0, : max(1, v // 3)] = -float("inf")
+    if b > 3:
+        logits[1, v // 2] = float("nan")
+        logits[2, v - 1] = float("inf")
+        logits[3] = -float("inf")
+    t = torch.rand(b, device="cuda", generator=g) + 0.5
+    ref = torch.softmax(logits.double() / t.double()[:, None], -1).float()
+    out = sampling.softmax(logits, temperature=t)
+    torch.testing.assert_close(out, ref, rtol=2e-5, atol=1e-8, equal_nan=True)
+    if b > 3:
+        assert out[1:4].isnan().all()
+    out = sampling.softmax(logits, 1.3, enable_pdl=False)
+    ref = torch.softmax(logits.double() / 1.3, -1).float()
+    torch.testing.assert_close(out, ref, rtol=2e-5, atol=1e-8, equal_nan=True)
+
+
+@pytest.mark.gpu
 def test_chain_speculative_counts():
     b, n, v = 6, 4, 64
     g = torch.Generator(device="cuda").manual_seed(0)

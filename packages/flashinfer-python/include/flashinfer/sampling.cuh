@@ -1457,6 +1457,241 @@ __global__ void __launch_bounds__(kThreads, 3) TransformKernel(const T* __restri
   row_sync(ctx);
 }
 
+// ------------------------------------------------------------------------------------------------
+// Softmax with every row on chip at once (SoftmaxResidentKernel)
+// ------------------------------------------------------------------------------------------------
+//
+// TransformKernel's softmax holds a 64 KB chunk a CTA in shared memory, 3 CTAs an SM: 128 rows of
+// 128256 floats take 2.6 waves, and each wave exposes its load, reduction, cluster barrier and
+// write (77% of the copy at 128 x 128256 on the H100; benchmarks/notes/sampling-cluster-radix.md,
+// waves 23, 24 and 26). Here one CTA a SM holds its chunk in registers (kResVecs float4 a thread,
+// 192 KB a CTA) and shared memory (up to ~226 KB): with `rows` <= SMs every row is read once while
+// all SMs stream (one wave), one reduction, then every SM writes (88% of the copy). What does not
+// fit (the remainder: 91 KB of a 513 KB row) is read first, evict-last, into the shared memory
+// that later holds the kept part's end, and everything else evict-first: phase 2 reads it again
+// from the L2 (1.7 us faster than at normal priority), then returns its lines to normal priority.
+// The registers' code is unrolled once per slot and runs once per warp, so it is kept short: a
+// straight-line kernel of 20K instructions ran at 5-30% of the copy (instruction fetch), 256
+// threads of 48 slots (4.3K instructions) at 82%, 512 of 24 (3.1K) at 86% before the evict-last.
+
+/// SoftmaxResidentKernel's threads (one CTA an SM) and the float4 registers each holds.
+inline constexpr int kResThreads = 512;
+inline constexpr int kResVecs = 24;
+
+/// A 16-byte read-only load, not kept in L1, under L2 cache policy `policy` (createpolicy).
+__device__ __forceinline__ float4 ld_row(const float4* p, uint64_t policy) {
+  float4 v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p), "l"(policy));
+#else
+  v = *p;
+#endif
+  return v;
+}
+
+/// cp.async of 16 bytes to shared address `dst` under L2 cache policy `policy`.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const float4* src, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(src), "l"(policy)
+               : "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/// exp(d) as ex2.approx.ftz(d * log2(e)): __expf without its subnormal-range fix-up (results
+/// below 2^-126 flush to 0), 3 instructions instead of 6 in the registers' unrolled code.
+__device__ __forceinline__ float exp_ftz(float d) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d * 1.4426950408889634f));
+  return y;
+}
+
+/// (max, sum of exp(x - max)) pairs: the online update and the combine.
+struct OnlineSum {
+  float m = -INFINITY, s = 0.f;
+  __device__ __forceinline__ void add(float4 x, float inv_t) {
+    // -inf terms add 0 (also before any finite max); NaN terms add NaN.
+    auto term = [](float y, float mx) { return y == -INFINITY ? 0.f : exp_ftz(y - mx); };
+    x = make_float4(x.x * inv_t, x.y * inv_t, x.z * inv_t, x.w * inv_t);
+    const float mm = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
+    if (mm > m) s *= exp_ftz(m - mm), m = mm;
+    s += (term(x.x, m) + term(x.y, m)) + (term(x.z, m) + term(x.w, m));
+  }
+  __device__ __forceinline__ void merge(float mo, float so) {
+    const float M = fmaxf(m, mo);
+    s = (m == M ? s : s * exp_ftz(m - M)) + (mo == M ? so : so * exp_ftz(mo - M));
+    m = M;
+  }
+  /// The same butterfly on every warp (and every CTA): the same result everywhere.
+  __device__ __forceinline__ void warp_all() {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      merge(__shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  }
+};
+
+/*!
+ * @brief Softmax of float32 rows, one CTA a chunk of chunk4 float4 (a cluster of C CTAs a row, C
+ *   from the launch; the last chunks may be shorter or empty). Chunk layout: [0, reg4) in
+ *   registers (slot j of thread t: j * kResThreads + t), then the remainder [reg4, reg4 + rem4)
+ *   (read twice), then the shared memory's part (smem_vecs float4 at most; rem4 <= smem_vecs,
+ *   the plan's bound). vocab % 4 == 0; rows and out 16-byte aligned. Numerics as softmax_chunk:
+ *   x = logit * inv_t, NaN or +inf anywhere makes the row NaN, a row of -inf is NaN.
+ */
+template <int kVecs>
+__global__ void __launch_bounds__(kResThreads, 1)
+    SoftmaxResidentKernel(const float* __restrict__ in, int64_t stride, int64_t vocab,
+                          int64_t chunk4, int smem_vecs, RowParam<float> temperature,
+                          float* __restrict__ out, int64_t out_stride) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int T = kResThreads, kWarps = kResThreads / 32;
+  __shared__ float red[2 * kWarps];
+  float4* const held = reinterpret_cast<float4*>(smem);
+  const uint32_t held_s = static_cast<uint32_t>(__cvta_generic_to_shared(held));
+  const int tid = threadIdx.x, lane = tid & 31;
+  int csize = 1, rank = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  csize = static_cast<int>(cg::this_cluster().num_blocks());
+  rank = static_cast<int>(cg::this_cluster().block_rank());
+#endif
+  const int64_t row = blockIdx.x / csize;
+  const int64_t begin4 = rank * chunk4;
+  const int64_t left4 = vocab / 4 - begin4;
+  const int n4 = static_cast<int>(left4 < 0 ? 0 : (left4 < chunk4 ? left4 : chunk4));
+  const int reg4 = n4 < kVecs * T ? n4 : kVecs * T;
+  const int rem4 = n4 - reg4 > smem_vecs ? n4 - reg4 - smem_vecs : 0;
+  const int kept4 = n4 - reg4 - rem4;  // the shared memory's part, rem4 <= kept4
+  const int slots = reg4 > tid ? (reg4 - tid + T - 1) / T : 0;  // this thread's valid slots
+  const float inv_t = 1.f / temperature(row);
+  uint64_t first = 0, last = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(last));
+#endif
+  pdl_wait();
+  const float4* const src = reinterpret_cast<const float4*>(in + row * stride) + begin4;
+  const float4* const rest = src + reg4;           // the remainder
+  const float4* const kept = rest + rem4;          // the shared memory's part
+  // Phase 1. The remainder first (evict-last; group 0) into the shared memory's first rem4
+  // slots, the registers, the kept part beyond rem4 (group 1); each thread reads back only the
+  // shared memory it copied itself, so its own waits order everything (no block barrier).
+  for (int s = tid; s < rem4; s += T) cp_async16(held_s + s * 16, rest + s, last);
+  cp_async_commit();
+  float4 v[kVecs];
+  const float4* const mine = src + tid;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j)
+    v[j] = j < slots ? ld_row(mine + j * T, first)
+                     : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+  for (int s = rem4 + tid; s < kept4; s += T) cp_async16(held_s + s * 16, kept + s, first);
+  cp_async_commit();
+  OnlineSum acc;
+  cp_async_wait<1>();
+  for (int s = tid; s < rem4; s += T) {
+    acc.add(held[s], inv_t);
+    cp_async16(held_s + s * 16, kept + s, first);  // the same slot, now the kept part's
+  }
+  cp_async_commit();
+  // The registers: x * inv_t in place, their max, then one exponential each.
+  float rm = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    v[j] = make_float4(v[j].x * inv_t, v[j].y * inv_t, v[j].z * inv_t, v[j].w * inv_t);
+    rm = fmaxf(rm, fmaxf(fmaxf(v[j].x, v[j].y), fmaxf(v[j].z, v[j].w)));
+  }
+  float rs = 0.f;
+  if (rm != -INFINITY) {  // (-inf - -inf would be NaN; every term is 0 then)
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j)
+      rs += (exp_ftz(v[j].x - rm) + exp_ftz(v[j].y - rm)) + (exp_ftz(v[j].z - rm) + exp_ftz(v[j].w - rm));
+  }
+  cp_async_wait<1>();
+  for (int s = rem4 + tid; s < kept4; s += T) acc.add(held[s], inv_t);
+  cp_async_wait<0>();
+  for (int s = tid; s < rem4; s += T) acc.add(held[s], inv_t);
+  acc.merge(rm, rs);
+  pdl_launch_dependents();
+  // The block's (max, sum), then the cluster's: the same tree on every warp and CTA.
+  acc.warp_all();
+  if (lane == 0) red[2 * (tid >> 5)] = acc.m, red[2 * (tid >> 5) + 1] = acc.s;
+  __syncthreads();
+  OnlineSum tot;
+  if (lane < kWarps) tot.m = red[2 * lane], tot.s = red[2 * lane + 1];
+  tot.warp_all();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (csize > 1) {
+    __shared__ float slot[2];
+    cg::cluster_group cluster = cg::this_cluster();
+    if (tid == 0) slot[0] = tot.m, slot[1] = tot.s;
+    cluster.sync();
+    OnlineSum all;
+    if (lane < csize) {
+      const float* remote = cluster.map_shared_rank(slot, lane);
+      all.m = remote[0];
+      all.s = remote[1];
+    }
+    all.warp_all();
+    tot = all;
+    // Arrive now (every peer has read our slot by its own arrival), wait before exit.
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  }
+#endif
+  const float M = tot.m, inv = 1.f / tot.s;
+  // Phase 2: the registers (y = x * inv_t already), the remainder from the L2, the shared memory.
+  float4* const dst = reinterpret_cast<float4*>(out + row * out_stride) + begin4;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < slots)
+      dst[j * T + tid] = make_float4(exp_ftz(v[j].x - M) * inv, exp_ftz(v[j].y - M) * inv,
+                                     exp_ftz(v[j].z - M) * inv, exp_ftz(v[j].w - M) * inv);
+  }
+  auto f = [&](float4 x) {
+    return make_float4(exp_ftz(x.x * inv_t - M) * inv, exp_ftz(x.y * inv_t - M) * inv,
+                       exp_ftz(x.z * inv_t - M) * inv, exp_ftz(x.w * inv_t - M) * inv);
+  };
+  constexpr int U = 8;  // the remainder's loads in flight a thread
+  for (int s0 = tid; s0 < rem4; s0 += U * T) {
+    float4 r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (s0 + u * T < rem4) r[u] = ld_row(rest + s0 + u * T, first);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int s = s0 + u * T;
+      if (s < rem4) {
+        dst[reg4 + s] = f(r[u]);
+        // Back to normal priority: the lines phase 1 kept (evict-last) leave no trace.
+        const uintptr_t a = reinterpret_cast<uintptr_t>(rest + s);
+        if ((a & 127) == 0 || s == 0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+          asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(a & ~uintptr_t{127})
+                       : "memory");
+#endif
+        }
+      }
+    }
+  }
+  for (int s = tid; s < kept4; s += T) dst[reg4 + rem4 + s] = f(held[s]);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (csize > 1) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
 struct ChainParams {
   const float* draft;   ///< (b, n, V)
   const int32_t* ids;   ///< (b, n)
@@ -1699,9 +1934,11 @@ inline RowPlan plan_direct(int64_t vocab, int64_t rows, int sms, ClustersOf clus
 /// `dev` holds at once (cudaOccupancyMaxActiveClusters; 0 where the query fails), asked once per
 /// device and size: the H100 held fewer than 4 CTAs a SM of the direct kernel in clusters of 4,
 /// though its registers allow 4 (benchmarks/notes/sampling-cluster-radix.md, wave 17). kSet:
-/// the kernel's filter set (each kernel's answers are kept apart).
+/// the kernel's filter set (each kernel's answers are kept apart); `threads` a CTA. (Kept per
+/// size, not per `smem`: each kernel asks with one smem a size, or, SoftmaxResidentKernel, holds
+/// one CTA a SM by its registers whatever its shared memory.)
 template <unsigned kSet, typename Kernel>
-inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem) {
+inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem, int threads = kThreads) {
   constexpr int kDevices = 64;
   static std::atomic<int> known[kDevices][9];  // clusters + 1; 0: not asked yet
   if (dev < kDevices && c <= 8) {
@@ -1710,7 +1947,7 @@ inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem) {
   }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(c);
-  config.blockDim = dim3(kThreads);
+  config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeClusterDimension;
@@ -1847,10 +2084,110 @@ cudaError_t Sample(const T* in, int64_t stride, int64_t num_out, int64_t vocab,
   return cudaErrorInvalidValue;
 }
 
+/// SoftmaxResidentKernel's plan for `rows` rows of `vocab` floats: clusters of C = min(8,
+/// sms / rows) CTAs (one CTA a SM: every row on chip at once; fewer where the device does not hold
+/// `rows` such clusters), chunks of chunk4 float4 of which shared memory holds smem_vecs.
+/// cluster 0: not this kernel (vocab % 4, more rows than SMs, or a chunk beyond what registers
+/// and shared memory hold plus one remainder a thread).
+struct ResidentPlan {
+  int cluster = 0;
+  int64_t chunk4 = 0;
+  int smem_vecs = 0;
+};
+
+/// The dynamic shared memory SoftmaxResidentKernel may take where a CTA may opt in to `optin`
+/// bytes (its static shared memory: < 1 KB).
+inline int resident_smem_limit(int optin) { return (optin - 1024) / 16 * 16; }
+
+template <typename Fits>
+inline ResidentPlan plan_resident(int64_t vocab, int64_t rows, int sms, int smem_optin, Fits fits) {
+  if (vocab % 4 != 0 || rows < 1 || rows > sms) return {};
+  const int64_t regs = int64_t{kResVecs} * kResThreads;
+  const int64_t smax = resident_smem_limit(smem_optin) / 16;
+  for (int c = static_cast<int>(sms / rows < 8 ? sms / rows : 8); c >= 1; --c) {
+    const int64_t chunk4 = ceil_div(vocab / 4, c);
+    if (chunk4 > regs + 2 * smax) return {};
+    const int64_t sm = chunk4 - regs < 0 ? 0 : (chunk4 - regs < smax ? chunk4 - regs : smax);
+    const ResidentPlan plan{c, chunk4, static_cast<int>(sm)};
+    if (fits(c, static_cast<size_t>(sm) * 16)) return plan;
+  }
+  return {};
+}
+
+/// The largest dynamic shared memory a CTA may ask for on device `dev`, asked once per device.
+inline cudaError_t smem_optin(int dev, int* out) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices];  // 0: not asked yet
+  if (dev >= 0 && dev < kDevices) {
+    const int n = known[dev].load(std::memory_order_relaxed);
+    if (n) {
+      *out = n;
+      return cudaSuccess;
+    }
+  }
+  const cudaError_t e = cudaDeviceGetAttribute(out, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e == cudaSuccess && dev >= 0 && dev < kDevices)
+    known[dev].store(*out, std::memory_order_relaxed);
+  return e;
+}
+
+/// Softmax of float32 rows by SoftmaxResidentKernel where its plan holds them; false: not taken
+/// (*err untouched), the caller runs TransformKernel.
+inline bool softmax_resident(const float* in, int64_t stride, int64_t rows, int64_t vocab,
+                             const TransformParams& params, bool enable_pdl, cudaStream_t stream,
+                             cudaError_t* err) {
+  if (!is_aligned(in, 16) || stride % 4 != 0 || !is_aligned(params.out, 16) ||
+      params.out_stride % 4 != 0)
+    return false;
+  int dev = 0, sms = 0, optin = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = sm_count(dev, &sms);
+  if (e == cudaSuccess) e = smem_optin(dev, &optin);
+  if (e != cudaSuccess) {
+    *err = e;
+    return true;
+  }
+  auto* const kernel = &SoftmaxResidentKernel<kResVecs>;
+  constexpr unsigned kSet = 1u << 31;  // resident_clusters' key for this kernel
+  // The occupancy query asks with the most shared memory (the attribute it sets stays what every
+  // launch needs); one CTA a SM either way, by the registers.
+  const ResidentPlan plan = plan_resident(vocab, rows, sms, optin, [&](int c, size_t) {
+    return c == 1 ||
+           resident_clusters<kSet>(kernel, dev, c, resident_smem_limit(optin), kResThreads) >=
+               rows;
+  });
+  if (!plan.cluster) return false;
+  const size_t smem = static_cast<size_t>(plan.smem_vecs) * 16;
+  // Once per device: the most shared memory any plan asks for, all of the L1 as shared memory.
+  constexpr int kDevices = 64;
+  static std::atomic<bool> ready[kDevices];
+  if (dev >= kDevices || !ready[dev].load(std::memory_order_relaxed)) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             resident_smem_limit(optin));
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+    if (e == cudaSuccess && dev < kDevices) ready[dev].store(true, std::memory_order_relaxed);
+  }
+  if (e == cudaSuccess)
+    e = launch_kernel_clustered(kernel, dim3(rows * plan.cluster), dim3(kResThreads), smem, stream,
+                                enable_pdl, plan.cluster > 1 ? plan.cluster : 0, in, stride,
+                                vocab, plan.chunk4, plan.smem_vecs, params.temperature,
+                                static_cast<float*>(params.out), params.out_stride);
+  *err = e;
+  return true;
+}
+
 template <typename T>
 cudaError_t TransformRows(const T* in, int64_t stride, int64_t rows, int64_t vocab,
                           const TransformParams& params, const Scratch& scratch, bool enable_pdl,
                           cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    cudaError_t e = cudaSuccess;
+    if (params.kind == kSoftmax && !scratch.ptr && rows > 0 &&
+        softmax_resident(in, stride, rows, vocab, params, enable_pdl, stream, &e))
+      return e;
+  }
   return launch_rows(TransformKernel<T>, in, stride, rows, vocab, params, scratch, enable_pdl,
                      stream);
 }
