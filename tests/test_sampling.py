@@ -666,6 +666,39 @@ def test_softmax_rows_on_chip(b, v, pad):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", ["top_k_mask_logits", "top_k_renorm_probs"])
+@pytest.mark.parametrize("b, v", [(67, 128256), (128, 128256), (132, 151936), (100, 1000),
+                                  (128, 8)])
+def test_top_k_rows_on_chip(op, b, v):
+    # TopKResidentKernel (float32, vocab % 4 == 0, aligned rows, SMs / 2 < rows <= SMs) against
+    # TransformKernel on the same rows (a stride of v + 1 takes it): bit for bit, over ties,
+    # NaN, -inf / zero rows, sparse rows, k = 1 .. 5000 (beyond the threads: no bound; beyond
+    # the candidate list: the bound rises) and k >= vocab.
+    g = torch.Generator(device="cuda").manual_seed(b + v)
+    x = torch.randn(b, v, device="cuda", generator=g) * 3
+    if op == "top_k_renorm_probs":
+        x = torch.softmax(x, -1)
+    x[0] = (x[0] * 4).round() / 4  # ties
+    x[1, v // 3] = float("nan")
+    x[2] = -float("inf") if op == "top_k_mask_logits" else 0.0
+    x[3, 10:] = -float("inf") if op == "top_k_mask_logits" else 0.0  # sparse
+    x[4] = 0.5  # one value
+    x[5, : v // 2] = -x[5, : v // 2]  # negative probabilities count as 0
+    ks = torch.tensor([1, 50, 512, 513, 5000, v, v + 3, 2, 7], dtype=torch.int32,
+                      device="cuda").repeat(b // 9 + 1)[:b]
+    wide = torch.empty(b, v + 1, device="cuda")
+    wide[:, :v] = x
+    fn = getattr(sampling, op)
+    for k in (ks, 50, 1):
+        got = fn(x, k)
+        ref = fn(wide[:, :v], k)
+        torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
+    # and the meaning, on the finite rows: the k largest kept
+    kept = (fn(x, 50)[6:] != (-float("inf") if op == "top_k_mask_logits" else 0)).sum(-1)
+    assert (kept >= min(50, v)).all() and (kept <= min(50, v) + 2).all()
+
+
+@pytest.mark.gpu
 def test_chain_speculative_counts():
     b, n, v = 6, 4, 64
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -1545,13 +1545,164 @@ struct OnlineSum {
   }
 };
 
+/// Where a CTA's chunk of its row lies (SoftmaxResidentKernel, TopKResidentKernel): [0, reg4)
+/// in registers (slot j of thread t: float4 j * kResThreads + t), then the remainder
+/// [reg4, reg4 + rem4) (read twice), then the shared memory's part [reg4 + rem4, n4) (kept4
+/// float4; rem4 <= kept4, the plan's bound).
+struct ResidentChunk {
+  const float4* src;  ///< the chunk's first float4
+  float4* held;       ///< shared memory: the kept part (and, in phase 1, first the remainder)
+  uint32_t held_s;
+  int n4, reg4, rem4, kept4;
+  int slots;  ///< this thread's valid register slots
+  int tid;
+  uint64_t first, last;  ///< L2 policies: evict-first, evict-last
+  __device__ __forceinline__ const float4* rest() const { return src + reg4; }
+  __device__ __forceinline__ const float4* kept() const { return src + reg4 + rem4; }
+};
+
+/// The chunk of rank `rank` (chunk4 float4 each) of the row at `row_ptr`. No global reads.
+template <int kVecs>
+__device__ __forceinline__ ResidentChunk resident_chunk(const float* row_ptr, int64_t vocab,
+                                                        int64_t chunk4, int smem_vecs, int rank,
+                                                        unsigned char* smem) {
+  constexpr int T = kResThreads;
+  ResidentChunk c;
+  const int64_t begin4 = rank * chunk4;
+  const int64_t left4 = vocab / 4 - begin4;
+  c.n4 = static_cast<int>(left4 < 0 ? 0 : (left4 < chunk4 ? left4 : chunk4));
+  c.reg4 = c.n4 < kVecs * T ? c.n4 : kVecs * T;
+  c.rem4 = c.n4 - c.reg4 > smem_vecs ? c.n4 - c.reg4 - smem_vecs : 0;
+  c.kept4 = c.n4 - c.reg4 - c.rem4;
+  c.tid = threadIdx.x;
+  c.slots = c.reg4 > c.tid ? (c.reg4 - c.tid + T - 1) / T : 0;
+  c.src = reinterpret_cast<const float4*>(row_ptr) + begin4;
+  c.held = reinterpret_cast<float4*>(smem);
+  c.held_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  c.first = c.last = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(c.first));
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(c.last));
+#endif
+  return c;
+}
+
+/*!
+ * @brief Phase 1: read the chunk once. The remainder first (evict-last; cp.async group 0) into
+ *   the shared memory's first rem4 slots, the registers, the kept part beyond rem4 (group 1);
+ *   add(x) sees the remainder's float4 (whose slots then take the kept part's: group 2), then
+ *   regs(v) the registers (invalid slots hold -inf), then add(x) the kept part. Each thread
+ *   reads back only the shared memory it copied itself, so its own waits order everything.
+ */
+template <int kVecs, typename Add, typename Regs>
+__device__ __forceinline__ void resident_load(const ResidentChunk& c, float4 (&v)[kVecs], Add add,
+                                              Regs regs) {
+  constexpr int T = kResThreads;
+  const float4* const rest = c.rest();
+  const float4* const kept = c.kept();
+  for (int s = c.tid; s < c.rem4; s += T) cp_async16(c.held_s + s * 16, rest + s, c.last);
+  cp_async_commit();
+  const float4* const mine = c.src + c.tid;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j)
+    v[j] = j < c.slots ? ld_row(mine + j * T, c.first)
+                       : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+  for (int s = c.rem4 + c.tid; s < c.kept4; s += T)
+    cp_async16(c.held_s + s * 16, kept + s, c.first);
+  cp_async_commit();
+  cp_async_wait<1>();
+  for (int s = c.tid; s < c.rem4; s += T) {
+    add(c.held[s]);
+    cp_async16(c.held_s + s * 16, kept + s, c.first);  // the same slot, now the kept part's
+  }
+  cp_async_commit();
+  regs(v);
+  cp_async_wait<1>();
+  for (int s = c.rem4 + c.tid; s < c.kept4; s += T) add(c.held[s]);
+  cp_async_wait<0>();
+  for (int s = c.tid; s < c.rem4; s += T) add(c.held[s]);
+}
+
+/// f(x, policy-read remainder) over the remainder's float4, read from the L2 (8 in flight a
+/// thread); `done(s)` after each (its index).
+template <typename F, typename Done>
+__device__ __forceinline__ void resident_rest(const ResidentChunk& c, uint64_t policy, F f,
+                                              Done done) {
+  constexpr int T = kResThreads, U = 4;
+  const float4* const rest = c.rest();
+  for (int s0 = c.tid; s0 < c.rem4; s0 += U * T) {
+    float4 r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (s0 + u * T < c.rem4) r[u] = ld_row(rest + s0 + u * T, policy);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int s = s0 + u * T;
+      if (s < c.rem4) {
+        f(r[u], s);
+        done(s);
+      }
+    }
+  }
+}
+
+/// f(x) for every float4 of the chunk's remainder (re-read, kept evict-last) and shared memory.
+template <typename F>
+__device__ __forceinline__ void resident_off_registers(const ResidentChunk& c, F f) {
+  resident_rest(c, c.last, [&](float4 x, int) { f(x); }, [](int) {});
+  for (int s = c.tid; s < c.kept4; s += kResThreads) f(c.held[s]);
+}
+
+/// f(x) for every float4 of the chunk held after phase 1.
+template <int kVecs, typename F>
+__device__ __forceinline__ void resident_for_each(const ResidentChunk& c, const float4 (&v)[kVecs],
+                                                  F f) {
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j)
+    if (j < c.slots) f(v[j]);
+  resident_off_registers(c, f);
+}
+
+/// Phase 2: dst (the chunk's first float4 of the output) = map_reg(register slot) / map(x): the
+/// registers, the remainder from the L2 (its lines then back to normal priority: the evict-last
+/// of phase 1 leaves no trace), the shared memory's part.
+template <int kVecs, typename MapReg, typename Map>
+__device__ __forceinline__ void resident_store(const ResidentChunk& c, const float4 (&v)[kVecs],
+                                               float4* dst, MapReg map_reg, Map map) {
+  constexpr int T = kResThreads;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j)
+    if (j < c.slots) dst[j * T + c.tid] = map_reg(v[j]);
+  const float4* const rest = c.rest();
+  resident_rest(
+      c, c.first, [&](float4 x, int s) { dst[c.reg4 + s] = map(x); },
+      [&](int s) {
+        const uintptr_t a = reinterpret_cast<uintptr_t>(rest + s);
+        if ((a & 127) == 0 || s == 0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+          asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(a & ~uintptr_t{127})
+                       : "memory");
+#endif
+        }
+      });
+  for (int s = c.tid; s < c.kept4; s += T) dst[c.reg4 + c.rem4 + s] = map(c.held[s]);
+}
+
+/// This CTA's (cluster size, rank): (1, 0) without a cluster.
+__device__ __forceinline__ void cluster_place(int* csize, int* rank) {
+  *csize = 1;
+  *rank = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  *csize = static_cast<int>(cg::this_cluster().num_blocks());
+  *rank = static_cast<int>(cg::this_cluster().block_rank());
+#endif
+}
+
 /*!
  * @brief Softmax of float32 rows, one CTA a chunk of chunk4 float4 (a cluster of C CTAs a row, C
- *   from the launch; the last chunks may be shorter or empty). Chunk layout: [0, reg4) in
- *   registers (slot j of thread t: j * kResThreads + t), then the remainder [reg4, reg4 + rem4)
- *   (read twice), then the shared memory's part (smem_vecs float4 at most; rem4 <= smem_vecs,
- *   the plan's bound). vocab % 4 == 0; rows and out 16-byte aligned. Numerics as softmax_chunk:
- *   x = logit * inv_t, NaN or +inf anywhere makes the row NaN, a row of -inf is NaN.
+ *   from the launch; the last chunks may be shorter or empty), laid out as ResidentChunk.
+ *   vocab % 4 == 0; rows and out 16-byte aligned. Numerics as softmax_chunk: x = logit * inv_t,
+ *   NaN or +inf anywhere makes the row NaN, a row of -inf is NaN.
  */
 template <int kVecs>
 __global__ void __launch_bounds__(kResThreads, 1)
@@ -1559,71 +1710,35 @@ __global__ void __launch_bounds__(kResThreads, 1)
                           int64_t chunk4, int smem_vecs, RowParam<float> temperature,
                           float* __restrict__ out, int64_t out_stride) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int T = kResThreads, kWarps = kResThreads / 32;
+  constexpr int kWarps = kResThreads / 32;
   __shared__ float red[2 * kWarps];
-  float4* const held = reinterpret_cast<float4*>(smem);
-  const uint32_t held_s = static_cast<uint32_t>(__cvta_generic_to_shared(held));
   const int tid = threadIdx.x, lane = tid & 31;
-  int csize = 1, rank = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  csize = static_cast<int>(cg::this_cluster().num_blocks());
-  rank = static_cast<int>(cg::this_cluster().block_rank());
-#endif
+  int csize, rank;
+  cluster_place(&csize, &rank);
   const int64_t row = blockIdx.x / csize;
-  const int64_t begin4 = rank * chunk4;
-  const int64_t left4 = vocab / 4 - begin4;
-  const int n4 = static_cast<int>(left4 < 0 ? 0 : (left4 < chunk4 ? left4 : chunk4));
-  const int reg4 = n4 < kVecs * T ? n4 : kVecs * T;
-  const int rem4 = n4 - reg4 > smem_vecs ? n4 - reg4 - smem_vecs : 0;
-  const int kept4 = n4 - reg4 - rem4;  // the shared memory's part, rem4 <= kept4
-  const int slots = reg4 > tid ? (reg4 - tid + T - 1) / T : 0;  // this thread's valid slots
-  const float inv_t = 1.f / temperature(row);
-  uint64_t first = 0, last = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(last));
-#endif
+  const ResidentChunk c =
+      resident_chunk<kVecs>(in + row * stride, vocab, chunk4, smem_vecs, rank, smem);
   pdl_wait();
-  const float4* const src = reinterpret_cast<const float4*>(in + row * stride) + begin4;
-  const float4* const rest = src + reg4;           // the remainder
-  const float4* const kept = rest + rem4;          // the shared memory's part
-  // Phase 1. The remainder first (evict-last; group 0) into the shared memory's first rem4
-  // slots, the registers, the kept part beyond rem4 (group 1); each thread reads back only the
-  // shared memory it copied itself, so its own waits order everything (no block barrier).
-  for (int s = tid; s < rem4; s += T) cp_async16(held_s + s * 16, rest + s, last);
-  cp_async_commit();
+  const float inv_t = 1.f / temperature(row);
   float4 v[kVecs];
-  const float4* const mine = src + tid;
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j)
-    v[j] = j < slots ? ld_row(mine + j * T, first)
-                     : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-  for (int s = rem4 + tid; s < kept4; s += T) cp_async16(held_s + s * 16, kept + s, first);
-  cp_async_commit();
   OnlineSum acc;
-  cp_async_wait<1>();
-  for (int s = tid; s < rem4; s += T) {
-    acc.add(held[s], inv_t);
-    cp_async16(held_s + s * 16, kept + s, first);  // the same slot, now the kept part's
-  }
-  cp_async_commit();
-  // The registers: x * inv_t in place, their max, then one exponential each.
-  float rm = -INFINITY;
+  float rm = -INFINITY, rs = 0.f;
+  resident_load(
+      c, v, [&](float4 x) { acc.add(x, inv_t); },
+      [&](float4(&r)[kVecs]) {
+        // The registers: x * inv_t in place, their max, then one exponential each.
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    v[j] = make_float4(v[j].x * inv_t, v[j].y * inv_t, v[j].z * inv_t, v[j].w * inv_t);
-    rm = fmaxf(rm, fmaxf(fmaxf(v[j].x, v[j].y), fmaxf(v[j].z, v[j].w)));
-  }
-  float rs = 0.f;
-  if (rm != -INFINITY) {  // (-inf - -inf would be NaN; every term is 0 then)
+        for (int j = 0; j < kVecs; ++j) {
+          r[j] = make_float4(r[j].x * inv_t, r[j].y * inv_t, r[j].z * inv_t, r[j].w * inv_t);
+          rm = fmaxf(rm, fmaxf(fmaxf(r[j].x, r[j].y), fmaxf(r[j].z, r[j].w)));
+        }
+        if (rm != -INFINITY) {  // (-inf - -inf would be NaN; every term is 0 then)
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j)
-      rs += (exp_ftz(v[j].x - rm) + exp_ftz(v[j].y - rm)) + (exp_ftz(v[j].z - rm) + exp_ftz(v[j].w - rm));
-  }
-  cp_async_wait<1>();
-  for (int s = rem4 + tid; s < kept4; s += T) acc.add(held[s], inv_t);
-  cp_async_wait<0>();
-  for (int s = tid; s < rem4; s += T) acc.add(held[s], inv_t);
+          for (int j = 0; j < kVecs; ++j)
+            rs += (exp_ftz(r[j].x - rm) + exp_ftz(r[j].y - rm)) +
+                  (exp_ftz(r[j].z - rm) + exp_ftz(r[j].w - rm));
+        }
+      });
   acc.merge(rm, rs);
   pdl_launch_dependents();
   // The block's (max, sum), then the cluster's: the same tree on every warp and CTA.
@@ -1652,44 +1767,280 @@ __global__ void __launch_bounds__(kResThreads, 1)
   }
 #endif
   const float M = tot.m, inv = 1.f / tot.s;
-  // Phase 2: the registers (y = x * inv_t already), the remainder from the L2, the shared memory.
-  float4* const dst = reinterpret_cast<float4*>(out + row * out_stride) + begin4;
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (j < slots)
-      dst[j * T + tid] = make_float4(exp_ftz(v[j].x - M) * inv, exp_ftz(v[j].y - M) * inv,
-                                     exp_ftz(v[j].z - M) * inv, exp_ftz(v[j].w - M) * inv);
-  }
-  auto f = [&](float4 x) {
-    return make_float4(exp_ftz(x.x * inv_t - M) * inv, exp_ftz(x.y * inv_t - M) * inv,
-                       exp_ftz(x.z * inv_t - M) * inv, exp_ftz(x.w * inv_t - M) * inv);
-  };
-  constexpr int U = 8;  // the remainder's loads in flight a thread
-  for (int s0 = tid; s0 < rem4; s0 += U * T) {
-    float4 r[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (s0 + u * T < rem4) r[u] = ld_row(rest + s0 + u * T, first);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int s = s0 + u * T;
-      if (s < rem4) {
-        dst[reg4 + s] = f(r[u]);
-        // Back to normal priority: the lines phase 1 kept (evict-last) leave no trace.
-        const uintptr_t a = reinterpret_cast<uintptr_t>(rest + s);
-        if ((a & 127) == 0 || s == 0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-          asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(a & ~uintptr_t{127})
-                       : "memory");
-#endif
-        }
-      }
-    }
-  }
-  for (int s = tid; s < kept4; s += T) dst[reg4 + rem4 + s] = f(held[s]);
+  // Phase 2: the registers hold y = x * inv_t already.
+  resident_store(
+      c, v, reinterpret_cast<float4*>(out + row * out_stride) + rank * chunk4,
+      [&](float4 y) {
+        return make_float4(exp_ftz(y.x - M) * inv, exp_ftz(y.y - M) * inv,
+                           exp_ftz(y.z - M) * inv, exp_ftz(y.w - M) * inv);
+      },
+      [&](float4 x) {
+        return make_float4(exp_ftz(x.x * inv_t - M) * inv, exp_ftz(x.y * inv_t - M) * inv,
+                           exp_ftz(x.z * inv_t - M) * inv, exp_ftz(x.w * inv_t - M) * inv);
+      });
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (csize > 1) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
+}
+
+/// Candidate keys a TopKResidentKernel CTA lists (16 KB): the keys above the bound.
+inline constexpr int kResCandidates = 4096;
+
+/// Block-wide sum of a u64 (every thread gets it). `red`: kResThreads / 32 words.
+__device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long x,
+                                                            unsigned long long* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  __syncthreads();  // (red free: an earlier use is complete)
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+  __syncthreads();
+  unsigned long long t = 0;
+  for (int w = 0; w < kResThreads / 32; ++w) t += red[w];
+  return t;
+}
+
+/// Block-wide max of a u64 (every thread gets it). `red`: kResThreads / 32 words.
+__device__ __forceinline__ unsigned long long block_max_u64(unsigned long long x,
+                                                            unsigned long long* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+  __syncthreads();  // (red free: an earlier use is complete)
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+  __syncthreads();
+  unsigned long long t = 0;
+  for (int w = 0; w < kResThreads / 32; ++w) t = max(t, red[w]);
+  return t;
+}
+
+/// Warp 0 of the block: the bin d of the 256-bin count histogram `hist` where the count from the
+/// top reaches k (1 <= k <= the total), into pick[0], and the count above it into pick[1].
+__device__ __forceinline__ void pick_digit(const uint32_t* hist, uint32_t k, uint32_t* pick) {
+  const int lane = threadIdx.x & 31;
+  // Lane l: bins 255 - 8l down to 248 - 8l; the counts above them by a warp scan.
+  uint32_t cnt[8], sum = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum += cnt[i] = hist[255 - 8 * lane - i];
+  uint32_t incl = sum;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t n = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += n;
+  }
+  uint32_t run = incl - sum;
+  if (run < k && k <= incl) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (run < k && k <= run + cnt[i]) pick[0] = 255 - 8 * lane - i, pick[1] = run;
+      run += cnt[i];
+    }
+  }
+}
+
+/*!
+ * @brief The k-th largest key (k >= 1, and at least k keys) among the keys every thread of the
+ *   block hands to f in visit(f), its top `bits` bits exact and the rest 0 (a lower bound of
+ *   the k-th largest where bits < 32): radix rounds of 8 bits from the top, each a histogram of
+ *   the keys matching the digits chosen so far (shared-memory atomics, 256 bins) and one warp
+ *   finding the digit where the count from the top reaches k. Block-wide.
+ */
+template <typename Visit>
+__device__ __forceinline__ uint32_t block_kth_key(Visit visit, uint32_t k, int bits,
+                                                  uint32_t* hist, uint32_t* pick) {
+  const int tid = threadIdx.x;
+  uint32_t prefix = 0, mask = 0;
+  for (int shift = 24; shift >= 32 - bits; shift -= 8) {
+    for (int i = tid; i < 256; i += kResThreads) hist[i] = 0;
+    __syncthreads();
+    visit([&](uint32_t key) {
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    });
+    __syncthreads();
+    if (tid < 32) pick_digit(hist, k, pick);
+    __syncthreads();
+    const uint32_t d = pick[0];
+    k -= pick[1];
+    prefix |= d << shift;
+    mask |= 255u << shift;
+  }
+  __syncthreads();  // (pick and hist reusable)
+  return prefix;
+}
+
+/*!
+ * @brief Top-k mask (kMask: logits) or top-k renorm (probabilities) of float32 rows, one CTA a
+ *   row (chunk = the row, laid out as ResidentChunk). The same outputs as TransformKernel, bit for
+ *   bit: keys key_signed(x) (mask) or key_nonneg(max(x, 0)) (renorm; NaN counts as 0), t the k-th
+ *   largest key (0: k <= 0 or k >= vocab, everything kept), kept x (mask; else -inf) or
+ *   max(x, 0) * (scale / kept mass) (renorm; else 0), masses in renorm_write's 64-bit fixed
+ *   point. The threshold: a lower bound L (the k-th largest of the threads' two largest keys, to
+ *   16 bits: at least k keys lie at or above it), then passes that list the keys above L: fewer
+ *   than k, t = L; a list that fits, its k-th largest; else L rises to the k-th largest of the
+ *   listed part (all above L) and the pass repeats (k beyond the list: each pass bins the next 8
+ *   bits of the keys above L instead, a radix round). The registers' unrolled code runs once per
+ *   warp and is fetched once per SM, so it is kept minimal: a pass marks a bit per element above
+ *   L and the marked elements (a few hundred a row) are read again from the row.
+ */
+template <int kVecs, bool kMask>
+__global__ void __launch_bounds__(kResThreads, 1)
+    TopKResidentKernel(const float* __restrict__ in, int64_t stride, int64_t vocab, int smem_vecs,
+                       TransformParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int T = kResThreads, kWarps = kResThreads / 32, kWords = (kVecs * 4 + 31) / 32;
+  __shared__ uint32_t hist[256];
+  __shared__ uint32_t cand[kResCandidates];
+  __shared__ unsigned long long red64[kWarps];
+  __shared__ uint32_t pick[2];
+  __shared__ uint32_t n_cand;
+  const int tid = threadIdx.x;
+  const int64_t row = blockIdx.x;
+  const float* const row_ptr = in + row * stride;
+  const ResidentChunk c = resident_chunk<kVecs>(row_ptr, vocab, vocab / 4, smem_vecs, 0, smem);
+  pdl_wait();
+  const int k = p.top_k(row);
+  auto key = [](float x) { return kMask ? key_signed(x) : key_nonneg(fmaxf(x, 0.f)); };
+  uint32_t mk = 0, mk2 = 0;  // this thread's two largest keys
+  auto track = [&](float4 x) {
+    const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mk2 = max(mk2, min(mk, q[i])), mk = max(mk, q[i]);
+  };
+  float4 v[kVecs];
+  resident_load(c, v, track, [&](float4(&r)[kVecs]) {
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j)
+      if (j < c.slots) track(r[j]);
+  });
+  pdl_launch_dependents();
+  uint32_t t = 0, L = 0, n = 0;
+  if (k > 0 && k < vocab) {
+    const uint32_t kk = static_cast<uint32_t>(k);
+    // (The threads' two largest keys are distinct elements: the k-th largest of them bounds.)
+    L = kk <= 2 * T ? block_kth_key([&](auto f) { f(mk), f(mk2); }, kk, 16, hist, pick) : 0u;
+    const bool radix = kk > kResCandidates;
+    uint32_t prefix = 0, pmask = 0;
+    int shift = 24;
+    for (;;) {
+      if (tid == 0) n_cand = 0;
+      if (radix)
+        for (int i = tid; i < 256; i += T) hist[i] = 0;
+      __syncthreads();
+      // A key above L: listed, or (radix) binned where it matches the digits chosen so far.
+      auto take = [&](uint32_t q, uint32_t& at) {
+        if (radix) {
+          if ((q & pmask) == prefix) atomicAdd(&hist[(q >> shift) & 255u], 1u);
+        } else {
+          if (at < kResCandidates) cand[at] = q;
+          ++at;
+        }
+      };
+      uint32_t bits[kWords] = {};
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        if (j < c.slots) {
+          const float4 x = v[j];
+          bits[j * 4 / 32] |= ((key(x.x) > L) | (key(x.y) > L) << 1 | (key(x.z) > L) << 2 |
+                               (key(x.w) > L) << 3)
+                              << (j * 4 % 32);
+        }
+      }
+      uint32_t marked = 0;
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) marked += __popc(bits[w]);
+      if (marked) {
+        uint32_t at = atomicAdd(&n_cand, marked);
+        const float* const mine = row_ptr + 4 * tid;  // slot j, element i: mine[4 T j + i]
+#pragma unroll
+        for (int w = 0; w < kWords; ++w) {
+          for (uint32_t m = bits[w]; m; m &= m - 1) {
+            const int e = w * 32 + __ffs(m) - 1;
+            take(key(__ldg(mine + 4 * T * (e >> 2) + (e & 3))), at);
+          }
+        }
+      }
+      resident_off_registers(c, [&](float4 x) {
+        const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
+        const uint32_t above = (q[0] > L) + (q[1] > L) + (q[2] > L) + (q[3] > L);
+        if (above) {
+          uint32_t at = atomicAdd(&n_cand, above);
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            if (q[i] > L) take(q[i], at);
+        }
+      });
+      __syncthreads();
+      n = n_cand;
+      if (n < kk) {  // L's own count makes up the rest: at least k keys are >= L
+        t = L;
+        break;
+      }
+      if (radix) {  // n >= k > the list: the next digit
+        // The keys above the prefix's group (all above L) are n less the group's.
+        uint32_t group = 0;
+        for (int i = 0; i < 256; ++i) group += hist[i];
+        if (tid < 32) pick_digit(hist, kk - (n - group), pick);
+        __syncthreads();
+        prefix |= pick[0] << shift;
+        pmask |= 255u << shift;
+        __syncthreads();  // (pick and hist reusable)
+        if (shift == 0) {
+          t = prefix;
+          break;
+        }
+        shift -= 8;
+        L = prefix ? prefix - 1 : 0;  // keys > L: the prefix's group and those above it
+        continue;
+      }
+      const uint32_t listed = n < kResCandidates ? n : kResCandidates;
+      const uint32_t kth = block_kth_key(
+          [&](auto f) {
+            for (uint32_t i = tid; i < listed; i += T) f(cand[i]);
+          },
+          kk, 32, hist, pick);
+      if (n <= kResCandidates) {
+        t = kth;
+        break;
+      }
+      L = kth;  // > L (the listed keys all are), and at least k keys (listed) are >= it
+    }
+  }
+  float4* const dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + row * p.out_stride);
+  if constexpr (kMask) {
+    auto m = [&](float4 x) {
+      const float ninf = -INFINITY;
+      return make_float4(key(x.x) >= t ? x.x : ninf, key(x.y) >= t ? x.y : ninf,
+                         key(x.z) >= t ? x.z : ninf, key(x.w) >= t ? x.w : ninf);
+    };
+    resident_store(c, v, dst, m, m);
+  } else {
+    // The kept mass in fixed point at the row max's scale (renorm_write's): from the list where
+    // it holds every kept key (t above L), else a pass.
+    const float scale = fixed_scale(
+        __uint_as_float(static_cast<uint32_t>(block_max_u64(mk, red64)) >> 1));
+    auto fixed = [scale](uint32_t q) { return __float2ull_rz(__uint_as_float(q >> 1) * scale); };
+    unsigned long long kept = 0;
+    if (t == L || n > kResCandidates) {
+      resident_for_each(c, v, [&](float4 x) {
+        const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (q[i] >= t) kept += fixed(q[i]);
+      });
+    } else {
+      for (uint32_t i = tid; i < n; i += T)
+        if (cand[i] >= t) kept += fixed(cand[i]);
+    }
+    kept = block_sum_u64(kept, red64);
+    const float inv =
+        kept ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.f;
+    auto m = [&](float4 x) {
+      auto one = [&](float y) {
+        const float z = fmaxf(y, 0.f);
+        return key_nonneg(z) >= t ? z * inv : 0.f;
+      };
+      return make_float4(one(x.x), one(x.y), one(x.z), one(x.w));
+    };
+    resident_store(c, v, dst, m, m);
+  }
 }
 
 struct ChainParams {
@@ -2084,32 +2435,36 @@ cudaError_t Sample(const T* in, int64_t stride, int64_t num_out, int64_t vocab,
   return cudaErrorInvalidValue;
 }
 
-/// SoftmaxResidentKernel's plan for `rows` rows of `vocab` floats: clusters of C = min(8,
-/// sms / rows) CTAs (one CTA a SM: every row on chip at once; fewer where the device does not hold
-/// `rows` such clusters), chunks of chunk4 float4 of which shared memory holds smem_vecs.
-/// cluster 0: not this kernel (vocab % 4, more rows than SMs, or a chunk beyond what registers
-/// and shared memory hold plus one remainder a thread).
+/// A resident kernel's plan (SoftmaxResidentKernel, TopKResidentKernel) for `rows` rows of
+/// `vocab` floats: clusters of C = min(max_cluster, sms / rows) CTAs (one CTA a SM: every row on
+/// chip at once; a smaller C where the device does not hold `rows` such clusters), chunks of
+/// chunk4 float4 of which shared memory holds smem_vecs. cluster 0: not this kernel (vocab % 4,
+/// more rows than SMs, or a chunk beyond the registers and twice the shared memory).
 struct ResidentPlan {
   int cluster = 0;
   int64_t chunk4 = 0;
   int smem_vecs = 0;
 };
 
-/// The dynamic shared memory SoftmaxResidentKernel may take where a CTA may opt in to `optin`
-/// bytes (its static shared memory: < 1 KB).
-inline int resident_smem_limit(int optin) { return (optin - 1024) / 16 * 16; }
+/// The dynamic shared memory a resident kernel with `reserve` bytes of static shared memory may
+/// take where a CTA may opt in to `optin` bytes.
+inline int resident_smem_limit(int optin, int reserve) {
+  return (optin - reserve - 1024) / 16 * 16;
+}
 
 template <typename Fits>
-inline ResidentPlan plan_resident(int64_t vocab, int64_t rows, int sms, int smem_optin, Fits fits) {
+inline ResidentPlan plan_resident(int64_t vocab, int64_t rows, int sms, int smem_limit,
+                                  int max_cluster, Fits fits) {
   if (vocab % 4 != 0 || rows < 1 || rows > sms) return {};
   const int64_t regs = int64_t{kResVecs} * kResThreads;
-  const int64_t smax = resident_smem_limit(smem_optin) / 16;
-  for (int c = static_cast<int>(sms / rows < 8 ? sms / rows : 8); c >= 1; --c) {
+  const int64_t smax = smem_limit / 16;
+  const int64_t most = sms / rows < max_cluster ? sms / rows : max_cluster;
+  for (int c = static_cast<int>(most); c >= 1; --c) {
     const int64_t chunk4 = ceil_div(vocab / 4, c);
     if (chunk4 > regs + 2 * smax) return {};
     const int64_t sm = chunk4 - regs < 0 ? 0 : (chunk4 - regs < smax ? chunk4 - regs : smax);
     const ResidentPlan plan{c, chunk4, static_cast<int>(sm)};
-    if (fits(c, static_cast<size_t>(sm) * 16)) return plan;
+    if (fits(c)) return plan;
   }
   return {};
 }
@@ -2131,11 +2486,14 @@ inline cudaError_t smem_optin(int dev, int* out) {
   return e;
 }
 
-/// Softmax of float32 rows by SoftmaxResidentKernel where its plan holds them; false: not taken
-/// (*err untouched), the caller runs TransformKernel.
-inline bool softmax_resident(const float* in, int64_t stride, int64_t rows, int64_t vocab,
-                             const TransformParams& params, bool enable_pdl, cudaStream_t stream,
-                             cudaError_t* err) {
+/// Run a resident kernel where its plan holds the rows (16-byte aligned rows in and out, the
+/// plan's conditions): launch(kernel, plan, smem bytes) -> cudaError_t. false: not taken (*err
+/// untouched; the caller runs TransformKernel). kSet keys the kernel's occupancy answers;
+/// `reserve` its static shared memory (bytes, an upper bound).
+template <unsigned kSet, typename Kernel, typename Launch>
+inline bool run_resident(Kernel kernel, int reserve, int max_cluster, const float* in,
+                         int64_t stride, int64_t rows, int64_t vocab, const TransformParams& params,
+                         cudaError_t* err, Launch launch) {
   if (!is_aligned(in, 16) || stride % 4 != 0 || !is_aligned(params.out, 16) ||
       params.out_stride % 4 != 0)
     return false;
@@ -2147,35 +2505,67 @@ inline bool softmax_resident(const float* in, int64_t stride, int64_t rows, int6
     *err = e;
     return true;
   }
-  auto* const kernel = &SoftmaxResidentKernel<kResVecs>;
-  constexpr unsigned kSet = 1u << 31;  // resident_clusters' key for this kernel
+  const int limit = resident_smem_limit(optin, reserve);
   // The occupancy query asks with the most shared memory (the attribute it sets stays what every
   // launch needs); one CTA a SM either way, by the registers.
-  const ResidentPlan plan = plan_resident(vocab, rows, sms, optin, [&](int c, size_t) {
-    return c == 1 ||
-           resident_clusters<kSet>(kernel, dev, c, resident_smem_limit(optin), kResThreads) >=
-               rows;
+  const ResidentPlan plan = plan_resident(vocab, rows, sms, limit, max_cluster, [&](int c) {
+    return c == 1 || resident_clusters<kSet>(kernel, dev, c, limit, kResThreads) >= rows;
   });
   if (!plan.cluster) return false;
-  const size_t smem = static_cast<size_t>(plan.smem_vecs) * 16;
   // Once per device: the most shared memory any plan asks for, all of the L1 as shared memory.
   constexpr int kDevices = 64;
   static std::atomic<bool> ready[kDevices];
   if (dev >= kDevices || !ready[dev].load(std::memory_order_relaxed)) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             resident_smem_limit(optin));
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
     if (e == cudaSuccess)
       e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
     if (e == cudaSuccess && dev < kDevices) ready[dev].store(true, std::memory_order_relaxed);
   }
-  if (e == cudaSuccess)
-    e = launch_kernel_clustered(kernel, dim3(rows * plan.cluster), dim3(kResThreads), smem, stream,
-                                enable_pdl, plan.cluster > 1 ? plan.cluster : 0, in, stride,
-                                vocab, plan.chunk4, plan.smem_vecs, params.temperature,
-                                static_cast<float*>(params.out), params.out_stride);
+  if (e == cudaSuccess) e = launch(plan, static_cast<size_t>(plan.smem_vecs) * 16);
   *err = e;
   return true;
+}
+
+/// Static shared memory (bytes, upper bounds) of the resident kernels.
+inline constexpr int kSoftmaxResidentStatic = 1024;
+inline constexpr int kTopKResidentStatic = kResCandidates * 4 + 4096;
+
+/// Softmax (any rows <= SMs: clusters up to 8) and top-k mask / renorm (one CTA a row: rows
+/// beyond half the SMs) of float32 rows on chip, where their plans hold them.
+inline bool transform_resident(const float* in, int64_t stride, int64_t rows, int64_t vocab,
+                               const TransformParams& params, bool enable_pdl,
+                               cudaStream_t stream, cudaError_t* err) {
+  if (params.kind == kSoftmax) {
+    auto* const kernel = &SoftmaxResidentKernel<kResVecs>;
+    return run_resident<1u << 31>(
+        kernel, kSoftmaxResidentStatic, 8, in, stride, rows, vocab, params, err,
+        [&](const ResidentPlan& plan, size_t smem) {
+          return launch_kernel_clustered(kernel, dim3(rows * plan.cluster), dim3(kResThreads),
+                                         smem, stream, enable_pdl,
+                                         plan.cluster > 1 ? plan.cluster : 0, in, stride, vocab,
+                                         plan.chunk4, plan.smem_vecs, params.temperature,
+                                         static_cast<float*>(params.out), params.out_stride);
+        });
+  }
+  if (params.kind == kTopKMask || params.kind == kTopKRenorm) {
+    int sms = 0, dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || sm_count(dev, &sms) != cudaSuccess ||
+        2 * rows <= sms)
+      return false;  // (the queries' errors surface in TransformKernel's launch)
+    auto run = [&](auto* kernel, auto set) {
+      return run_resident<decltype(set)::value>(
+          kernel, kTopKResidentStatic, 1, in, stride, rows, vocab, params, err,
+          [&](const ResidentPlan& plan, size_t smem) {
+            return launch_kernel(kernel, dim3(rows), dim3(kResThreads), smem, stream, enable_pdl,
+                                 in, stride, vocab, plan.smem_vecs, params);
+          });
+    };
+    if (params.kind == kTopKMask)
+      return run(&TopKResidentKernel<kResVecs, true>, std::integral_constant<unsigned, 1u << 30>{});
+    return run(&TopKResidentKernel<kResVecs, false>, std::integral_constant<unsigned, 1u << 29>{});
+  }
+  return false;
 }
 
 template <typename T>
@@ -2184,8 +2574,8 @@ cudaError_t TransformRows(const T* in, int64_t stride, int64_t rows, int64_t voc
                           cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
     cudaError_t e = cudaSuccess;
-    if (params.kind == kSoftmax && !scratch.ptr && rows > 0 &&
-        softmax_resident(in, stride, rows, vocab, params, enable_pdl, stream, &e))
+    if (!scratch.ptr && rows > 0 &&
+        transform_resident(in, stride, rows, vocab, params, enable_pdl, stream, &e))
       return e;
   }
   return launch_rows(TransformKernel<T>, in, stride, rows, vocab, params, scratch, enable_pdl,
