@@ -1852,7 +1852,13 @@ __device__ __forceinline__ uint32_t block_kth_key(Visit visit, uint32_t k, int b
     for (int i = tid; i < 256; i += kResThreads) hist[i] = 0;
     __syncthreads();
     visit([&](uint32_t key) {
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+      // One atomic per distinct bin of the warp: keys of one magnitude share a bin, and 32
+      // lanes adding to one shared word are serialized (the rounds cost ~8 us that way).
+      const bool in = (key & mask) == prefix;
+      const uint32_t bin = in ? (key >> shift) & 255u : 256u;
+      const unsigned peers = __match_any_sync(__activemask(), bin);
+      if (in && __ffs(peers) - 1 == static_cast<int>(threadIdx.x & 31))
+        atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
     });
     __syncthreads();
     if (tid < 32) pick_digit(hist, k, pick);
@@ -1898,6 +1904,10 @@ __global__ void __launch_bounds__(kResThreads, 1)
   pdl_wait();
   const int k = p.top_k(row);
   auto key = [](float x) { return kMask ? key_signed(x) : key_nonneg(fmaxf(x, 0.f)); };
+  // The float whose key is q (mask: key_signed's inverse; renorm: q / 2's bits, rounded down).
+  auto key_value = [](uint32_t q) {
+    return kMask ? __uint_as_float(q & 0x80000000u ? q & 0x7fffffffu : ~q) : __uint_as_float(q >> 1);
+  };
   uint32_t mk = 0, mk2 = 0;  // this thread's two largest keys
   auto track = [&](float4 x) {
     const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
@@ -1933,31 +1943,45 @@ __global__ void __launch_bounds__(kResThreads, 1)
           ++at;
         }
       };
+      // A float test first (one compare an element): every key above L passes it (with
+      // some at L, and NaNs on the mask); the exact key decides after.
+      const float Lf = key_value(L);
+      auto maybe = [Lf](float x) { return kMask ? !(x < Lf) : x >= Lf; };
       uint32_t bits[kWords] = {};
 #pragma unroll
       for (int j = 0; j < kVecs; ++j) {
         if (j < c.slots) {
           const float4 x = v[j];
-          bits[j * 4 / 32] |= ((key(x.x) > L) | (key(x.y) > L) << 1 | (key(x.z) > L) << 2 |
-                               (key(x.w) > L) << 3)
+          bits[j * 4 / 32] |= (uint32_t{maybe(x.x)} | uint32_t{maybe(x.y)} << 1 |
+                               uint32_t{maybe(x.z)} << 2 | uint32_t{maybe(x.w)} << 3)
                               << (j * 4 % 32);
         }
       }
-      uint32_t marked = 0;
+      uint32_t any = 0;
 #pragma unroll
-      for (int w = 0; w < kWords; ++w) marked += __popc(bits[w]);
-      if (marked) {
-        uint32_t at = atomicAdd(&n_cand, marked);
+      for (int w = 0; w < kWords; ++w) any |= bits[w];
+      if (any) {  // the marked elements read again from the row: count, then take
         const float* const mine = row_ptr + 4 * tid;  // slot j, element i: mine[4 T j + i]
+        auto marked_key = [&](uint32_t w, uint32_t m) {
+          const int e = static_cast<int>(w * 32) + __ffs(m) - 1;
+          return key(__ldg(mine + 4 * T * (e >> 2) + (e & 3)));
+        };
+        uint32_t above = 0;
 #pragma unroll
-        for (int w = 0; w < kWords; ++w) {
-          for (uint32_t m = bits[w]; m; m &= m - 1) {
-            const int e = w * 32 + __ffs(m) - 1;
-            take(key(__ldg(mine + 4 * T * (e >> 2) + (e & 3))), at);
-          }
+        for (int w = 0; w < kWords; ++w)
+          for (uint32_t m = bits[w]; m; m &= m - 1) above += marked_key(w, m) > L;
+        if (above) {
+          uint32_t at = atomicAdd(&n_cand, above);
+#pragma unroll
+          for (int w = 0; w < kWords; ++w)
+            for (uint32_t m = bits[w]; m; m &= m - 1) {
+              const uint32_t q = marked_key(w, m);
+              if (q > L) take(q, at);
+            }
         }
       }
       resident_off_registers(c, [&](float4 x) {
+        if (!(maybe(x.x) || maybe(x.y) || maybe(x.z) || maybe(x.w))) return;
         const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
         const uint32_t above = (q[0] > L) + (q[1] > L) + (q[2] > L) + (q[3] > L);
         if (above) {
