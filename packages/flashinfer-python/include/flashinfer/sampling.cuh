@@ -2349,8 +2349,9 @@ inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem, int thr
   return n;
 }
 
-/// The SM count of device `dev`, asked once per device.
-inline cudaError_t sm_count(int dev, int* out) {
+/// Device attribute kAttr of device `dev`, asked once per device (a nonzero answer is kept).
+template <cudaDeviceAttr kAttr>
+inline cudaError_t device_attribute(int dev, int* out) {
   constexpr int kDevices = 64;
   static std::atomic<int> known[kDevices];  // 0: not asked yet
   if (dev >= 0 && dev < kDevices) {
@@ -2360,10 +2361,15 @@ inline cudaError_t sm_count(int dev, int* out) {
       return cudaSuccess;
     }
   }
-  const cudaError_t e = cudaDeviceGetAttribute(out, cudaDevAttrMultiProcessorCount, dev);
+  const cudaError_t e = cudaDeviceGetAttribute(out, kAttr, dev);
   if (e == cudaSuccess && dev >= 0 && dev < kDevices)
     known[dev].store(*out, std::memory_order_relaxed);
   return e;
+}
+
+/// The SM count of device `dev`.
+inline cudaError_t sm_count(int dev, int* out) {
+  return device_attribute<cudaDevAttrMultiProcessorCount>(dev, out);
 }
 
 /// Launch SampleKernel<T, kFilters> (params.filter is in kFilters). Not inline: the bindings
@@ -2493,21 +2499,9 @@ inline ResidentPlan plan_resident(int64_t vocab, int64_t rows, int sms, int smem
   return {};
 }
 
-/// The largest dynamic shared memory a CTA may ask for on device `dev`, asked once per device.
+/// The largest dynamic shared memory a CTA may ask for on device `dev`.
 inline cudaError_t smem_optin(int dev, int* out) {
-  constexpr int kDevices = 64;
-  static std::atomic<int> known[kDevices];  // 0: not asked yet
-  if (dev >= 0 && dev < kDevices) {
-    const int n = known[dev].load(std::memory_order_relaxed);
-    if (n) {
-      *out = n;
-      return cudaSuccess;
-    }
-  }
-  const cudaError_t e = cudaDeviceGetAttribute(out, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (e == cudaSuccess && dev >= 0 && dev < kDevices)
-    known[dev].store(*out, std::memory_order_relaxed);
-  return e;
+  return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(dev, out);
 }
 
 /// Run a resident kernel where its plan holds the rows (16-byte aligned rows in and out, the
