@@ -1465,16 +1465,16 @@ __global__ void __launch_bounds__(kThreads, 3) TransformKernel(const T* __restri
 // 128256 floats take 2.6 waves, and each wave exposes its load, reduction, cluster barrier and
 // write (77% of the copy at 128 x 128256 on the H100; benchmarks/notes/sampling-cluster-radix.md,
 // waves 23, 24 and 26). Here one CTA a SM holds its chunk in registers (kResVecs float4 a thread,
-// 192 KB a CTA) and shared memory (up to ~226 KB): with `rows` <= SMs every row is read once while
+// 197 KB a CTA) and shared memory (up to 230 KB): with `rows` <= SMs every row is read once while
 // all SMs stream (one wave), one reduction, then every SM writes (88% of the copy). What does not
-// fit (the remainder: 91 KB of a 513 KB row) is read first, evict-last, into the shared memory
+// fit (the remainder: 86 KB of a 513 KB row) is read first, evict-last, into the shared memory
 // that later holds the kept part's end, and everything else evict-first: phase 2 reads it again
 // from the L2 (1.7 us faster than at normal priority), then returns its lines to normal priority.
 // The registers' code is unrolled once per slot and runs once per warp, so it is kept short: a
 // straight-line kernel of 20K instructions ran at 5-30% of the copy (instruction fetch), 256
 // threads of 48 slots (4.3K instructions) at 82%, 512 of 24 (3.1K) at 86% before the evict-last.
 
-/// SoftmaxResidentKernel's threads (one CTA an SM) and the float4 registers each holds.
+/// The resident kernels' threads (one CTA an SM) and the float4 registers each holds.
 inline constexpr int kResThreads = 512;
 inline constexpr int kResVecs = 24;
 
@@ -1623,8 +1623,8 @@ __device__ __forceinline__ void resident_load(const ResidentChunk& c, float4 (&v
   for (int s = c.tid; s < c.rem4; s += T) add(c.held[s]);
 }
 
-/// f(x, policy-read remainder) over the remainder's float4, read from the L2 (8 in flight a
-/// thread); `done(s)` after each (its index).
+/// f(x, s) over the remainder's float4 (s: its index), read under L2 policy `policy` (from the
+/// L2: phase 1 read it evict-last), 4 in flight a thread; `done(s)` after each.
 template <typename F, typename Done>
 __device__ __forceinline__ void resident_rest(const ResidentChunk& c, uint64_t policy, F f,
                                               Done done) {
@@ -1906,7 +1906,8 @@ __global__ void __launch_bounds__(kResThreads, 1)
   auto key = [](float x) { return kMask ? key_signed(x) : key_nonneg(fmaxf(x, 0.f)); };
   // The float whose key is q (mask: key_signed's inverse; renorm: q / 2's bits, rounded down).
   auto key_value = [](uint32_t q) {
-    return kMask ? __uint_as_float(q & 0x80000000u ? q & 0x7fffffffu : ~q) : __uint_as_float(q >> 1);
+    return kMask ? __uint_as_float(q & 0x80000000u ? q & 0x7fffffffu : ~q)
+                 : __uint_as_float(q >> 1);
   };
   uint32_t mk = 0, mk2 = 0;  // this thread's two largest keys
   auto track = [&](float4 x) {
