@@ -81,12 +81,8 @@ static_assert(kUnroll >= 1 && kUnroll <= 16, "parts in flight per thread");
 // (ex2, rcp: ~2 ulp; lg2: 2^-22 absolute) are far below the float32 tolerance of the merges, and
 // the accurate library forms cost 5 (exp2f), ~25 (log2f) and ~10 plus a slow-path call
 // (__frcp_rn) instructions, which the two-way merge paid per 16-byte item. ftz: a weight under
-// 2^-126 becomes 0, so its operand is left out (a change below 2^-126 relative).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+// 2^-126 becomes 0, so its operand is left out (a change below 2^-126 relative). fast_exp2:
+// vec.cuh.
 __device__ __forceinline__ float fast_log2(float x) {
   float y;
   asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

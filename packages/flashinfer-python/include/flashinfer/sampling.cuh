@@ -1513,13 +1513,9 @@ __device__ __forceinline__ void cp_async_commit() {
 #endif
 }
 
-/// exp(d) as ex2.approx.ftz(d * log2(e)): __expf without its subnormal-range fix-up (results
-/// below 2^-126 flush to 0), 3 instructions instead of 6 in the registers' unrolled code.
-__device__ __forceinline__ float exp_ftz(float d) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d * 1.4426950408889634f));
-  return y;
-}
+/// exp(d) as fast_exp2(d * log2(e)): __expf without its subnormal-range fix-up (results below
+/// 2^-126 flush to 0), 3 instructions instead of 6 in the registers' unrolled code.
+__device__ __forceinline__ float exp_ftz(float d) { return fast_exp2(d * 1.4426950408889634f); }
 
 /// (max, sum of exp(x - max)) pairs: the online update and the combine.
 struct OnlineSum {
@@ -1553,7 +1549,7 @@ struct ResidentChunk {
   const float4* src;  ///< the chunk's first float4
   float4* held;       ///< shared memory: the kept part (and, in phase 1, first the remainder)
   uint32_t held_s;
-  int n4, reg4, rem4, kept4;
+  int reg4, rem4, kept4;
   int slots;  ///< this thread's valid register slots
   int tid;
   uint64_t first, last;  ///< L2 policies: evict-first, evict-last
@@ -1570,10 +1566,10 @@ __device__ __forceinline__ ResidentChunk resident_chunk(const float* row_ptr, in
   ResidentChunk c;
   const int64_t begin4 = rank * chunk4;
   const int64_t left4 = vocab / 4 - begin4;
-  c.n4 = static_cast<int>(left4 < 0 ? 0 : (left4 < chunk4 ? left4 : chunk4));
-  c.reg4 = c.n4 < kVecs * T ? c.n4 : kVecs * T;
-  c.rem4 = c.n4 - c.reg4 > smem_vecs ? c.n4 - c.reg4 - smem_vecs : 0;
-  c.kept4 = c.n4 - c.reg4 - c.rem4;
+  const int n4 = static_cast<int>(left4 < 0 ? 0 : (left4 < chunk4 ? left4 : chunk4));
+  c.reg4 = n4 < kVecs * T ? n4 : kVecs * T;
+  c.rem4 = n4 - c.reg4 > smem_vecs ? n4 - c.reg4 - smem_vecs : 0;
+  c.kept4 = n4 - c.reg4 - c.rem4;
   c.tid = threadIdx.x;
   c.slots = c.reg4 > c.tid ? (c.reg4 - c.tid + T - 1) / T : 0;
   c.src = reinterpret_cast<const float4*>(row_ptr) + begin4;
@@ -1786,31 +1782,30 @@ __global__ void __launch_bounds__(kResThreads, 1)
 /// Candidate keys a TopKResidentKernel CTA lists (16 KB): the keys above the bound.
 inline constexpr int kResCandidates = 4096;
 
-/// Block-wide sum of a u64 (every thread gets it). `red`: kResThreads / 32 words.
-__device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long x,
-                                                            unsigned long long* red) {
+/// op over the block's u64s (every thread gets the result; op associative and commutative, 0
+/// its identity: sum or max). `red`: kResThreads / 32 words, free again on return.
+template <typename Op>
+__device__ __forceinline__ unsigned long long block_all_u64(unsigned long long x,
+                                                            unsigned long long* red, Op op) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
   __syncthreads();  // (red free: an earlier use is complete)
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
   __syncthreads();
   unsigned long long t = 0;
-  for (int w = 0; w < kResThreads / 32; ++w) t += red[w];
+  for (int w = 0; w < kResThreads / 32; ++w) t = op(t, red[w]);
   return t;
 }
-
-/// Block-wide max of a u64 (every thread gets it). `red`: kResThreads / 32 words.
-__device__ __forceinline__ unsigned long long block_max_u64(unsigned long long x,
-                                                            unsigned long long* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
-  __syncthreads();  // (red free: an earlier use is complete)
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
-  __syncthreads();
-  unsigned long long t = 0;
-  for (int w = 0; w < kResThreads / 32; ++w) t = max(t, red[w]);
-  return t;
-}
+struct SumU64 {
+  __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const {
+    return a + b;
+  }
+};
+struct MaxU64 {
+  __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const {
+    return a > b ? a : b;
+  }
+};
 
 /// Warp 0 of the block: the bin d of the 256-bin count histogram `hist` where the count from the
 /// top reaches k (1 <= k <= the total), into pick[0], and the count above it into pick[1].
@@ -2040,7 +2035,7 @@ __global__ void __launch_bounds__(kResThreads, 1)
     // The kept mass in fixed point at the row max's scale (renorm_write's): from the list where
     // it holds every kept key (t above L), else a pass.
     const float scale = fixed_scale(
-        __uint_as_float(static_cast<uint32_t>(block_max_u64(mk, red64)) >> 1));
+        __uint_as_float(static_cast<uint32_t>(block_all_u64(mk, red64, MaxU64{})) >> 1));
     auto fixed = [scale](uint32_t q) { return __float2ull_rz(__uint_as_float(q >> 1) * scale); };
     unsigned long long kept = 0;
     if (t == L || n > kResCandidates) {
@@ -2054,7 +2049,7 @@ __global__ void __launch_bounds__(kResThreads, 1)
       for (uint32_t i = tid; i < n; i += T)
         if (cand[i] >= t) kept += fixed(cand[i]);
     }
-    kept = block_sum_u64(kept, red64);
+    kept = block_all_u64(kept, red64, SumU64{});
     const float inv =
         kept ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.f;
     auto m = [&](float4 x) {
@@ -2470,7 +2465,8 @@ cudaError_t Sample(const T* in, int64_t stride, int64_t num_out, int64_t vocab,
 /// `vocab` floats: clusters of C = min(max_cluster, sms / rows) CTAs (one CTA a SM: every row on
 /// chip at once; a smaller C where the device does not hold `rows` such clusters), chunks of
 /// chunk4 float4 of which shared memory holds smem_vecs. cluster 0: not this kernel (vocab % 4,
-/// more rows than SMs, or a chunk beyond the registers and twice the shared memory).
+/// more rows than SMs, one CTA a row for half the SMs or fewer, or a chunk beyond the registers
+/// and twice the shared memory).
 struct ResidentPlan {
   int cluster = 0;
   int64_t chunk4 = 0;
@@ -2486,7 +2482,11 @@ inline int resident_smem_limit(int optin, int reserve) {
 template <typename Fits>
 inline ResidentPlan plan_resident(int64_t vocab, int64_t rows, int sms, int smem_limit,
                                   int max_cluster, Fits fits) {
-  if (vocab % 4 != 0 || rows < 1 || rows > sms) return {};
+  // One CTA a row (max_cluster 1) pays only where the rows fill more than half the SMs: fewer
+  // rows fit the cluster path's clusters in ~1 wave (at 67 rows, top-k mask 49.1 us on chip
+  // against 55.4 there).
+  if (vocab % 4 != 0 || rows < 1 || rows > sms || (max_cluster == 1 && 2 * rows <= sms))
+    return {};
   const int64_t regs = int64_t{kResVecs} * kResThreads;
   const int64_t smax = smem_limit / 16;
   const int64_t most = sms / rows < max_cluster ? sms / rows : max_cluster;
@@ -2568,10 +2568,6 @@ inline bool transform_resident(const float* in, int64_t stride, int64_t rows, in
         });
   }
   if (params.kind == kTopKMask || params.kind == kTopKRenorm) {
-    int sms = 0, dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || sm_count(dev, &sms) != cudaSuccess ||
-        2 * rows <= sms)
-      return false;  // (the queries' errors surface in TransformKernel's launch)
     auto run = [&](auto* kernel, auto set) {
       return run_resident<decltype(set)::value>(
           kernel, kTopKResidentStatic, 1, in, stride, rows, vocab, params, err,

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "../vec.cuh"
+
 namespace flashinfer {
 namespace attn {
 
@@ -91,13 +93,9 @@ __device__ __forceinline__ int64_t mul_wide(int a, int b) {
   return c;
 }
 
-/// 2^x in one instruction (MUFU.EX2); subnormal results flush to 0, which for softmax weights
-/// (all <= 1, summed with at least one 1) changes nothing.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+/// 2^x in one instruction (MUFU.EX2): flashinfer::fast_exp2 (vec.cuh). Subnormal results flush
+/// to 0, which for softmax weights (all <= 1, summed with at least one 1) changes nothing.
+using flashinfer::fast_exp2;
 
 /// Two floats rounded into one register of two T (the A operand of P*V).
 template <typename T>
