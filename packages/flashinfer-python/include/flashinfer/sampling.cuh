@@ -1875,9 +1875,9 @@ __device__ __forceinline__ uint32_t block_kth_key(Visit visit, uint32_t k, int b
  *   max(x, 0) * (scale / kept mass) (renorm; else 0), masses in renorm_write's 64-bit fixed
  *   point. The threshold: a lower bound L (the k-th largest of the threads' two largest keys, to
  *   16 bits: at least k keys lie at or above it), then passes that list the keys above L: fewer
- *   than k, t = L; a list that fits, its k-th largest; else L rises to the k-th largest of the
- *   listed part (all above L) and the pass repeats (k beyond the list: each pass bins the next 8
- *   bits of the keys above L instead, a radix round). The registers' unrolled code runs once per
+ *   than k, t = L; a list that fits, its k-th largest; else (an overflow, k beyond the list, or
+ *   no bound: k beyond the threads' keys) radix rounds, each pass binning the next 8 bits of
+ *   the keys above L, until the keys at or above the chosen digits fit a list. The registers' unrolled code runs once per
  *   warp and is fetched once per SM, so it is kept minimal: a pass marks a bit per element above
  *   L and the marked elements (a few hundred a row) are read again from the row.
  */
@@ -1918,11 +1918,15 @@ __global__ void __launch_bounds__(kResThreads, 1)
   });
   pdl_launch_dependents();
   uint32_t t = 0, L = 0, n = 0;
+  bool from_list = false;  // t is the list's k-th largest: the list holds every kept key
   if (k > 0 && k < vocab) {
     const uint32_t kk = static_cast<uint32_t>(k);
     // (The threads' two largest keys are distinct elements: the k-th largest of them bounds.)
-    L = kk <= 2 * T ? block_kth_key([&](auto f) { f(mk), f(mk2); }, kk, 16, hist, pick) : 0u;
-    const bool radix = kk > kResCandidates;
+    const bool bounded = kk <= 2 * T;
+    L = bounded ? block_kth_key([&](auto f) { f(mk), f(mk2); }, kk, 16, hist, pick) : 0u;
+    // Radix rounds where a list would overflow (k beyond it, or no bound), and after any pass
+    // whose list did; a list again once the keys at or above the chosen digits fit it.
+    bool radix = kk > kResCandidates || (!bounded && vocab > kResCandidates);
     uint32_t prefix = 0, pmask = 0;
     int shift = 24;
     for (;;) {
@@ -1999,6 +2003,8 @@ __global__ void __launch_bounds__(kResThreads, 1)
         for (int i = 0; i < 256; ++i) group += hist[i];
         if (tid < 32) pick_digit(hist, kk - (n - group), pick);
         __syncthreads();
+        // The keys above L at or above the chosen digits: above the group, and the group's.
+        const uint32_t at_least = (n - group) + pick[1] + hist[pick[0]];
         prefix |= pick[0] << shift;
         pmask |= 255u << shift;
         __syncthreads();  // (pick and hist reusable)
@@ -2007,20 +2013,24 @@ __global__ void __launch_bounds__(kResThreads, 1)
           break;
         }
         shift -= 8;
-        L = prefix ? prefix - 1 : 0;  // keys > L: the prefix's group and those above it
+        // Keys > L: the prefix's group and those above it (t > L stays: t > the old L too).
+        L = prefix && prefix - 1 > L ? prefix - 1 : L;
+        radix = at_least > kResCandidates;
         continue;
       }
-      const uint32_t listed = n < kResCandidates ? n : kResCandidates;
-      const uint32_t kth = block_kth_key(
+      if (n > kResCandidates) {
+        // The list overflowed: radix rounds from here (raising L to the listed part's k-th
+        // largest and listing again crept up ~2% of the row a pass: 7.8 ms at k = 4000).
+        radix = true;
+        continue;
+      }
+      t = block_kth_key(
           [&](auto f) {
-            for (uint32_t i = tid; i < listed; i += T) f(cand[i]);
+            for (uint32_t i = tid; i < n; i += T) f(cand[i]);
           },
           kk, 32, hist, pick);
-      if (n <= kResCandidates) {
-        t = kth;
-        break;
-      }
-      L = kth;  // > L (the listed keys all are), and at least k keys (listed) are >= it
+      from_list = true;
+      break;
     }
   }
   float4* const dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + row * p.out_stride);
@@ -2038,7 +2048,7 @@ __global__ void __launch_bounds__(kResThreads, 1)
         __uint_as_float(static_cast<uint32_t>(block_all_u64(mk, red64, MaxU64{})) >> 1));
     auto fixed = [scale](uint32_t q) { return __float2ull_rz(__uint_as_float(q >> 1) * scale); };
     unsigned long long kept = 0;
-    if (t == L || n > kResCandidates) {
+    if (!from_list) {
       resident_for_each(c, v, [&](float4 x) {
         const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
 #pragma unroll
