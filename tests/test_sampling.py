@@ -670,10 +670,10 @@ def test_softmax_rows_on_chip(b, v, pad):
 @pytest.mark.parametrize("b, v", [(67, 128256), (128, 128256), (132, 151936), (100, 1000),
                                   (128, 8)])
 def test_top_k_rows_on_chip(op, b, v):
-    # TopKResidentKernel (float32, vocab % 4 == 0, aligned rows, SMs / 2 < rows <= SMs) against
+    # TopKStreamKernel (float32, vocab % 4 == 0, aligned rows, more rows than SMs / 2) against
     # TransformKernel on the same rows (a stride of v + 1 takes it): bit for bit, over ties,
-    # NaN, -inf / zero rows, sparse rows, k = 1 .. 5000 (beyond the threads: no bound; beyond
-    # the candidate list: the bound rises) and k >= vocab.
+    # NaN, -inf / zero rows, sparse rows, an ascending row (the list overflows), k = 1 .. 5000
+    # and k >= vocab.
     g = torch.Generator(device="cuda").manual_seed(b + v)
     x = torch.randn(b, v, device="cuda", generator=g) * 3
     if op == "top_k_renorm_probs":
@@ -684,8 +684,9 @@ def test_top_k_rows_on_chip(op, b, v):
     x[3, 10:] = -float("inf") if op == "top_k_mask_logits" else 0.0  # sparse
     x[4] = 0.5  # one value
     x[5, : v // 2] = -x[5, : v // 2]  # negative probabilities count as 0
-    ks = torch.tensor([1, 50, 512, 513, 5000, v, v + 3, 2, 7], dtype=torch.int32,
-                      device="cuda").repeat(b // 9 + 1)[:b]
+    x[6] = x[6].sort().values  # ascending: the prefix's bound lists the whole row
+    ks = torch.tensor([1, 50, 512, 513, 5000, v, v + 3, 2, 7, 1000, 4000], dtype=torch.int32,
+                      device="cuda").repeat(b // 11 + 1)[:b]
     wide = torch.empty(b, v + 1, device="cuda")
     wide[:, :v] = x
     fn = getattr(sampling, op)

@@ -2073,6 +2073,206 @@ __global__ void __launch_bounds__(kResThreads, 1)
   }
 }
 
+/// TopKStreamKernel: its threads, the prefix it reads first (float4: 32K elements, 128 KB of
+/// shared memory) and its list of (key, index) pairs (64 KB).
+inline constexpr int kStreamThreads = 512;
+inline constexpr int kStreamPrefix4 = 8192;
+inline constexpr int kStreamList = 8192;
+inline constexpr int kStreamSmem = kStreamPrefix4 * 16 + kStreamList * 8;
+
+/*!
+ * @brief Top-k mask / renorm of float32 rows in one stream, one CTA a row: the same outputs as
+ *   TopKResidentKernel and TransformKernel, bit for bit. The row's prefix (up to 32K elements) is
+ *   read first into shared memory; its k-th largest key (to 16 bits) bounds the row's from
+ *   below, L. Then every element is written as it streams past, final where its key is below L
+ *   (mask -inf, renorm 0) and provisional at or above (mask x, renorm 0), and those (a few
+ *   hundred a row: ~k x vocab / prefix) are listed with their index. After the stream: t, the
+ *   list's k-th largest; the list's elements rewritten where t decides otherwise (mask: below t,
+ *   -inf; renorm: at or above t, x times scale / kept mass, the mass from the list). The row is
+ *   read once and written once, the writes overlapping the reads. Elements whose output does not
+ *   depend on t (mask -inf, renorm <= 0 or NaN) are not listed, nor (mask) those below -inf's
+ *   key (negative NaNs: below t wherever the list decides it). Otherwise (renorm keeping the
+ *   whole row, k beyond the prefix, a list that overflows, mask with fewer than k listed) the
+ *   row is done again from global memory: radix rounds for t, then mass and writes.
+ */
+template <bool kMask>
+__global__ void __launch_bounds__(kStreamThreads, 1)
+    TopKStreamKernel(const float* __restrict__ in, int64_t stride, int64_t vocab,
+                     TransformParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int T = kStreamThreads, U = 4;
+  __shared__ uint32_t hist[256];
+  __shared__ unsigned long long red64[T / 32];
+  __shared__ uint32_t pick[2];
+  __shared__ uint32_t n_cand;
+  float4* const pre = reinterpret_cast<float4*>(smem);
+  uint32_t* const lkey = reinterpret_cast<uint32_t*>(smem + kStreamPrefix4 * 16);
+  uint32_t* const lidx = lkey + kStreamList;
+  const int tid = threadIdx.x;
+  const int64_t row = blockIdx.x;
+  const float4* const src = reinterpret_cast<const float4*>(in + row * stride);
+  float* const out = static_cast<float*>(p.out) + row * p.out_stride;
+  float4* const dst = reinterpret_cast<float4*>(out);
+  const int n4 = static_cast<int>(vocab / 4);
+  const int pre4 = n4 < kStreamPrefix4 ? n4 : kStreamPrefix4;
+  uint64_t first = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+#endif
+  auto key = [](float x) { return kMask ? key_signed(x) : key_nonneg(fmaxf(x, 0.f)); };
+  // The key whose output t does not change (mask: -inf's; renorm: 0's).
+  const uint32_t trivial = kMask ? key_signed(-INFINITY) : 0u;
+  pdl_wait();
+  const uint32_t pre_s = static_cast<uint32_t>(__cvta_generic_to_shared(pre));
+  for (int s = tid; s < pre4; s += T) cp_async16(pre_s + s * 16, src + s, first);
+  cp_async_commit();
+  // The stream's first float4 in flight during the bound.
+  float4 a[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int s = pre4 + u * T + tid;
+    if (s < n4) a[u] = ld_row(src + s, first);
+  }
+  const int k = p.top_k(row);
+  const bool keep_all = !(k > 0 && k < vocab);
+  const uint32_t kk = static_cast<uint32_t>(k);
+  // The stream's modes: a copy (mask keeping all), or a bound and a list (k within the prefix);
+  // anything else goes straight to the passes from global memory.
+  const bool copy = kMask && keep_all;
+  bool listing = !keep_all && kk <= static_cast<uint32_t>(4 * pre4);
+  if (tid == 0) n_cand = 0;
+  cp_async_wait<0>();
+  __syncthreads();
+  uint32_t L = 0;
+  if (listing)
+    L = block_kth_key(
+        [&](auto f) {
+          for (int s = tid; s < pre4; s += T) {
+            const float4 x = pre[s];
+            f(key(x.x)), f(key(x.y)), f(key(x.z)), f(key(x.w));
+          }
+        },
+        kk, 16, hist, pick);
+  pdl_launch_dependents();
+  if (copy || listing) {
+    // Provisional outputs: mask x at or above L (-inf's key and below: -inf: t lies above
+    // them wherever the list decides t), renorm 0; a copy keeps everything.
+    const float ninf = -INFINITY;
+    const uint32_t lo = copy ? 0u : (L > trivial ? L : trivial);
+    auto one = [&](float x, uint32_t q) { return kMask ? (q >= lo ? x : ninf) : 0.f; };
+    auto process = [&](float4 x, int s) {
+      const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
+      dst[s] = make_float4(one(x.x, q[0]), one(x.y, q[1]), one(x.z, q[2]), one(x.w, q[3]));
+      if (!listing) return;
+      const uint32_t c = (q[0] >= lo && q[0] != trivial) + (q[1] >= lo && q[1] != trivial) +
+                         (q[2] >= lo && q[2] != trivial) + (q[3] >= lo && q[3] != trivial);
+      if (c) {
+        uint32_t at = atomicAdd(&n_cand, c);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (q[i] >= lo && q[i] != trivial) {
+            if (at < kStreamList) lkey[at] = q[i], lidx[at] = 4 * s + i;
+            ++at;
+          }
+      }
+    };
+    for (int s = tid; s < pre4; s += T) process(pre[s], s);
+    for (int base = pre4; base < n4; base += U * T) {
+      float4 b[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int s = base + (u + U) * T + tid;
+        if (s < n4) b[u] = ld_row(src + s, first);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int s = base + u * T + tid;
+        if (s < n4) process(a[u], s);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) a[u] = b[u];
+    }
+    if (copy) return;
+  }
+  __syncthreads();
+  const uint32_t n = n_cand;
+  // Renorm with fewer than k listed: L was 0 and every positive element is listed (t = 0).
+  if (listing && n <= kStreamList && (n >= kk || !kMask)) {
+    const uint32_t t = n >= kk ? block_kth_key(
+                                     [&](auto f) {
+                                       for (uint32_t i = tid; i < n; i += T) f(lkey[i]);
+                                     },
+                                     kk, 32, hist, pick)
+                               : 0u;
+    if constexpr (kMask) {
+      for (uint32_t i = tid; i < n; i += T)
+        if (lkey[i] < t) out[lidx[i]] = -INFINITY;
+    } else {
+      // The row's max is listed (its key >= t >= L); the kept mass in renorm_write's fixed point.
+      unsigned long long mx = 0, kept = 0;
+      for (uint32_t i = tid; i < n; i += T) mx = max(mx, static_cast<unsigned long long>(lkey[i]));
+      const float scale = fixed_scale(
+          __uint_as_float(static_cast<uint32_t>(block_all_u64(mx, red64, MaxU64{})) >> 1));
+      auto fixed = [scale](uint32_t q) { return __float2ull_rz(__uint_as_float(q >> 1) * scale); };
+      for (uint32_t i = tid; i < n; i += T)
+        if (lkey[i] >= t) kept += fixed(lkey[i]);
+      kept = block_all_u64(kept, red64, SumU64{});
+      const float inv =
+          kept ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.f;
+      for (uint32_t i = tid; i < n; i += T)
+        if (lkey[i] >= t) out[lidx[i]] = __uint_as_float(lkey[i] >> 1) * inv;
+    }
+    return;
+  }
+  // The passes from global memory (the stream's writes, if any, are all rewritten).
+  auto each = [&](auto f) {
+    for (int s = tid; s < n4; s += T) {
+      const float4 x = __ldg(src + s);
+      f(x, s);
+    }
+  };
+  const uint32_t t = keep_all ? 0u
+                              : block_kth_key(
+                                    [&](auto f) {
+                                      each([&](float4 x, int) {
+                                        f(key(x.x)), f(key(x.y)), f(key(x.z)), f(key(x.w));
+                                      });
+                                    },
+                                    kk, 32, hist, pick);
+  if constexpr (kMask) {
+    const float ninf = -INFINITY;
+    each([&](float4 x, int s) {
+      dst[s] = make_float4(key(x.x) >= t ? x.x : ninf, key(x.y) >= t ? x.y : ninf,
+                           key(x.z) >= t ? x.z : ninf, key(x.w) >= t ? x.w : ninf);
+    });
+  } else {
+    unsigned long long mx = 0, kept = 0;
+    each([&](float4 x, int) {
+      mx = max(mx, static_cast<unsigned long long>(
+                       max(max(key(x.x), key(x.y)), max(key(x.z), key(x.w)))));
+    });
+    const float scale = fixed_scale(
+        __uint_as_float(static_cast<uint32_t>(block_all_u64(mx, red64, MaxU64{})) >> 1));
+    auto fixed = [scale](uint32_t q) { return __float2ull_rz(__uint_as_float(q >> 1) * scale); };
+    each([&](float4 x, int) {
+      const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (q[i] >= t) kept += fixed(q[i]);
+    });
+    kept = block_all_u64(kept, red64, SumU64{});
+    const float inv =
+        kept ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.f;
+    each([&](float4 x, int s) {
+      auto one = [&](float y) {
+        const float z = fmaxf(y, 0.f);
+        return key_nonneg(z) >= t ? z * inv : 0.f;
+      };
+      dst[s] = make_float4(one(x.x), one(x.y), one(x.z), one(x.w));
+    });
+  }
+}
+
 struct ChainParams {
   const float* draft;   ///< (b, n, V)
   const int32_t* ids;   ///< (b, n)
@@ -2515,6 +2715,21 @@ inline cudaError_t smem_optin(int dev, int* out) {
   return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(dev, out);
 }
 
+/// Once per device (kSet keys the kernel): `kernel` may take `bytes` of dynamic shared memory,
+/// with all of the L1 as shared memory.
+template <unsigned kSet, typename Kernel>
+inline cudaError_t smem_attributes_once(Kernel kernel, int dev, int bytes) {
+  constexpr int kDevices = 64;
+  static std::atomic<bool> ready[kDevices];
+  if (dev < kDevices && ready[dev].load(std::memory_order_relaxed)) return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+  if (e == cudaSuccess && dev < kDevices) ready[dev].store(true, std::memory_order_relaxed);
+  return e;
+}
+
 /// Run a resident kernel where its plan holds the rows (16-byte aligned rows in and out, the
 /// plan's conditions): launch(kernel, plan, smem bytes) -> cudaError_t. false: not taken (*err
 /// untouched; the caller runs TransformKernel). kSet keys the kernel's occupancy answers;
@@ -2541,16 +2756,8 @@ inline bool run_resident(Kernel kernel, int reserve, int max_cluster, const floa
     return c == 1 || resident_clusters<kSet>(kernel, dev, c, limit, kResThreads) >= rows;
   });
   if (!plan.cluster) return false;
-  // Once per device: the most shared memory any plan asks for, all of the L1 as shared memory.
-  constexpr int kDevices = 64;
-  static std::atomic<bool> ready[kDevices];
-  if (dev >= kDevices || !ready[dev].load(std::memory_order_relaxed)) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared);
-    if (e == cudaSuccess && dev < kDevices) ready[dev].store(true, std::memory_order_relaxed);
-  }
+  // The most shared memory any plan asks for.
+  e = smem_attributes_once<kSet>(kernel, dev, limit);
   if (e == cudaSuccess) e = launch(plan, static_cast<size_t>(plan.smem_vecs) * 16);
   *err = e;
   return true;
@@ -2576,6 +2783,27 @@ inline bool transform_resident(const float* in, int64_t stride, int64_t rows, in
                                          plan.chunk4, plan.smem_vecs, params.temperature,
                                          static_cast<float*>(params.out), params.out_stride);
         });
+  }
+  if (params.kind == kTopKMask || params.kind == kTopKRenorm) {
+    // TopKStreamKernel: aligned rows, more rows than half the SMs (fewer: the cluster path).
+    if (!is_aligned(in, 16) || stride % 4 != 0 || !is_aligned(params.out, 16) ||
+        params.out_stride % 4 != 0 || vocab % 4 != 0)
+      return false;
+    int dev = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = sm_count(dev, &sms);
+    if (e == cudaSuccess && 2 * rows <= sms) return false;
+    auto go = [&](auto* kernel, auto set) {
+      if (e == cudaSuccess) e = smem_attributes_once<decltype(set)::value>(kernel, dev, kStreamSmem);
+      if (e == cudaSuccess)
+        e = launch_kernel(kernel, dim3(rows), dim3(kStreamThreads), kStreamSmem, stream,
+                          enable_pdl, in, stride, vocab, params);
+      *err = e;
+      return true;
+    };
+    if (params.kind == kTopKMask)
+      return go(&TopKStreamKernel<true>, std::integral_constant<unsigned, 1u << 28>{});
+    return go(&TopKStreamKernel<false>, std::integral_constant<unsigned, 1u << 27>{});
   }
   if (params.kind == kTopKMask || params.kind == kTopKRenorm) {
     auto run = [&](auto* kernel, auto set) {
