@@ -2077,6 +2077,7 @@ __global__ void __launch_bounds__(kResThreads, 1)
 /// shared memory) and its list of (key, index) pairs (64 KB).
 inline constexpr int kStreamThreads = 512;
 inline constexpr int kStreamPrefix4 = 8192;
+inline constexpr int kStreamMinPrefix4 = 1024;
 inline constexpr int kStreamList = 8192;
 inline constexpr int kStreamSmem = kStreamPrefix4 * 16 + kStreamList * 8;
 
@@ -2100,7 +2101,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
     TopKStreamKernel(const float* __restrict__ in, int64_t stride, int64_t vocab,
                      TransformParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int T = kStreamThreads, U = 4;
+  constexpr int T = kStreamThreads, U = 8;
   __shared__ uint32_t hist[256];
   __shared__ unsigned long long red64[T / 32];
   __shared__ uint32_t pick[2];
@@ -2114,7 +2115,13 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
   float* const out = static_cast<float*>(p.out) + row * p.out_stride;
   float4* const dst = reinterpret_cast<float4*>(out);
   const int n4 = static_cast<int>(vocab / 4);
-  const int pre4 = n4 < kStreamPrefix4 ? n4 : kStreamPrefix4;
+  pdl_wait();
+  const int k = p.top_k(row);
+  // The prefix: ~k x vocab / 2048 elements (the list's expected fill a quarter: ~k x vocab /
+  // prefix keys lie above its k-th largest), 4K to 32K.
+  const int64_t want4 = (static_cast<int64_t>(k > 0 ? k : 0) * n4 + 2047) / 2048;
+  const int pre4 = static_cast<int>(
+      min(static_cast<int64_t>(n4), max(int64_t{kStreamMinPrefix4}, min(want4, int64_t{kStreamPrefix4}))));
   uint64_t first = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
@@ -2122,7 +2129,6 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
   auto key = [](float x) { return kMask ? key_signed(x) : key_nonneg(fmaxf(x, 0.f)); };
   // The key whose output t does not change (mask: -inf's; renorm: 0's).
   const uint32_t trivial = kMask ? key_signed(-INFINITY) : 0u;
-  pdl_wait();
   const uint32_t pre_s = static_cast<uint32_t>(__cvta_generic_to_shared(pre));
   for (int s = tid; s < pre4; s += T) cp_async16(pre_s + s * 16, src + s, first);
   cp_async_commit();
@@ -2133,7 +2139,6 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
     const int s = pre4 + u * T + tid;
     if (s < n4) a[u] = ld_row(src + s, first);
   }
-  const int k = p.top_k(row);
   const bool keep_all = !(k > 0 && k < vocab);
   const uint32_t kk = static_cast<uint32_t>(k);
   // The stream's modes: a copy (mask keeping all), or a bound and a list (k within the prefix);
@@ -2176,19 +2181,23 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
           }
       }
     };
-    for (int s = tid; s < pre4; s += T) process(pre[s], s);
-    for (int base = pre4; base < n4; base += U * T) {
+    // Two batches of U float4 a thread in flight: the next batch's loads go out before the
+    // current one (and first the prefix in shared memory) is processed.
+    for (int base = pre4;; base += U * T) {
       float4 b[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int s = base + (u + U) * T + tid;
         if (s < n4) b[u] = ld_row(src + s, first);
       }
+      if (base == pre4)
+        for (int s = tid; s < pre4; s += T) process(pre[s], s);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int s = base + u * T + tid;
         if (s < n4) process(a[u], s);
       }
+      if (base + U * T >= n4) break;
 #pragma unroll
       for (int u = 0; u < U; ++u) a[u] = b[u];
     }
