@@ -2085,11 +2085,11 @@ inline constexpr int kStreamSmem = kStreamPrefix4 * 16 + kStreamList * 8;
  * @brief Top-k mask / renorm of float32 rows in one stream, one CTA a row: the same outputs as
  *   TopKResidentKernel and TransformKernel, bit for bit. The row's prefix (up to 32K elements) is
  *   read first into shared memory; its k-th largest key (to 16 bits) bounds the row's from
- *   below, L. Then every element is written as it streams past, final where its key is below L
- *   (mask -inf, renorm 0) and provisional at or above (mask x, renorm 0), and those (a few
- *   hundred a row: ~k x vocab / prefix) are listed with their index. After the stream: t, the
- *   list's k-th largest; the list's elements rewritten where t decides otherwise (mask: below t,
- *   -inf; renorm: at or above t, x times scale / kept mass, the mass from the list). The row is
+ *   below, L. Then every element is written as it streams past as if not kept (mask -inf,
+ *   renorm 0), and those at or above L (~k x vocab / prefix a row) are listed with their
+ *   index. After the stream: t, the list's k-th largest; the list's kept elements (at or above
+ *   t) rewritten (mask x, from its key; renorm x times scale / kept mass, the mass from the
+ *   list). The row is
  *   read once and written once, the writes overlapping the reads. Elements whose output does not
  *   depend on t (mask -inf, renorm <= 0 or NaN) are not listed, nor (mask) those below -inf's
  *   key (negative NaNs: below t wherever the list decides it). Otherwise (renorm keeping the
@@ -2160,11 +2160,12 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
         kk, 16, hist, pick);
   pdl_launch_dependents();
   if (copy || listing) {
-    // Provisional outputs: mask x at or above L (-inf's key and below: -inf: t lies above
-    // them wherever the list decides t), renorm 0; a copy keeps everything.
+    // Provisional outputs (what an element not kept becomes): mask -inf, renorm 0; a copy
+    // keeps everything. Listed: the keys at or above L and above -inf's (mask: those below it,
+    // negative NaNs, lie below t wherever the list decides t).
     const float ninf = -INFINITY;
     const uint32_t lo = copy ? 0u : (L > trivial ? L : trivial);
-    auto one = [&](float x, uint32_t q) { return kMask ? (q >= lo ? x : ninf) : 0.f; };
+    auto one = [&](float x, uint32_t) { return kMask ? (copy ? x : ninf) : 0.f; };
     auto process = [&](float4 x, int s) {
       const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
       dst[s] = make_float4(one(x.x, q[0]), one(x.y, q[1]), one(x.z, q[2]), one(x.w, q[3]));
@@ -2213,9 +2214,11 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
                                      },
                                      kk, 32, hist, pick)
                                : 0u;
-    if constexpr (kMask) {
-      for (uint32_t i = tid; i < n; i += T)
-        if (lkey[i] < t) out[lidx[i]] = -INFINITY;
+    if constexpr (kMask) {  // (x from its key: key_signed's inverse)
+      for (uint32_t i = tid; i < n; i += T) {
+        const uint32_t q = lkey[i];
+        if (q >= t) out[lidx[i]] = __uint_as_float(q & 0x80000000u ? q & 0x7fffffffu : ~q);
+      }
     } else {
       // The row's max is listed (its key >= t >= L); the kept mass in renorm_write's fixed point.
       unsigned long long mx = 0, kept = 0;
