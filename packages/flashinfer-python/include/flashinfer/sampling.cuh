@@ -1867,6 +1867,186 @@ __device__ __forceinline__ uint32_t block_kth_key(Visit visit, uint32_t k, int b
   return prefix;
 }
 
+/// topk_stream_row: the largest and smallest prefix it reads first (float4: 32K and 4K
+/// elements; 128 KB of shared memory at most) and its list of (key, index) pairs (64 KB).
+inline constexpr int kStreamPrefix4 = 8192;
+inline constexpr int kStreamMinPrefix4 = 1024;
+inline constexpr int kStreamList = 8192;
+inline constexpr int kStreamSmem = kStreamPrefix4 * 16 + kStreamList * 8;
+
+/// Whether TopKResidentKernel streams a row (topk_stream_row): 0 < k < vocab, and k small
+/// enough that the largest prefix bounds t tightly (k x vocab / 2048 elements; k <= 523 at
+/// vocab 128256).
+__host__ __device__ __forceinline__ bool topk_streams(int k, int64_t vocab) {
+  return k > 0 && k < vocab && int64_t{k} * (vocab / 4) <= int64_t{2048} * kStreamPrefix4;
+}
+
+/*!
+ * @brief Top-k mask / renorm of one float32 row in one stream (a TopKResidentKernel CTA, where
+ *   topk_streams(k, vocab)): the same outputs as TransformKernel, bit for bit. The row's prefix
+ *   (~k x vocab / 2048 elements, 4K to 32K) is read first into shared memory; its k-th largest
+ *   key (to 16 bits) bounds the row's from below, L. Then every element is written as it
+ *   streams past as if not kept (mask -inf, renorm 0), and those at or above L (~k x vocab /
+ *   prefix: ~1600 at k = 50) are listed with their index. After the stream: t, the list's k-th
+ *   largest, and the kept listed elements rewritten (mask x, from its key; renorm x times scale
+ *   / kept mass, the mass from the list). The row is read once and written once, the writes
+ *   overlapping the reads. Elements whose output t does not change (mask -inf, renorm <= 0 or
+ *   NaN) are not listed, nor (mask) those below -inf's key (negative NaNs: below t wherever the
+ *   list decides it). A list that overflows, or (mask) fewer than k listed (-inf among the k
+ *   largest): the row again from global memory, radix rounds for t, then mass and writes.
+ */
+template <bool kMask>
+__device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, int64_t vocab,
+                                                int k, float* out, unsigned char* smem,
+                                                uint32_t* hist, unsigned long long* red64,
+                                                uint32_t* pick, uint32_t& n_cand) {
+  constexpr int T = kResThreads, U = 8;
+  float4* const pre = reinterpret_cast<float4*>(smem);
+  uint32_t* const lkey = reinterpret_cast<uint32_t*>(smem + kStreamPrefix4 * 16);
+  uint32_t* const lidx = lkey + kStreamList;
+  const int tid = threadIdx.x;
+  float4* const dst = reinterpret_cast<float4*>(out);
+  const int n4 = static_cast<int>(vocab / 4);
+  const uint32_t kk = static_cast<uint32_t>(k);
+  const int64_t want4 = (int64_t{k} * n4 + 2047) / 2048;
+  const int pre4 = static_cast<int>(min(int64_t{n4}, max(int64_t{kStreamMinPrefix4}, want4)));
+  uint64_t first = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+#endif
+  auto key = [](float x) { return kMask ? key_signed(x) : key_nonneg(fmaxf(x, 0.f)); };
+  // The key whose output t does not change (mask: -inf's; renorm: 0's).
+  const uint32_t trivial = kMask ? key_signed(-INFINITY) : 0u;
+  const uint32_t pre_s = static_cast<uint32_t>(__cvta_generic_to_shared(pre));
+  for (int s = tid; s < pre4; s += T) cp_async16(pre_s + s * 16, src + s, first);
+  cp_async_commit();
+  // The stream's first two batches (U float4 a thread each) in flight during the bound.
+  float4 a[U], b[U];
+  auto load = [&](float4(&r)[U], int at) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (at + u * T + tid < n4) r[u] = ld_row(src + at + u * T + tid, first);
+  };
+  load(a, pre4);
+  load(b, pre4 + U * T);
+  if (tid == 0) n_cand = 0;
+  cp_async_wait<0>();
+  __syncthreads();
+  const uint32_t L = block_kth_key(
+      [&](auto f) {
+        for (int s = tid; s < pre4; s += T) {
+          const float4 x = pre[s];
+          f(key(x.x)), f(key(x.y)), f(key(x.z)), f(key(x.w));
+        }
+      },
+      kk, 16, hist, pick);
+  pdl_launch_dependents();
+  // Written: what an element not kept becomes (mask -inf, renorm 0). Listed: the keys at or
+  // above L and above -inf's.
+  const uint32_t lo = L > trivial ? L : trivial;
+  const float none = kMask ? -INFINITY : 0.f;
+  const float4 nones = make_float4(none, none, none, none);
+  auto process = [&](float4 x, int s) {
+    const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
+    dst[s] = nones;
+    const uint32_t c = (q[0] >= lo && q[0] != trivial) + (q[1] >= lo && q[1] != trivial) +
+                       (q[2] >= lo && q[2] != trivial) + (q[3] >= lo && q[3] != trivial);
+    if (c) {
+      uint32_t at = atomicAdd(&n_cand, c);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (q[i] >= lo && q[i] != trivial) {
+          if (at < kStreamList) lkey[at] = q[i], lidx[at] = 4 * s + i;
+          ++at;
+        }
+    }
+  };
+  for (int s = tid; s < pre4; s += T) process(pre[s], s);
+  // Each batch processed, then its registers load the batch two ahead.
+  auto step = [&](float4(&r)[U], int at) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (at + u * T + tid < n4) process(r[u], at + u * T + tid);
+    load(r, at + 2 * U * T);
+  };
+  for (int base = pre4; base < n4; base += 2 * U * T) {
+    step(a, base);
+    step(b, base + U * T);
+  }
+  __syncthreads();
+  const uint32_t n = n_cand;
+  // Renorm with fewer than k listed: L was 0 and every positive element is listed (t = 0).
+  if (n <= kStreamList && (n >= kk || !kMask)) {
+    const uint32_t t = n >= kk ? block_kth_key(
+                                     [&](auto f) {
+                                       for (uint32_t i = tid; i < n; i += T) f(lkey[i]);
+                                     },
+                                     kk, 32, hist, pick)
+                               : 0u;
+    if constexpr (kMask) {  // (x from its key: key_signed's inverse)
+      for (uint32_t i = tid; i < n; i += T) {
+        const uint32_t q = lkey[i];
+        if (q >= t) out[lidx[i]] = __uint_as_float(q & 0x80000000u ? q & 0x7fffffffu : ~q);
+      }
+    } else {
+      // The row's max is listed (its key >= t >= L); the kept mass in renorm_write's fixed point.
+      unsigned long long mx = 0, kept = 0;
+      for (uint32_t i = tid; i < n; i += T) mx = max(mx, static_cast<unsigned long long>(lkey[i]));
+      const float scale = fixed_scale(
+          __uint_as_float(static_cast<uint32_t>(block_all_u64(mx, red64, MaxU64{})) >> 1));
+      auto fixed = [scale](uint32_t q) { return __float2ull_rz(__uint_as_float(q >> 1) * scale); };
+      for (uint32_t i = tid; i < n; i += T)
+        if (lkey[i] >= t) kept += fixed(lkey[i]);
+      kept = block_all_u64(kept, red64, SumU64{});
+      const float inv =
+          kept ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.f;
+      for (uint32_t i = tid; i < n; i += T)
+        if (lkey[i] >= t) out[lidx[i]] = __uint_as_float(lkey[i] >> 1) * inv;
+    }
+    return;
+  }
+  // The passes from global memory (every element written again).
+  auto each = [&](auto f) {
+    for (int s = tid; s < n4; s += T) f(__ldg(src + s), s);
+  };
+  const uint32_t t = block_kth_key(
+      [&](auto f) {
+        each([&](float4 x, int) { f(key(x.x)), f(key(x.y)), f(key(x.z)), f(key(x.w)); });
+      },
+      kk, 32, hist, pick);
+  if constexpr (kMask) {
+    each([&](float4 x, int s) {
+      dst[s] = make_float4(key(x.x) >= t ? x.x : none, key(x.y) >= t ? x.y : none,
+                           key(x.z) >= t ? x.z : none, key(x.w) >= t ? x.w : none);
+    });
+  } else {
+    unsigned long long mx = 0, kept = 0;
+    each([&](float4 x, int) {
+      mx = max(mx, static_cast<unsigned long long>(
+                       max(max(key(x.x), key(x.y)), max(key(x.z), key(x.w)))));
+    });
+    const float scale = fixed_scale(
+        __uint_as_float(static_cast<uint32_t>(block_all_u64(mx, red64, MaxU64{})) >> 1));
+    auto fixed = [scale](uint32_t q) { return __float2ull_rz(__uint_as_float(q >> 1) * scale); };
+    each([&](float4 x, int) {
+      const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (q[i] >= t) kept += fixed(q[i]);
+    });
+    kept = block_all_u64(kept, red64, SumU64{});
+    const float inv =
+        kept ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.f;
+    each([&](float4 x, int s) {
+      auto one = [&](float y) {
+        const float z = fmaxf(y, 0.f);
+        return key_nonneg(z) >= t ? z * inv : 0.f;
+      };
+      dst[s] = make_float4(one(x.x), one(x.y), one(x.z), one(x.w));
+    });
+  }
+}
+
 /*!
  * @brief Top-k mask (kMask: logits) or top-k renorm (probabilities) of float32 rows, one CTA a
  *   row (chunk = the row, laid out as ResidentChunk). The same outputs as TransformKernel, bit for
@@ -1884,7 +2064,7 @@ __device__ __forceinline__ uint32_t block_kth_key(Visit visit, uint32_t k, int b
 template <int kVecs, bool kMask>
 __global__ void __launch_bounds__(kResThreads, 1)
     TopKResidentKernel(const float* __restrict__ in, int64_t stride, int64_t vocab, int smem_vecs,
-                       TransformParams p) {
+                       bool stream, TransformParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int T = kResThreads, kWarps = kResThreads / 32, kWords = (kVecs * 4 + 31) / 32;
   __shared__ uint32_t hist[256];
@@ -1898,6 +2078,12 @@ __global__ void __launch_bounds__(kResThreads, 1)
   const ResidentChunk c = resident_chunk<kVecs>(row_ptr, vocab, vocab / 4, smem_vecs, 0, smem);
   pdl_wait();
   const int k = p.top_k(row);
+  if (stream && topk_streams(k, vocab)) {
+    topk_stream_row<kMask>(reinterpret_cast<const float4*>(row_ptr), vocab, k,
+                           static_cast<float*>(p.out) + row * p.out_stride, smem, hist, red64,
+                           pick, n_cand);
+    return;
+  }
   auto key = [](float x) { return kMask ? key_signed(x) : key_nonneg(fmaxf(x, 0.f)); };
   // The float whose key is q (mask: key_signed's inverse; renorm: q / 2's bits, rounded down).
   auto key_value = [](uint32_t q) {
@@ -2070,218 +2256,6 @@ __global__ void __launch_bounds__(kResThreads, 1)
       return make_float4(one(x.x), one(x.y), one(x.z), one(x.w));
     };
     resident_store(c, v, dst, m, m);
-  }
-}
-
-/// TopKStreamKernel: its threads, the prefix it reads first (float4: 32K elements, 128 KB of
-/// shared memory) and its list of (key, index) pairs (64 KB).
-inline constexpr int kStreamThreads = 512;
-inline constexpr int kStreamPrefix4 = 8192;
-inline constexpr int kStreamMinPrefix4 = 1024;
-inline constexpr int kStreamList = 8192;
-inline constexpr int kStreamSmem = kStreamPrefix4 * 16 + kStreamList * 8;
-
-/*!
- * @brief Top-k mask / renorm of float32 rows in one stream, one CTA a row: the same outputs as
- *   TopKResidentKernel and TransformKernel, bit for bit. The row's prefix (up to 32K elements) is
- *   read first into shared memory; its k-th largest key (to 16 bits) bounds the row's from
- *   below, L. Then every element is written as it streams past as if not kept (mask -inf,
- *   renorm 0), and those at or above L (~k x vocab / prefix a row) are listed with their
- *   index. After the stream: t, the list's k-th largest; the list's kept elements (at or above
- *   t) rewritten (mask x, from its key; renorm x times scale / kept mass, the mass from the
- *   list). The row is
- *   read once and written once, the writes overlapping the reads. Elements whose output does not
- *   depend on t (mask -inf, renorm <= 0 or NaN) are not listed, nor (mask) those below -inf's
- *   key (negative NaNs: below t wherever the list decides it). Otherwise (renorm keeping the
- *   whole row, k beyond the prefix, a list that overflows, mask with fewer than k listed) the
- *   row is done again from global memory: radix rounds for t, then mass and writes.
- */
-template <bool kMask>
-__global__ void __launch_bounds__(kStreamThreads, 1)
-    TopKStreamKernel(const float* __restrict__ in, int64_t stride, int64_t vocab,
-                     TransformParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int T = kStreamThreads, U = 8;
-  __shared__ uint32_t hist[256];
-  __shared__ unsigned long long red64[T / 32];
-  __shared__ uint32_t pick[2];
-  __shared__ uint32_t n_cand;
-  float4* const pre = reinterpret_cast<float4*>(smem);
-  uint32_t* const lkey = reinterpret_cast<uint32_t*>(smem + kStreamPrefix4 * 16);
-  uint32_t* const lidx = lkey + kStreamList;
-  const int tid = threadIdx.x;
-  const int64_t row = blockIdx.x;
-  const float4* const src = reinterpret_cast<const float4*>(in + row * stride);
-  float* const out = static_cast<float*>(p.out) + row * p.out_stride;
-  float4* const dst = reinterpret_cast<float4*>(out);
-  const int n4 = static_cast<int>(vocab / 4);
-  pdl_wait();
-  const int k = p.top_k(row);
-  // The prefix: ~k x vocab / 2048 elements (the list's expected fill a quarter: ~k x vocab /
-  // prefix keys lie above its k-th largest), 4K to 32K.
-  const int64_t want4 = (static_cast<int64_t>(k > 0 ? k : 0) * n4 + 2047) / 2048;
-  const int pre4 = static_cast<int>(
-      min(static_cast<int64_t>(n4), max(int64_t{kStreamMinPrefix4}, min(want4, int64_t{kStreamPrefix4}))));
-  uint64_t first = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
-#endif
-  auto key = [](float x) { return kMask ? key_signed(x) : key_nonneg(fmaxf(x, 0.f)); };
-  // The key whose output t does not change (mask: -inf's; renorm: 0's).
-  const uint32_t trivial = kMask ? key_signed(-INFINITY) : 0u;
-  const uint32_t pre_s = static_cast<uint32_t>(__cvta_generic_to_shared(pre));
-  for (int s = tid; s < pre4; s += T) cp_async16(pre_s + s * 16, src + s, first);
-  cp_async_commit();
-  // The stream's first float4 in flight during the bound.
-  float4 a[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int s = pre4 + u * T + tid;
-    if (s < n4) a[u] = ld_row(src + s, first);
-  }
-  const bool keep_all = !(k > 0 && k < vocab);
-  const uint32_t kk = static_cast<uint32_t>(k);
-  // The stream's modes: a copy (mask keeping all), or a bound and a list (k within the prefix);
-  // anything else goes straight to the passes from global memory.
-  const bool copy = kMask && keep_all;
-  bool listing = !keep_all && kk <= static_cast<uint32_t>(4 * pre4);
-  if (tid == 0) n_cand = 0;
-  cp_async_wait<0>();
-  __syncthreads();
-  uint32_t L = 0;
-  if (listing)
-    L = block_kth_key(
-        [&](auto f) {
-          for (int s = tid; s < pre4; s += T) {
-            const float4 x = pre[s];
-            f(key(x.x)), f(key(x.y)), f(key(x.z)), f(key(x.w));
-          }
-        },
-        kk, 16, hist, pick);
-  pdl_launch_dependents();
-  if (copy || listing) {
-    // Provisional outputs (what an element not kept becomes): mask -inf, renorm 0; a copy
-    // keeps everything. Listed: the keys at or above L and above -inf's (mask: those below it,
-    // negative NaNs, lie below t wherever the list decides t).
-    const float ninf = -INFINITY;
-    const uint32_t lo = copy ? 0u : (L > trivial ? L : trivial);
-    auto one = [&](float x, uint32_t) { return kMask ? (copy ? x : ninf) : 0.f; };
-    auto process = [&](float4 x, int s) {
-      const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
-      dst[s] = make_float4(one(x.x, q[0]), one(x.y, q[1]), one(x.z, q[2]), one(x.w, q[3]));
-      if (!listing) return;
-      const uint32_t c = (q[0] >= lo && q[0] != trivial) + (q[1] >= lo && q[1] != trivial) +
-                         (q[2] >= lo && q[2] != trivial) + (q[3] >= lo && q[3] != trivial);
-      if (c) {
-        uint32_t at = atomicAdd(&n_cand, c);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (q[i] >= lo && q[i] != trivial) {
-            if (at < kStreamList) lkey[at] = q[i], lidx[at] = 4 * s + i;
-            ++at;
-          }
-      }
-    };
-    // Two batches of U float4 a thread in flight: the next batch's loads go out before the
-    // current one (and first the prefix in shared memory) is processed.
-    for (int base = pre4;; base += U * T) {
-      float4 b[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int s = base + (u + U) * T + tid;
-        if (s < n4) b[u] = ld_row(src + s, first);
-      }
-      if (base == pre4)
-        for (int s = tid; s < pre4; s += T) process(pre[s], s);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int s = base + u * T + tid;
-        if (s < n4) process(a[u], s);
-      }
-      if (base + U * T >= n4) break;
-#pragma unroll
-      for (int u = 0; u < U; ++u) a[u] = b[u];
-    }
-    if (copy) return;
-  }
-  __syncthreads();
-  const uint32_t n = n_cand;
-  // Renorm with fewer than k listed: L was 0 and every positive element is listed (t = 0).
-  if (listing && n <= kStreamList && (n >= kk || !kMask)) {
-    const uint32_t t = n >= kk ? block_kth_key(
-                                     [&](auto f) {
-                                       for (uint32_t i = tid; i < n; i += T) f(lkey[i]);
-                                     },
-                                     kk, 32, hist, pick)
-                               : 0u;
-    if constexpr (kMask) {  // (x from its key: key_signed's inverse)
-      for (uint32_t i = tid; i < n; i += T) {
-        const uint32_t q = lkey[i];
-        if (q >= t) out[lidx[i]] = __uint_as_float(q & 0x80000000u ? q & 0x7fffffffu : ~q);
-      }
-    } else {
-      // The row's max is listed (its key >= t >= L); the kept mass in renorm_write's fixed point.
-      unsigned long long mx = 0, kept = 0;
-      for (uint32_t i = tid; i < n; i += T) mx = max(mx, static_cast<unsigned long long>(lkey[i]));
-      const float scale = fixed_scale(
-          __uint_as_float(static_cast<uint32_t>(block_all_u64(mx, red64, MaxU64{})) >> 1));
-      auto fixed = [scale](uint32_t q) { return __float2ull_rz(__uint_as_float(q >> 1) * scale); };
-      for (uint32_t i = tid; i < n; i += T)
-        if (lkey[i] >= t) kept += fixed(lkey[i]);
-      kept = block_all_u64(kept, red64, SumU64{});
-      const float inv =
-          kept ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.f;
-      for (uint32_t i = tid; i < n; i += T)
-        if (lkey[i] >= t) out[lidx[i]] = __uint_as_float(lkey[i] >> 1) * inv;
-    }
-    return;
-  }
-  // The passes from global memory (the stream's writes, if any, are all rewritten).
-  auto each = [&](auto f) {
-    for (int s = tid; s < n4; s += T) {
-      const float4 x = __ldg(src + s);
-      f(x, s);
-    }
-  };
-  const uint32_t t = keep_all ? 0u
-                              : block_kth_key(
-                                    [&](auto f) {
-                                      each([&](float4 x, int) {
-                                        f(key(x.x)), f(key(x.y)), f(key(x.z)), f(key(x.w));
-                                      });
-                                    },
-                                    kk, 32, hist, pick);
-  if constexpr (kMask) {
-    const float ninf = -INFINITY;
-    each([&](float4 x, int s) {
-      dst[s] = make_float4(key(x.x) >= t ? x.x : ninf, key(x.y) >= t ? x.y : ninf,
-                           key(x.z) >= t ? x.z : ninf, key(x.w) >= t ? x.w : ninf);
-    });
-  } else {
-    unsigned long long mx = 0, kept = 0;
-    each([&](float4 x, int) {
-      mx = max(mx, static_cast<unsigned long long>(
-                       max(max(key(x.x), key(x.y)), max(key(x.z), key(x.w)))));
-    });
-    const float scale = fixed_scale(
-        __uint_as_float(static_cast<uint32_t>(block_all_u64(mx, red64, MaxU64{})) >> 1));
-    auto fixed = [scale](uint32_t q) { return __float2ull_rz(__uint_as_float(q >> 1) * scale); };
-    each([&](float4 x, int) {
-      const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (q[i] >= t) kept += fixed(q[i]);
-    });
-    kept = block_all_u64(kept, red64, SumU64{});
-    const float inv =
-        kept ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.f;
-    each([&](float4 x, int s) {
-      auto one = [&](float y) {
-        const float z = fmaxf(y, 0.f);
-        return key_nonneg(z) >= t ? z * inv : 0.f;
-      };
-      dst[s] = make_float4(one(x.x), one(x.y), one(x.z), one(x.w));
-    });
   }
 }
 
@@ -2743,7 +2717,7 @@ inline cudaError_t smem_attributes_once(Kernel kernel, int dev, int bytes) {
 }
 
 /// Run a resident kernel where its plan holds the rows (16-byte aligned rows in and out, the
-/// plan's conditions): launch(kernel, plan, smem bytes) -> cudaError_t. false: not taken (*err
+/// plan's conditions): launch(plan, smem bytes, the dynamic shared memory limit) -> cudaError_t. false: not taken (*err
 /// untouched; the caller runs TransformKernel). kSet keys the kernel's occupancy answers;
 /// `reserve` its static shared memory (bytes, an upper bound).
 template <unsigned kSet, typename Kernel, typename Launch>
@@ -2770,7 +2744,7 @@ inline bool run_resident(Kernel kernel, int reserve, int max_cluster, const floa
   if (!plan.cluster) return false;
   // The most shared memory any plan asks for.
   e = smem_attributes_once<kSet>(kernel, dev, limit);
-  if (e == cudaSuccess) e = launch(plan, static_cast<size_t>(plan.smem_vecs) * 16);
+  if (e == cudaSuccess) e = launch(plan, static_cast<size_t>(plan.smem_vecs) * 16, limit);
   *err = e;
   return true;
 }
@@ -2788,7 +2762,7 @@ inline bool transform_resident(const float* in, int64_t stride, int64_t rows, in
     auto* const kernel = &SoftmaxResidentKernel<kResVecs>;
     return run_resident<1u << 31>(
         kernel, kSoftmaxResidentStatic, 8, in, stride, rows, vocab, params, err,
-        [&](const ResidentPlan& plan, size_t smem) {
+        [&](const ResidentPlan& plan, size_t smem, int) {
           return launch_kernel_clustered(kernel, dim3(rows * plan.cluster), dim3(kResThreads),
                                          smem, stream, enable_pdl,
                                          plan.cluster > 1 ? plan.cluster : 0, in, stride, vocab,
@@ -2797,33 +2771,16 @@ inline bool transform_resident(const float* in, int64_t stride, int64_t rows, in
         });
   }
   if (params.kind == kTopKMask || params.kind == kTopKRenorm) {
-    // TopKStreamKernel: aligned rows, more rows than half the SMs (fewer: the cluster path).
-    if (!is_aligned(in, 16) || stride % 4 != 0 || !is_aligned(params.out, 16) ||
-        params.out_stride % 4 != 0 || vocab % 4 != 0)
-      return false;
-    int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = sm_count(dev, &sms);
-    if (e == cudaSuccess && 2 * rows <= sms) return false;
-    auto go = [&](auto* kernel, auto set) {
-      if (e == cudaSuccess) e = smem_attributes_once<decltype(set)::value>(kernel, dev, kStreamSmem);
-      if (e == cudaSuccess)
-        e = launch_kernel(kernel, dim3(rows), dim3(kStreamThreads), kStreamSmem, stream,
-                          enable_pdl, in, stride, vocab, params);
-      *err = e;
-      return true;
-    };
-    if (params.kind == kTopKMask)
-      return go(&TopKStreamKernel<true>, std::integral_constant<unsigned, 1u << 28>{});
-    return go(&TopKStreamKernel<false>, std::integral_constant<unsigned, 1u << 27>{});
-  }
-  if (params.kind == kTopKMask || params.kind == kTopKRenorm) {
     auto run = [&](auto* kernel, auto set) {
       return run_resident<decltype(set)::value>(
           kernel, kTopKResidentStatic, 1, in, stride, rows, vocab, params, err,
-          [&](const ResidentPlan& plan, size_t smem) {
+          [&](const ResidentPlan& plan, size_t smem, int limit) {
+            // Rows with a small k stream (topk_stream_row) where the shared memory holds its
+            // prefix and list.
+            const bool streams = limit >= kStreamSmem;
+            if (streams && smem < size_t{kStreamSmem}) smem = kStreamSmem;
             return launch_kernel(kernel, dim3(rows), dim3(kResThreads), smem, stream, enable_pdl,
-                                 in, stride, vocab, plan.smem_vecs, params);
+                                 in, stride, vocab, plan.smem_vecs, streams, params);
           });
     };
     if (params.kind == kTopKMask)
