@@ -2057,9 +2057,11 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
  *   16 bits: at least k keys lie at or above it), then passes that list the keys above L: fewer
  *   than k, t = L; a list that fits, its k-th largest; else (an overflow, k beyond the list, or
  *   no bound: k beyond the threads' keys) radix rounds, each pass binning the next 8 bits of
- *   the keys above L, until the keys at or above the chosen digits fit a list. The registers' unrolled code runs once per
- *   warp and is fetched once per SM, so it is kept minimal: a pass marks a bit per element above
- *   L and the marked elements (a few hundred a row) are read again from the row.
+ *   the keys above L, until the keys at or above the chosen digits fit a list. The registers'
+ *   unrolled code runs once per warp and is fetched once per SM, so it is kept minimal: a pass
+ *   marks a bit per element above L and the marked elements (a few hundred a row) are read
+ *   again from the row. Rows with a small k (topk_streams) take topk_stream_row instead where
+ *   `stream` (the launch gave it kStreamSmem of shared memory).
  */
 template <int kVecs, bool kMask>
 __global__ void __launch_bounds__(kResThreads, 1)
@@ -2717,9 +2719,9 @@ inline cudaError_t smem_attributes_once(Kernel kernel, int dev, int bytes) {
 }
 
 /// Run a resident kernel where its plan holds the rows (16-byte aligned rows in and out, the
-/// plan's conditions): launch(plan, smem bytes, the dynamic shared memory limit) -> cudaError_t. false: not taken (*err
-/// untouched; the caller runs TransformKernel). kSet keys the kernel's occupancy answers;
-/// `reserve` its static shared memory (bytes, an upper bound).
+/// plan's conditions): launch(plan, smem bytes, the dynamic shared memory limit) ->
+/// cudaError_t. false: not taken (*err untouched; the caller runs TransformKernel). kSet keys
+/// the kernel's occupancy answers; `reserve` its static shared memory (bytes, an upper bound).
 template <unsigned kSet, typename Kernel, typename Launch>
 inline bool run_resident(Kernel kernel, int reserve, int max_cluster, const float* in,
                          int64_t stride, int64_t rows, int64_t vocab, const TransformParams& params,
