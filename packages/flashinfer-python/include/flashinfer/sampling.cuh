@@ -1908,7 +1908,8 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
   float4* const dst = reinterpret_cast<float4*>(out);
   const int n4 = static_cast<int>(vocab / 4);
   const uint32_t kk = static_cast<uint32_t>(k);
-  const int64_t want4 = (int64_t{k} * n4 + 2047) / 2048;
+  // (A whole number of the threads' float4: the stream's loads then start on 512-byte lines.)
+  const int64_t want4 = ((int64_t{k} * n4 + 2047) / 2048 + T - 1) / T * T;
   const int pre4 = static_cast<int>(min(int64_t{n4}, max(int64_t{kStreamMinPrefix4}, want4)));
   uint64_t first = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
