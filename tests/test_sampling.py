@@ -668,12 +668,13 @@ def test_softmax_rows_on_chip(b, v, pad):
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["top_k_mask_logits", "top_k_renorm_probs"])
 @pytest.mark.parametrize("b, v", [(67, 128256), (128, 128256), (132, 151936), (100, 1000),
-                                  (128, 8)])
+                                  (128, 8), (300, 4096)])
 def test_top_k_rows_on_chip(op, b, v):
-    # TopKStreamKernel (float32, vocab % 4 == 0, aligned rows, more rows than SMs / 2) against
-    # TransformKernel on the same rows (a stride of v + 1 takes it): bit for bit, over ties,
-    # NaN, -inf / zero rows, sparse rows, an ascending row (the list overflows), k = 1 .. 5000
-    # and k >= vocab.
+    # TopKResidentKernel (a k tensor; float32, vocab % 4 == 0, aligned rows, SMs / 2 < rows <=
+    # SMs) and TopKStreamKernel (a scalar k up to ~k x vocab <= 64M; any rows beyond SMs / 2)
+    # against TransformKernel on the same rows (a stride of v + 1 takes it): bit for bit, over
+    # ties, NaN, -inf / zero rows, sparse rows, an ascending row (the stream's list overflows),
+    # k = 1 .. 5000 (resident: no bound beyond 1024, radix rounds beyond 4096) and k >= vocab.
     g = torch.Generator(device="cuda").manual_seed(b + v)
     x = torch.randn(b, v, device="cuda", generator=g) * 3
     if op == "top_k_renorm_probs":
@@ -690,7 +691,7 @@ def test_top_k_rows_on_chip(op, b, v):
     wide = torch.empty(b, v + 1, device="cuda")
     wide[:, :v] = x
     fn = getattr(sampling, op)
-    for k in (ks, 50, 1):
+    for k in (ks, 50, 1, 300, 513, 4000):
         got = fn(x, k)
         ref = fn(wide[:, :v], k)
         torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)

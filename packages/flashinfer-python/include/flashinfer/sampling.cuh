@@ -2061,13 +2061,12 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
  *   the keys above L, until the keys at or above the chosen digits fit a list. The registers'
  *   unrolled code runs once per warp and is fetched once per SM, so it is kept minimal: a pass
  *   marks a bit per element above L and the marked elements (a few hundred a row) are read
- *   again from the row. Rows with a small k (topk_streams) take topk_stream_row instead where
- *   `stream` (the launch gave it kStreamSmem of shared memory).
+ *   again from the row. (A scalar k that topk_streams takes TopKStreamKernel instead.)
  */
 template <int kVecs, bool kMask>
 __global__ void __launch_bounds__(kResThreads, 1)
     TopKResidentKernel(const float* __restrict__ in, int64_t stride, int64_t vocab, int smem_vecs,
-                       bool stream, TransformParams p) {
+                       TransformParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int T = kResThreads, kWarps = kResThreads / 32, kWords = (kVecs * 4 + 31) / 32;
   __shared__ uint32_t hist[256];
@@ -2081,12 +2080,6 @@ __global__ void __launch_bounds__(kResThreads, 1)
   const ResidentChunk c = resident_chunk<kVecs>(row_ptr, vocab, vocab / 4, smem_vecs, 0, smem);
   pdl_wait();
   const int k = p.top_k(row);
-  if (stream && topk_streams(k, vocab)) {
-    topk_stream_row<kMask>(reinterpret_cast<const float4*>(row_ptr), vocab, k,
-                           static_cast<float*>(p.out) + row * p.out_stride, smem, hist, red64,
-                           pick, n_cand);
-    return;
-  }
   auto key = [](float x) { return kMask ? key_signed(x) : key_nonneg(fmaxf(x, 0.f)); };
   // The float whose key is q (mask: key_signed's inverse; renorm: q / 2's bits, rounded down).
   auto key_value = [](uint32_t q) {
@@ -2260,6 +2253,24 @@ __global__ void __launch_bounds__(kResThreads, 1)
     };
     resident_store(c, v, dst, m, m);
   }
+}
+
+/// Top-k mask / renorm of float32 rows by topk_stream_row, one CTA a row: k a scalar that
+/// topk_streams (the host's choice), kStreamSmem of dynamic shared memory.
+template <bool kMask>
+__global__ void __launch_bounds__(kResThreads, 1)
+    TopKStreamKernel(const float* __restrict__ in, int64_t stride, int64_t vocab,
+                     TransformParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ uint32_t hist[256];
+  __shared__ unsigned long long red64[kResThreads / 32];
+  __shared__ uint32_t pick[2];
+  __shared__ uint32_t n_cand;
+  const int64_t row = blockIdx.x;
+  pdl_wait();
+  topk_stream_row<kMask>(reinterpret_cast<const float4*>(in + row * stride), vocab, p.top_k(row),
+                         static_cast<float*>(p.out) + row * p.out_stride, smem, hist, red64,
+                         pick, n_cand);
 }
 
 struct ChainParams {
@@ -2755,6 +2766,36 @@ inline bool run_resident(Kernel kernel, int reserve, int max_cluster, const floa
 /// Static shared memory (bytes, upper bounds) of the resident kernels.
 inline constexpr int kSoftmaxResidentStatic = 1024;
 inline constexpr int kTopKResidentStatic = kResCandidates * 4 + 4096;
+inline constexpr int kTopKStreamStatic = 2048;
+
+/// TopKStreamKernel where it pays and fits (k a scalar that topk_streams: the caller's test):
+/// 16-byte aligned rows in and out, more rows than half the SMs (any number beyond: waves;
+/// fewer: the cluster path), kStreamSmem of shared memory a CTA. false: not taken.
+inline bool topk_stream(const float* in, int64_t stride, int64_t rows, int64_t vocab,
+                        const TransformParams& params, bool enable_pdl, cudaStream_t stream,
+                        cudaError_t* err) {
+  if (!is_aligned(in, 16) || stride % 4 != 0 || !is_aligned(params.out, 16) ||
+      params.out_stride % 4 != 0 || vocab % 4 != 0)
+    return false;
+  int dev = 0, sms = 0, optin = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = sm_count(dev, &sms);
+  if (e == cudaSuccess) e = smem_optin(dev, &optin);
+  if (e == cudaSuccess &&
+      (2 * rows <= sms || resident_smem_limit(optin, kTopKStreamStatic) < kStreamSmem))
+    return false;
+  auto go = [&](auto* kernel, auto set) {
+    if (e == cudaSuccess) e = smem_attributes_once<decltype(set)::value>(kernel, dev, kStreamSmem);
+    if (e == cudaSuccess)
+      e = launch_kernel(kernel, dim3(rows), dim3(kResThreads), kStreamSmem, stream, enable_pdl,
+                        in, stride, vocab, params);
+    *err = e;
+    return true;
+  };
+  if (params.kind == kTopKMask)
+    return go(&TopKStreamKernel<true>, std::integral_constant<unsigned, 1u << 28>{});
+  return go(&TopKStreamKernel<false>, std::integral_constant<unsigned, 1u << 27>{});
+}
 
 /// Softmax (any rows <= SMs: clusters up to 8) and top-k mask / renorm (one CTA a row: rows
 /// beyond half the SMs) of float32 rows on chip, where their plans hold them.
@@ -2774,16 +2815,14 @@ inline bool transform_resident(const float* in, int64_t stride, int64_t rows, in
         });
   }
   if (params.kind == kTopKMask || params.kind == kTopKRenorm) {
+    if (!params.top_k.arr && topk_streams(params.top_k.value, vocab))
+      if (topk_stream(in, stride, rows, vocab, params, enable_pdl, stream, err)) return true;
     auto run = [&](auto* kernel, auto set) {
       return run_resident<decltype(set)::value>(
           kernel, kTopKResidentStatic, 1, in, stride, rows, vocab, params, err,
-          [&](const ResidentPlan& plan, size_t smem, int limit) {
-            // Rows with a small k stream (topk_stream_row) where the shared memory holds its
-            // prefix and list.
-            const bool streams = limit >= kStreamSmem;
-            if (streams && smem < size_t{kStreamSmem}) smem = kStreamSmem;
+          [&](const ResidentPlan& plan, size_t smem, int) {
             return launch_kernel(kernel, dim3(rows), dim3(kResThreads), smem, stream, enable_pdl,
-                                 in, stride, vocab, plan.smem_vecs, streams, params);
+                                 in, stride, vocab, plan.smem_vecs, params);
           });
     };
     if (params.kind == kTopKMask)
