@@ -2784,6 +2784,11 @@ inline bool topk_stream(const float* in, int64_t stride, int64_t rows, int64_t v
   if (e == cudaSuccess &&
       (2 * rows <= sms || resident_smem_limit(optin, kTopKStreamStatic) < kStreamSmem))
     return false;
+  // Where TopKResidentKernel holds the rows (rows <= SMs), it is faster beyond half the largest
+  // prefix (H100, 128 x 128256 mask: k = 200 62.1 us against 67.2, k = 500 75.6 against 71.8);
+  // beyond the SMs the alternative is the cluster path (k = 500 at 256 rows: 148 against 206).
+  const int64_t k_n4 = int64_t{params.top_k.value} * (vocab / 4);
+  if (e == cudaSuccess && rows <= sms && k_n4 > int64_t{2048} * kStreamPrefix4 / 2) return false;
   auto go = [&](auto* kernel, auto set) {
     if (e == cudaSuccess) e = smem_attributes_once<decltype(set)::value>(kernel, dev, kStreamSmem);
     if (e == cudaSuccess)
