@@ -1874,16 +1874,17 @@ inline constexpr int kStreamMinPrefix4 = 1024;
 inline constexpr int kStreamList = 8192;
 inline constexpr int kStreamSmem = kStreamPrefix4 * 16 + kStreamList * 8;
 
-/// Whether TopKResidentKernel streams a row (topk_stream_row): 0 < k < vocab, and k small
+/// Whether TopKStreamKernel may take a row (topk_stream_row): 0 < k < vocab, and k small
 /// enough that the largest prefix bounds t tightly (k x vocab / 2048 elements; k <= 523 at
-/// vocab 128256).
+/// vocab 128256). The host narrows it where TopKResidentKernel holds the rows (topk_stream).
 __host__ __device__ __forceinline__ bool topk_streams(int k, int64_t vocab) {
   return k > 0 && k < vocab && int64_t{k} * (vocab / 4) <= int64_t{2048} * kStreamPrefix4;
 }
 
 /*!
- * @brief Top-k mask / renorm of one float32 row in one stream (a TopKResidentKernel CTA, where
- *   topk_streams(k, vocab)): the same outputs as TransformKernel, bit for bit. The row's prefix
+ * @brief Top-k mask / renorm of one float32 row in one stream (a TopKStreamKernel CTA, k with
+ *   topk_streams(k, vocab); `out` must not overlap the row: it is written while the row is
+ *   read): the same outputs as TransformKernel, bit for bit. The row's prefix
  *   (~k x vocab / 2048 elements, 4K to 32K) is read first into shared memory; its k-th largest
  *   key (to 16 bits) bounds the row's from below, L. Then every element is written as it
  *   streams past as if not kept (mask -inf, renorm 0), and those at or above L (~k x vocab /
@@ -2731,9 +2732,9 @@ inline cudaError_t smem_attributes_once(Kernel kernel, int dev, int bytes) {
 }
 
 /// Run a resident kernel where its plan holds the rows (16-byte aligned rows in and out, the
-/// plan's conditions): launch(plan, smem bytes, the dynamic shared memory limit) ->
-/// cudaError_t. false: not taken (*err untouched; the caller runs TransformKernel). kSet keys
-/// the kernel's occupancy answers; `reserve` its static shared memory (bytes, an upper bound).
+/// plan's conditions): launch(plan, smem bytes) -> cudaError_t. false: not taken (*err
+/// untouched; the caller runs TransformKernel). kSet keys the kernel's occupancy answers;
+/// `reserve` its static shared memory (bytes, an upper bound).
 template <unsigned kSet, typename Kernel, typename Launch>
 inline bool run_resident(Kernel kernel, int reserve, int max_cluster, const float* in,
                          int64_t stride, int64_t rows, int64_t vocab, const TransformParams& params,
@@ -2758,7 +2759,7 @@ inline bool run_resident(Kernel kernel, int reserve, int max_cluster, const floa
   if (!plan.cluster) return false;
   // The most shared memory any plan asks for.
   e = smem_attributes_once<kSet>(kernel, dev, limit);
-  if (e == cudaSuccess) e = launch(plan, static_cast<size_t>(plan.smem_vecs) * 16, limit);
+  if (e == cudaSuccess) e = launch(plan, static_cast<size_t>(plan.smem_vecs) * 16);
   *err = e;
   return true;
 }
@@ -2811,7 +2812,7 @@ inline bool transform_resident(const float* in, int64_t stride, int64_t rows, in
     auto* const kernel = &SoftmaxResidentKernel<kResVecs>;
     return run_resident<1u << 31>(
         kernel, kSoftmaxResidentStatic, 8, in, stride, rows, vocab, params, err,
-        [&](const ResidentPlan& plan, size_t smem, int) {
+        [&](const ResidentPlan& plan, size_t smem) {
           return launch_kernel_clustered(kernel, dim3(rows * plan.cluster), dim3(kResThreads),
                                          smem, stream, enable_pdl,
                                          plan.cluster > 1 ? plan.cluster : 0, in, stride, vocab,
@@ -2825,7 +2826,7 @@ inline bool transform_resident(const float* in, int64_t stride, int64_t rows, in
     auto run = [&](auto* kernel, auto set) {
       return run_resident<decltype(set)::value>(
           kernel, kTopKResidentStatic, 1, in, stride, rows, vocab, params, err,
-          [&](const ResidentPlan& plan, size_t smem, int) {
+          [&](const ResidentPlan& plan, size_t smem) {
             return launch_kernel(kernel, dim3(rows), dim3(kResThreads), smem, stream, enable_pdl,
                                  in, stride, vocab, plan.smem_vecs, params);
           });
