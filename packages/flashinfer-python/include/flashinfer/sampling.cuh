@@ -2770,8 +2770,8 @@ inline constexpr int kTopKResidentStatic = kResCandidates * 4 + 4096;
 inline constexpr int kTopKStreamStatic = 2048;
 
 /// TopKStreamKernel where it pays and fits (k a scalar that topk_streams: the caller's test):
-/// 16-byte aligned rows in and out, more rows than half the SMs (any number beyond: waves;
-/// fewer: the cluster path), kStreamSmem of shared memory a CTA. false: not taken.
+/// 16-byte aligned rows in and out, kStreamSmem of shared memory a CTA, and a batch the rules
+/// below give it (any number of rows: beyond the SMs, waves). false: not taken.
 inline bool topk_stream(const float* in, int64_t stride, int64_t rows, int64_t vocab,
                         const TransformParams& params, bool enable_pdl, cudaStream_t stream,
                         cudaError_t* err) {
@@ -2782,14 +2782,18 @@ inline bool topk_stream(const float* in, int64_t stride, int64_t rows, int64_t v
   cudaError_t e = cudaGetDevice(&dev);
   if (e == cudaSuccess) e = sm_count(dev, &sms);
   if (e == cudaSuccess) e = smem_optin(dev, &optin);
-  if (e == cudaSuccess &&
-      (2 * rows <= sms || resident_smem_limit(optin, kTopKStreamStatic) < kStreamSmem))
-    return false;
-  // Where TopKResidentKernel holds the rows (rows <= SMs), it is faster beyond half the largest
-  // prefix (H100, 128 x 128256 mask: k = 200 62.1 us against 67.2, k = 500 75.6 against 71.8);
-  // beyond the SMs the alternative is the cluster path (k = 500 at 256 rows: 148 against 206).
+  if (e == cudaSuccess && resident_smem_limit(optin, kTopKStreamStatic) < kStreamSmem) return false;
+  // Half the SMs or fewer: one SM a row against the cluster path's many, which is faster below
+  // ~40K elements an SM in all (H100, mask k = 50: 32 x 128256 32.1 us against 35.1 streamed;
+  // 48 x 128256 49.2 against 36.1, 64 x 128256 55.4 / 38.0, 32 x 256000 80.6 / 50.9).
+  if (e == cudaSuccess && 2 * rows <= sms && rows * vocab < int64_t{40000} * sms) return false;
+  // Where TopKResidentKernel holds the rows (SMs / 2 < rows <= SMs), it is faster beyond half the
+  // largest prefix (128 x 128256 mask: k = 200 62.1 us against 67.2, k = 500 75.6 against
+  // 71.8); elsewhere the alternative is the cluster path (k = 500 at 256 rows: 148 against 206).
   const int64_t k_n4 = int64_t{params.top_k.value} * (vocab / 4);
-  if (e == cudaSuccess && rows <= sms && k_n4 > int64_t{2048} * kStreamPrefix4 / 2) return false;
+  if (e == cudaSuccess && 2 * rows > sms && rows <= sms &&
+      k_n4 > int64_t{2048} * kStreamPrefix4 / 2)
+    return false;
   auto go = [&](auto* kernel, auto set) {
     if (e == cudaSuccess) e = smem_attributes_once<decltype(set)::value>(kernel, dev, kStreamSmem);
     if (e == cudaSuccess)
@@ -2804,7 +2808,8 @@ inline bool topk_stream(const float* in, int64_t stride, int64_t rows, int64_t v
 }
 
 /// Softmax (any rows <= SMs: clusters up to 8) and top-k mask / renorm (one CTA a row: rows
-/// beyond half the SMs) of float32 rows on chip, where their plans hold them.
+/// beyond half the SMs) of float32 rows on chip, where their plans hold them; top-k with a small
+/// scalar k streams instead (topk_stream).
 inline bool transform_resident(const float* in, int64_t stride, int64_t rows, int64_t vocab,
                                const TransformParams& params, bool enable_pdl,
                                cudaStream_t stream, cudaError_t* err) {
