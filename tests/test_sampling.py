@@ -687,6 +687,8 @@ def test_top_k_rows_on_chip(op, b, v):
     x[4] = 0.5  # one value
     x[5, : v // 2] = -x[5, : v // 2]  # negative probabilities count as 0
     x[6] = x[6].sort().values  # ascending: the prefix's bound lists the whole row
+    # a low first quarter: the stream's list overflows and its own k-th largest bounds t
+    x[7, : v // 4] = x[7, : v // 4] - 40 if op == "top_k_mask_logits" else x[7, : v // 4] * 1e-6
     ks = torch.tensor([1, 50, 512, 513, 5000, v, v + 3, 2, 7, 1000, 4000], dtype=torch.int32,
                       device="cuda").repeat(b // 11 + 1)[:b]
     wide = torch.empty(b, v + 1, device="cuda")

@@ -3,11 +3,12 @@
 under whichever ``flashinfer`` is first on PYTHONPATH (ours or the peer). The copy (torch) is the
 transforms' floor at each shape.
 
-    python benchmarks/probes/transform_shapes.py LABEL OP[,OP...] [B,V ...]
+    python benchmarks/probes/transform_shapes.py LABEL OP[,OP...] [B,V ...] [--low-quarter]
 
 OP: softmax, maskK (top_k_mask_logits, k = K), renormK (top_k_renorm_probs), toppP
 (top_p_renorm_probs, p = P / 100). Prints one line per op and shape: LABEL, op, B, V, us, copy us,
-% of copy.
+% of copy. --low-quarter: every row's first quarter 40 lower (logits; its probabilities ~e^-40
+as small), a row whose prefix is unlike the rest (the top-k stream's list overflows).
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ def call(op: str):
     raise ValueError(f"op must be softmax, maskK, renormK or toppP, got {op!r}")
 
 
-def main(label: str, ops: list[str], shapes: list[tuple[int, int]]) -> None:
+def main(label: str, ops: list[str], shapes: list[tuple[int, int]], low_quarter: bool) -> None:
     for b, v in shapes:
         g = torch.Generator(device="cuda").manual_seed(0)
         logits = torch.randn(b, v, device="cuda", generator=g) * 2
+        if low_quarter:
+            logits[:, : v // 4] -= 40
         probs = torch.softmax(logits, -1)
         out = torch.empty_like(logits)
         copy, _ = bench_sampling.time_us(lambda x=logits, y=out: y.copy_(x))
@@ -55,5 +58,6 @@ def main(label: str, ops: list[str], shapes: list[tuple[int, int]]) -> None:
 
 
 if __name__ == "__main__":
-    pairs = [tuple(int(x) for x in a.split(",")) for a in sys.argv[3:]]
-    main(sys.argv[1], sys.argv[2].split(","), pairs or SHAPES)
+    args = [a for a in sys.argv[3:] if a != "--low-quarter"]
+    pairs = [tuple(int(x) for x in a.split(",")) for a in args]
+    main(sys.argv[1], sys.argv[2].split(","), pairs or SHAPES, "--low-quarter" in sys.argv[3:])

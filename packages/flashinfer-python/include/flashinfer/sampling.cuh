@@ -1893,8 +1893,10 @@ __host__ __device__ __forceinline__ bool topk_streams(int k, int64_t vocab) {
  *   / kept mass, the mass from the list). The row is read once and written once, the writes
  *   overlapping the reads. Elements whose output t does not change (mask -inf, renorm <= 0 or
  *   NaN) are not listed, nor (mask) those below -inf's key (negative NaNs: below t wherever the
- *   list decides it). A list that overflows, or (mask) fewer than k listed (-inf among the k
- *   largest): the row again from global memory, radix rounds for t, then mass and writes.
+ *   list decides it). A list that overflows: its k-th largest (to 16 bits) bounds t too, and
+ *   one more read of the row lists the keys at or above it. A list that overflows again, or
+ *   (mask) fewer than k listed (-inf among the k largest): the row again from global memory,
+ *   radix rounds for t, then mass and writes.
  */
 template <bool kMask>
 __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, int64_t vocab,
@@ -1948,20 +1950,23 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
   const uint32_t lo = L > trivial ? L : trivial;
   const float none = kMask ? -INFINITY : 0.f;
   const float4 nones = make_float4(none, none, none, none);
-  auto process = [&](float4 x, int s) {
+  auto list4 = [&](float4 x, int s, uint32_t bound) {
     const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
-    dst[s] = nones;
-    const uint32_t c = (q[0] >= lo && q[0] != trivial) + (q[1] >= lo && q[1] != trivial) +
-                       (q[2] >= lo && q[2] != trivial) + (q[3] >= lo && q[3] != trivial);
+    const uint32_t c = (q[0] >= bound && q[0] != trivial) + (q[1] >= bound && q[1] != trivial) +
+                       (q[2] >= bound && q[2] != trivial) + (q[3] >= bound && q[3] != trivial);
     if (c) {
       uint32_t at = atomicAdd(&n_cand, c);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        if (q[i] >= lo && q[i] != trivial) {
+        if (q[i] >= bound && q[i] != trivial) {
           if (at < kStreamList) lkey[at] = q[i], lidx[at] = 4 * s + i;
           ++at;
         }
     }
+  };
+  auto process = [&](float4 x, int s) {
+    dst[s] = nones;
+    list4(x, s, lo);
   };
   for (int s = tid; s < pre4; s += T) process(pre[s], s);
   // Each batch processed, then its registers load the batch two ahead.
@@ -1976,7 +1981,22 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
     step(b, base + U * T);
   }
   __syncthreads();
-  const uint32_t n = n_cand;
+  uint32_t n = n_cand;
+  if (n > kStreamList) {
+    // The list overflowed (a prefix unlike the rest of the row, ties): the listed part's k-th
+    // largest bounds the row's too; one more read lists the keys at or above it (no writes).
+    uint32_t lo2 = block_kth_key(
+        [&](auto f) {
+          for (int i = tid; i < kStreamList; i += T) f(lkey[i]);
+        },
+        kk, 16, hist, pick);
+    lo2 = lo2 > lo ? lo2 : lo;
+    if (tid == 0) n_cand = 0;
+    __syncthreads();
+    for (int s = tid; s < n4; s += T) list4(__ldg(src + s), s, lo2);
+    __syncthreads();
+    n = n_cand;
+  }
   // Renorm with fewer than k listed: L was 0 and every positive element is listed (t = 0).
   if (n <= kStreamList && (n >= kk || !kMask)) {
     const uint32_t t = n >= kk ? block_kth_key(
