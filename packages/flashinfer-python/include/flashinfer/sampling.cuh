@@ -1875,10 +1875,11 @@ inline constexpr int kStreamList = 8192;
 inline constexpr int kStreamSmem = kStreamPrefix4 * 16 + kStreamList * 8;
 
 /// Whether TopKStreamKernel may take a row (topk_stream_row): 0 < k < vocab, and k small
-/// enough that the largest prefix bounds t tightly (k x vocab / 2048 elements; k <= 523 at
-/// vocab 128256). The host narrows it where TopKResidentKernel holds the rows (topk_stream).
+/// enough that the largest prefix bounds t tightly (~k x vocab / 32K keys listed, at most half
+/// the list; k <= 1046 at vocab 128256). The host narrows it where TopKResidentKernel holds
+/// the rows (topk_stream).
 __host__ __device__ __forceinline__ bool topk_streams(int k, int64_t vocab) {
-  return k > 0 && k < vocab && int64_t{k} * (vocab / 4) <= int64_t{2048} * kStreamPrefix4;
+  return k > 0 && k < vocab && int64_t{k} * (vocab / 4) <= int64_t{4096} * kStreamPrefix4;
 }
 
 /*!
@@ -1913,7 +1914,8 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
   const uint32_t kk = static_cast<uint32_t>(k);
   // (A whole number of the threads' float4: the stream's loads then start on 512-byte lines.)
   const int64_t want4 = ((int64_t{k} * n4 + 2047) / 2048 + T - 1) / T * T;
-  const int pre4 = static_cast<int>(min(int64_t{n4}, max(int64_t{kStreamMinPrefix4}, want4)));
+  const int pre4 = static_cast<int>(min(
+      int64_t{n4}, max(int64_t{kStreamMinPrefix4}, min(want4, int64_t{kStreamPrefix4}))));
   uint64_t first = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
@@ -2807,12 +2809,12 @@ inline bool topk_stream(const float* in, int64_t stride, int64_t rows, int64_t v
   // ~40K elements an SM in all (H100, mask k = 50: 32 x 128256 32.1 us against 35.1 streamed;
   // 48 x 128256 49.2 against 36.1, 64 x 128256 55.4 / 38.0, 32 x 256000 80.6 / 50.9).
   if (e == cudaSuccess && 2 * rows <= sms && rows * vocab < int64_t{40000} * sms) return false;
-  // Where TopKResidentKernel holds the rows (SMs / 2 < rows <= SMs), it is faster beyond half the
-  // largest prefix (128 x 128256 mask: k = 200 62.1 us against 67.2, k = 500 75.6 against
-  // 71.8); elsewhere the alternative is the cluster path (k = 500 at 256 rows: 148 against 206).
+  // Where TopKResidentKernel holds the rows (SMs / 2 < rows <= SMs), it is faster beyond a
+  // quarter of the stream's range (128 x 128256 mask: k = 200 62.1 us against 67.2, k = 500 75.6
+  // against 71.8); elsewhere the alternative is the cluster path (k = 500 at 256 rows: 148
+  // against 206).
   const int64_t k_n4 = int64_t{params.top_k.value} * (vocab / 4);
-  if (e == cudaSuccess && 2 * rows > sms && rows <= sms &&
-      k_n4 > int64_t{2048} * kStreamPrefix4 / 2)
+  if (e == cudaSuccess && 2 * rows > sms && rows <= sms && k_n4 > int64_t{1024} * kStreamPrefix4)
     return false;
   auto go = [&](auto* kernel, auto set) {
     if (e == cudaSuccess) e = smem_attributes_once<decltype(set)::value>(kernel, dev, kStreamSmem);
