@@ -671,9 +671,9 @@ def test_softmax_rows_on_chip(b, v, pad):
                                   (128, 8), (300, 4096), (48, 128256), (32, 256000)])
 def test_top_k_rows_on_chip(op, b, v):
     # TopKResidentKernel (a k tensor; float32, vocab % 4 == 0, aligned rows, SMs / 2 < rows <=
-    # SMs) and TopKStreamKernel (a scalar k, k x vocab <= 32M up to SMs rows, 64M beyond and
-    # below half the SMs with 40K elements an SM: 48 x 128256, 32 x 256000)
-    # against TransformKernel on the same rows (a stride of v + 1 takes it): bit for bit, over
+    # SMs) and TopKStreamKernel (a scalar k: k x vocab <= 32M where the resident kernel could
+    # take the rows, 128M elsewhere; below half the SMs with 40K elements an SM: 48 x 128256,
+    # 32 x 256000) against TransformKernel on the same rows (a stride of v + 1 takes it): bit for bit, over
     # ties, NaN, -inf / zero rows, sparse rows, an ascending row (the stream's list overflows),
     # k = 1 .. 5000 (resident: no bound beyond 1024, radix rounds beyond 4096) and k >= vocab.
     g = torch.Generator(device="cuda").manual_seed(b + v)
