@@ -1867,6 +1867,50 @@ __device__ __forceinline__ uint32_t block_kth_key(Visit visit, uint32_t k, int b
   return prefix;
 }
 
+/// Top-k's order key of x (TopKResidentKernel, topk_stream_row): mask key_signed(x), renorm
+/// key_nonneg(max(x, 0)) (NaN counts as 0).
+template <bool kMask>
+__device__ __forceinline__ uint32_t topk_key(float x) {
+  return kMask ? key_signed(x) : key_nonneg(fmaxf(x, 0.f));
+}
+
+/// The float whose key is q (mask: key_signed's inverse; renorm: q / 2's bits, rounded down).
+template <bool kMask>
+__device__ __forceinline__ float topk_key_value(uint32_t q) {
+  return kMask ? __uint_as_float(q & 0x80000000u ? q & 0x7fffffffu : ~q) : __uint_as_float(q >> 1);
+}
+
+/// Renorm's weights in renorm_write's fixed point, at the scale of the row's largest key
+/// (renorm_mass).
+struct RenormMass {
+  float scale;
+  __device__ __forceinline__ unsigned long long fixed(uint32_t q) const {
+    return __float2ull_rz(__uint_as_float(q >> 1) * scale);
+  }
+  /// The kept elements' factor for a kept mass `kept` (0 where nothing is kept).
+  __device__ __forceinline__ float inv(unsigned long long kept) const {
+    return kept ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.f;
+  }
+};
+__device__ __forceinline__ RenormMass renorm_mass(unsigned long long max_key) {
+  return RenormMass{fixed_scale(__uint_as_float(static_cast<uint32_t>(max_key) >> 1))};
+}
+
+/// A float4's top-k output at threshold t: mask x where its key >= t, else -inf; renorm
+/// max(x, 0) * inv where its key >= t, else 0.
+template <bool kMask>
+__device__ __forceinline__ float4 topk_out4(float4 x, uint32_t t, float inv) {
+  auto one = [&](float y) {
+    if constexpr (kMask) {
+      return key_signed(y) >= t ? y : -INFINITY;
+    } else {
+      const float z = fmaxf(y, 0.f);
+      return key_nonneg(z) >= t ? z * inv : 0.f;
+    }
+  };
+  return make_float4(one(x.x), one(x.y), one(x.z), one(x.w));
+}
+
 /// topk_stream_row: the largest and smallest prefix it reads first (float4: 32K and 4K
 /// elements; 128 KB of shared memory at most) and its list of (key, index) pairs (64 KB).
 inline constexpr int kStreamPrefix4 = 8192;
@@ -1920,7 +1964,7 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
 #endif
-  auto key = [](float x) { return kMask ? key_signed(x) : key_nonneg(fmaxf(x, 0.f)); };
+  auto key = [](float x) { return topk_key<kMask>(x); };
   // The key whose output t does not change (mask: -inf's; renorm: 0's).
   const uint32_t trivial = kMask ? key_signed(-INFINITY) : 0u;
   const uint32_t pre_s = static_cast<uint32_t>(__cvta_generic_to_shared(pre));
@@ -2007,25 +2051,21 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
                                      },
                                      kk, 32, hist, pick)
                                : 0u;
-    if constexpr (kMask) {  // (x from its key: key_signed's inverse)
+    if constexpr (kMask) {  // (x from its key)
       for (uint32_t i = tid; i < n; i += T) {
         const uint32_t q = lkey[i];
-        if (q >= t) out[lidx[i]] = __uint_as_float(q & 0x80000000u ? q & 0x7fffffffu : ~q);
+        if (q >= t) out[lidx[i]] = topk_key_value<true>(q);
       }
     } else {
-      // The row's max is listed (its key >= t >= L); the kept mass in renorm_write's fixed point.
+      // The row's max is listed (its key >= t >= L).
       unsigned long long mx = 0, kept = 0;
       for (uint32_t i = tid; i < n; i += T) mx = max(mx, static_cast<unsigned long long>(lkey[i]));
-      const float scale = fixed_scale(
-          __uint_as_float(static_cast<uint32_t>(block_all_u64(mx, red64, MaxU64{})) >> 1));
-      auto fixed = [scale](uint32_t q) { return __float2ull_rz(__uint_as_float(q >> 1) * scale); };
+      const RenormMass w = renorm_mass(block_all_u64(mx, red64, MaxU64{}));
       for (uint32_t i = tid; i < n; i += T)
-        if (lkey[i] >= t) kept += fixed(lkey[i]);
-      kept = block_all_u64(kept, red64, SumU64{});
-      const float inv =
-          kept ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.f;
+        if (lkey[i] >= t) kept += w.fixed(lkey[i]);
+      const float inv = w.inv(block_all_u64(kept, red64, SumU64{}));
       for (uint32_t i = tid; i < n; i += T)
-        if (lkey[i] >= t) out[lidx[i]] = __uint_as_float(lkey[i] >> 1) * inv;
+        if (lkey[i] >= t) out[lidx[i]] = topk_key_value<false>(lkey[i]) * inv;
     }
     return;
   }
@@ -2038,37 +2078,23 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
         each([&](float4 x, int) { f(key(x.x)), f(key(x.y)), f(key(x.z)), f(key(x.w)); });
       },
       kk, 32, hist, pick);
-  if constexpr (kMask) {
-    each([&](float4 x, int s) {
-      dst[s] = make_float4(key(x.x) >= t ? x.x : none, key(x.y) >= t ? x.y : none,
-                           key(x.z) >= t ? x.z : none, key(x.w) >= t ? x.w : none);
-    });
-  } else {
+  float inv = 0.f;
+  if constexpr (!kMask) {
     unsigned long long mx = 0, kept = 0;
     each([&](float4 x, int) {
       mx = max(mx, static_cast<unsigned long long>(
                        max(max(key(x.x), key(x.y)), max(key(x.z), key(x.w)))));
     });
-    const float scale = fixed_scale(
-        __uint_as_float(static_cast<uint32_t>(block_all_u64(mx, red64, MaxU64{})) >> 1));
-    auto fixed = [scale](uint32_t q) { return __float2ull_rz(__uint_as_float(q >> 1) * scale); };
+    const RenormMass w = renorm_mass(block_all_u64(mx, red64, MaxU64{}));
     each([&](float4 x, int) {
       const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        if (q[i] >= t) kept += fixed(q[i]);
+        if (q[i] >= t) kept += w.fixed(q[i]);
     });
-    kept = block_all_u64(kept, red64, SumU64{});
-    const float inv =
-        kept ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.f;
-    each([&](float4 x, int s) {
-      auto one = [&](float y) {
-        const float z = fmaxf(y, 0.f);
-        return key_nonneg(z) >= t ? z * inv : 0.f;
-      };
-      dst[s] = make_float4(one(x.x), one(x.y), one(x.z), one(x.w));
-    });
+    inv = w.inv(block_all_u64(kept, red64, SumU64{}));
   }
+  each([&](float4 x, int s) { dst[s] = topk_out4<kMask>(x, t, inv); });
 }
 
 /*!
@@ -2103,12 +2129,8 @@ __global__ void __launch_bounds__(kResThreads, 1)
   const ResidentChunk c = resident_chunk<kVecs>(row_ptr, vocab, vocab / 4, smem_vecs, 0, smem);
   pdl_wait();
   const int k = p.top_k(row);
-  auto key = [](float x) { return kMask ? key_signed(x) : key_nonneg(fmaxf(x, 0.f)); };
-  // The float whose key is q (mask: key_signed's inverse; renorm: q / 2's bits, rounded down).
-  auto key_value = [](uint32_t q) {
-    return kMask ? __uint_as_float(q & 0x80000000u ? q & 0x7fffffffu : ~q)
-                 : __uint_as_float(q >> 1);
-  };
+  auto key = [](float x) { return topk_key<kMask>(x); };
+  auto key_value = [](uint32_t q) { return topk_key_value<kMask>(q); };
   uint32_t mk = 0, mk2 = 0;  // this thread's two largest keys
   auto track = [&](float4 x) {
     const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
@@ -2239,43 +2261,27 @@ __global__ void __launch_bounds__(kResThreads, 1)
     }
   }
   float4* const dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + row * p.out_stride);
-  if constexpr (kMask) {
-    auto m = [&](float4 x) {
-      const float ninf = -INFINITY;
-      return make_float4(key(x.x) >= t ? x.x : ninf, key(x.y) >= t ? x.y : ninf,
-                         key(x.z) >= t ? x.z : ninf, key(x.w) >= t ? x.w : ninf);
-    };
-    resident_store(c, v, dst, m, m);
-  } else {
-    // The kept mass in fixed point at the row max's scale (renorm_write's): from the list where
-    // it holds every kept key (t above L), else a pass.
-    const float scale = fixed_scale(
-        __uint_as_float(static_cast<uint32_t>(block_all_u64(mk, red64, MaxU64{})) >> 1));
-    auto fixed = [scale](uint32_t q) { return __float2ull_rz(__uint_as_float(q >> 1) * scale); };
+  float inv = 0.f;
+  if constexpr (!kMask) {
+    // The kept mass at the row max's scale: from the list where it holds every kept key (t
+    // above L), else a pass.
+    const RenormMass w = renorm_mass(block_all_u64(mk, red64, MaxU64{}));
     unsigned long long kept = 0;
     if (!from_list) {
       resident_for_each(c, v, [&](float4 x) {
         const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          if (q[i] >= t) kept += fixed(q[i]);
+          if (q[i] >= t) kept += w.fixed(q[i]);
       });
     } else {
       for (uint32_t i = tid; i < n; i += T)
-        if (cand[i] >= t) kept += fixed(cand[i]);
+        if (cand[i] >= t) kept += w.fixed(cand[i]);
     }
-    kept = block_all_u64(kept, red64, SumU64{});
-    const float inv =
-        kept ? static_cast<float>(static_cast<double>(scale) / static_cast<double>(kept)) : 0.f;
-    auto m = [&](float4 x) {
-      auto one = [&](float y) {
-        const float z = fmaxf(y, 0.f);
-        return key_nonneg(z) >= t ? z * inv : 0.f;
-      };
-      return make_float4(one(x.x), one(x.y), one(x.z), one(x.w));
-    };
-    resident_store(c, v, dst, m, m);
+    inv = w.inv(block_all_u64(kept, red64, SumU64{}));
   }
+  auto m = [&](float4 x) { return topk_out4<kMask>(x, t, inv); };
+  resident_store(c, v, dst, m, m);
 }
 
 /// Top-k mask / renorm of float32 rows by topk_stream_row, one CTA a row: k a scalar that
@@ -2738,6 +2744,20 @@ inline cudaError_t smem_optin(int dev, int* out) {
   return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(dev, out);
 }
 
+/// Rows in and out that are whole, 16-byte aligned float4 runs (their starts and strides).
+inline bool float4_rows(const float* in, int64_t stride, const TransformParams& params) {
+  return is_aligned(in, 16) && stride % 4 == 0 && is_aligned(params.out, 16) &&
+         params.out_stride % 4 == 0;
+}
+
+/// The current device, its SMs and the most dynamic shared memory a CTA may ask for there.
+inline cudaError_t device_limits(int* dev, int* sms, int* optin) {
+  cudaError_t e = cudaGetDevice(dev);
+  if (e == cudaSuccess) e = sm_count(*dev, sms);
+  if (e == cudaSuccess) e = smem_optin(*dev, optin);
+  return e;
+}
+
 /// Once per device (kSet keys the kernel): `kernel` may take `bytes` of dynamic shared memory,
 /// with all of the L1 as shared memory.
 template <unsigned kSet, typename Kernel>
@@ -2761,13 +2781,9 @@ template <unsigned kSet, typename Kernel, typename Launch>
 inline bool run_resident(Kernel kernel, int reserve, int max_cluster, const float* in,
                          int64_t stride, int64_t rows, int64_t vocab, const TransformParams& params,
                          cudaError_t* err, Launch launch) {
-  if (!is_aligned(in, 16) || stride % 4 != 0 || !is_aligned(params.out, 16) ||
-      params.out_stride % 4 != 0)
-    return false;
+  if (!float4_rows(in, stride, params)) return false;
   int dev = 0, sms = 0, optin = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = sm_count(dev, &sms);
-  if (e == cudaSuccess) e = smem_optin(dev, &optin);
+  cudaError_t e = device_limits(&dev, &sms, &optin);
   if (e != cudaSuccess) {
     *err = e;
     return true;
@@ -2797,13 +2813,9 @@ inline constexpr int kTopKStreamStatic = 2048;
 inline bool topk_stream(const float* in, int64_t stride, int64_t rows, int64_t vocab,
                         const TransformParams& params, bool enable_pdl, cudaStream_t stream,
                         cudaError_t* err) {
-  if (!is_aligned(in, 16) || stride % 4 != 0 || !is_aligned(params.out, 16) ||
-      params.out_stride % 4 != 0 || vocab % 4 != 0)
-    return false;
+  if (!float4_rows(in, stride, params) || vocab % 4 != 0) return false;
   int dev = 0, sms = 0, optin = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = sm_count(dev, &sms);
-  if (e == cudaSuccess) e = smem_optin(dev, &optin);
+  cudaError_t e = device_limits(&dev, &sms, &optin);
   if (e == cudaSuccess && resident_smem_limit(optin, kTopKStreamStatic) < kStreamSmem) return false;
   // Half the SMs or fewer: one SM a row against the cluster path's many, which is faster below
   // ~40K elements an SM in all (H100, mask k = 50: 32 x 128256 32.1 us against 35.1 streamed;
