@@ -1916,7 +1916,9 @@ __device__ __forceinline__ float4 topk_out4(float4 x, uint32_t t, float inv) {
 inline constexpr int kStreamPrefix4 = 8192;
 inline constexpr int kStreamMinPrefix4 = 1024;
 inline constexpr int kStreamList = 8192;
-inline constexpr int kStreamSmem = kStreamPrefix4 * 16 + kStreamList * 8;
+/// The listed keys' counts by their top 16 bits above the bound's (the last bin: all beyond).
+inline constexpr int kStreamBins = 4096;
+inline constexpr int kStreamSmem = kStreamPrefix4 * 16 + kStreamList * 8 + kStreamBins * 4 + 16;
 
 /// Whether TopKStreamKernel may take a row (topk_stream_row): 0 < k < vocab, and k small
 /// enough that the largest prefix bounds t tightly (~k x vocab / 32K keys listed, at most half
@@ -1924,6 +1926,74 @@ inline constexpr int kStreamSmem = kStreamPrefix4 * 16 + kStreamList * 8;
 /// the rows (topk_stream).
 __host__ __device__ __forceinline__ bool topk_streams(int k, int64_t vocab) {
   return k > 0 && k < vocab && int64_t{k} * (vocab / 4) <= int64_t{4096} * kStreamPrefix4;
+}
+
+/*!
+ * @brief The k-th largest of the n listed keys from their counts by top 16 bits above the
+ *   bound's (bins, kStreamBins words, a key q in bin min((q >> 16) - lo16, last)): one block
+ *   scan finds the bin, one warp ranks the bin's keys (64 at most; more, or the last bin: 0,
+ *   the caller's full select). Block-wide; uses `bins` for the bin's keys afterwards, `n_cand`
+ *   as their count (every thread has read it), hist[0..15] and pick[0].
+ */
+__device__ __forceinline__ uint32_t binned_kth(uint32_t* bins, const uint32_t* lkey, uint32_t n,
+                                               uint32_t k, uint32_t lo16, uint32_t* hist,
+                                               uint32_t* pick, uint32_t& n_cand) {
+  constexpr int T = kResThreads, kPer = kStreamBins / T;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Thread t holds bins [kPer t, kPer t + kPer); the counts above them by a suffix scan.
+  uint32_t c[kPer], sum = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) sum += c[j] = bins[tid * kPer + j];
+  uint32_t incl = sum;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t y = __shfl_down_sync(0xffffffffu, incl, o);
+    if (lane + o < 32) incl += y;
+  }
+  if (lane == 0) hist[warp] = incl;
+  if (tid == 0) n_cand = 0;
+  __syncthreads();
+  uint32_t run = incl - sum;
+  for (int w = warp + 1; w < T / 32; ++w) run += hist[w];
+  if (run < k && k <= run + sum) {
+#pragma unroll
+    for (int j = kPer - 1; j >= 0; --j) {
+      if (run < k && k <= run + c[j]) pick[0] = tid * kPer + j, hist[16] = k - run;
+      run += c[j];
+    }
+  }
+  __syncthreads();
+  const uint32_t bin = pick[0], kb = hist[16];
+  if (bin == kStreamBins - 1) {  // (uniform: the caller selects from the whole list)
+    __syncthreads();             // (hist and pick read by every thread)
+    return 0;
+  }
+  for (uint32_t i = tid; i < n; i += T) {
+    const uint32_t q = lkey[i];
+    if ((q >> 16) - lo16 == bin) {
+      const uint32_t at = atomicAdd(&n_cand, 1u);
+      if (at < kStreamBins) bins[at] = q;
+    }
+  }
+  __syncthreads();
+  const uint32_t m = n_cand;
+  if (m > 64) return 0;
+  if (warp == 0) {  // the bin's keys, two a lane: the one with fewer than kb above, kb at or above
+    const uint32_t a0 = lane < m ? bins[lane] : 0u, a1 = lane + 32 < m ? bins[lane + 32] : 0u;
+    uint32_t g0 = 0, e0 = 0, g1 = 0, e1 = 0;
+    for (int j = 0; j < 32; ++j) {
+      const uint32_t u0 = __shfl_sync(0xffffffffu, a0, j), u1 = __shfl_sync(0xffffffffu, a1, j);
+      const bool v0 = j < static_cast<int>(m), v1 = j + 32 < static_cast<int>(m);
+      g0 += (v0 && u0 > a0) + (v1 && u1 > a0), e0 += (v0 && u0 >= a0) + (v1 && u1 >= a0);
+      g1 += (v0 && u0 > a1) + (v1 && u1 > a1), e1 += (v0 && u0 >= a1) + (v1 && u1 >= a1);
+    }
+    if (lane < m && g0 < kb && kb <= e0) pick[0] = a0;
+    if (lane + 32 < m && g1 < kb && kb <= e1) pick[0] = a1;
+  }
+  __syncthreads();
+  const uint32_t t = pick[0];
+  __syncthreads();  // (pick reusable)
+  return t;
 }
 
 /*!
@@ -1952,6 +2022,8 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
   float4* const pre = reinterpret_cast<float4*>(smem);
   uint32_t* const lkey = reinterpret_cast<uint32_t*>(smem + kStreamPrefix4 * 16);
   uint32_t* const lidx = lkey + kStreamList;
+  uint32_t* const bins = lidx + kStreamList;
+  uint32_t* const top_key = bins + kStreamBins;  // the largest listed key
   const int tid = threadIdx.x;
   float4* const dst = reinterpret_cast<float4*>(out);
   const int n4 = static_cast<int>(vocab / 4);
@@ -1979,7 +2051,8 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
   };
   load(a, pre4);
   load(b, pre4 + U * T);
-  if (tid == 0) n_cand = 0;
+  if (tid == 0) n_cand = 0, *top_key = 0;
+  for (int i = tid; i < kStreamBins; i += T) bins[i] = 0;
   cp_async_wait<0>();
   __syncthreads();
   const uint32_t L = block_kth_key(
@@ -1996,7 +2069,10 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
   const uint32_t lo = L > trivial ? L : trivial;
   const float none = kMask ? -INFINITY : 0.f;
   const float4 nones = make_float4(none, none, none, none);
-  auto list4 = [&](float4 x, int s, uint32_t bound) {
+  // A key at or above `bound` listed; in the stream (binned) also counted by its top 16 bits
+  // above lo's, and the largest kept in top_key.
+  const uint32_t lo16 = lo >> 16;
+  auto list4 = [&](float4 x, int s, uint32_t bound, bool binned) {
     const uint32_t q[4] = {key(x.x), key(x.y), key(x.z), key(x.w)};
     const uint32_t c = (q[0] >= bound && q[0] != trivial) + (q[1] >= bound && q[1] != trivial) +
                        (q[2] >= bound && q[2] != trivial) + (q[3] >= bound && q[3] != trivial);
@@ -2007,12 +2083,16 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
         if (q[i] >= bound && q[i] != trivial) {
           if (at < kStreamList) lkey[at] = q[i], lidx[at] = 4 * s + i;
           ++at;
+          if (binned) {
+            atomicAdd(&bins[min((q[i] >> 16) - lo16, uint32_t{kStreamBins - 1})], 1u);
+            atomicMax(top_key, q[i]);
+          }
         }
     }
   };
   auto process = [&](float4 x, int s) {
     dst[s] = nones;
-    list4(x, s, lo);
+    list4(x, s, lo, true);
   };
   for (int s = tid; s < pre4; s += T) process(pre[s], s);
   // Each batch processed, then its registers load the batch two ahead.
@@ -2028,6 +2108,8 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
   }
   __syncthreads();
   uint32_t n = n_cand;
+  const uint32_t top = *top_key;
+  bool binned = true;  // bins and top describe the list
   if (n > kStreamList) {
     // The list overflowed (a prefix unlike the rest of the row, ties): the listed part's k-th
     // largest bounds the row's too; one more read lists the keys at or above it (no writes).
@@ -2039,18 +2121,23 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
     lo2 = lo2 > lo ? lo2 : lo;
     if (tid == 0) n_cand = 0;
     __syncthreads();
-    for (int s = tid; s < n4; s += T) list4(__ldg(src + s), s, lo2);
+    for (int s = tid; s < n4; s += T) list4(__ldg(src + s), s, lo2, false);
     __syncthreads();
     n = n_cand;
+    binned = false;
   }
   // Renorm with fewer than k listed: L was 0 and every positive element is listed (t = 0).
   if (n <= kStreamList && (n >= kk || !kMask)) {
-    const uint32_t t = n >= kk ? block_kth_key(
-                                     [&](auto f) {
-                                       for (uint32_t i = tid; i < n; i += T) f(lkey[i]);
-                                     },
-                                     kk, 32, hist, pick)
-                               : 0u;
+    uint32_t t = 0;
+    if (n >= kk && binned) {
+      t = binned_kth(bins, lkey, n, kk, lo16, hist, pick, n_cand);
+    }
+    if (n >= kk && (!binned || t == 0))
+      t = block_kth_key(
+          [&](auto f) {
+            for (uint32_t i = tid; i < n; i += T) f(lkey[i]);
+          },
+          kk, 32, hist, pick);
     if constexpr (kMask) {  // (x from its key)
       for (uint32_t i = tid; i < n; i += T) {
         const uint32_t q = lkey[i];
@@ -2058,9 +2145,14 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
       }
     } else {
       // The row's max is listed (its key >= t >= L).
-      unsigned long long mx = 0, kept = 0;
-      for (uint32_t i = tid; i < n; i += T) mx = max(mx, static_cast<unsigned long long>(lkey[i]));
-      const RenormMass w = renorm_mass(block_all_u64(mx, red64, MaxU64{}));
+      unsigned long long mx = top, kept = 0;
+      if (!binned) {
+        mx = 0;
+        for (uint32_t i = tid; i < n; i += T)
+          mx = max(mx, static_cast<unsigned long long>(lkey[i]));
+        mx = block_all_u64(mx, red64, MaxU64{});
+      }
+      const RenormMass w = renorm_mass(mx);
       for (uint32_t i = tid; i < n; i += T)
         if (lkey[i] >= t) kept += w.fixed(lkey[i]);
       const float inv = w.inv(block_all_u64(kept, red64, SumU64{}));
