@@ -704,6 +704,42 @@ def test_top_k_rows_on_chip(op, b, v):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("b, v", [(67, 128256), (128, 128256), (132, 151936), (100, 1000),
+                                  (128, 8), (80, 4096)])
+def test_top_p_renorm_rows_on_chip(b, v):
+    # TopPResidentKernel (float32, vocab % 4 == 0, aligned rows, SMs / 2 < rows <= SMs) against
+    # TransformKernel on the same rows (a stride of v + 1 takes it) and the fixed-point
+    # reference, bit for bit: spreads from peaked to flat, ties, NaN, negatives, zero rows, a
+    # uniform row (its bin holds the whole row: the list overflows), one value, a row below
+    # 2^-85 (no window), sorted rows, top_p from 1e-6 to 1.
+    g = torch.Generator(device="cuda").manual_seed(b + v)
+    spread = torch.tensor([0.5, 1.0, 2.0, 3.0, 4.0, 8.0, 16.0], device="cuda")
+    spread = spread.repeat(b // 7 + 1)[:b]
+    x = torch.softmax(torch.randn(b, v, device="cuda", generator=g) * spread[:, None], -1)
+    x[0] = torch.softmax((torch.randn(v, device="cuda", generator=g) * 4).round(), -1)  # ties
+    x[1, v // 3] = float("nan")
+    x[2] = 0.0
+    x[3] = 1.0 / v  # uniform
+    x[4, 1:] = 0.0  # one value
+    x[5, : v // 2] = -x[5, : v // 2]  # negatives count as 0
+    x[6] = x[6].sort().values
+    x[7] *= 2.0**-86 / x[7].max()  # max 2^-86: no window (its scale 2^126 still a float)
+    x[8] *= 7.25  # unnormalized
+    ps = torch.tensor([0.9, 0.5, 1e-6, 0.999, 1.0, 0.1, 0.7, 1 - 2**-20, 0.95, 0.3, 0.99],
+                      device="cuda").repeat(b // 11 + 1)[:b]
+    wide = torch.empty(b, v + 1, device="cuda")
+    wide[:, :v] = x
+    finite = torch.ones(b, dtype=torch.bool, device="cuda")
+    finite[1] = False
+    for p in (ps, 0.9, 0.5, 1e-6, 1.0):
+        got = sampling.top_p_renorm_probs(x, p)
+        torch.testing.assert_close(got, sampling.top_p_renorm_probs(wide[:, :v], p), rtol=0,
+                                   atol=0)
+        ref = ref_top_p_renorm_exact(x[finite], p if isinstance(p, float) else p[finite])
+        assert torch.equal(got[finite], ref)
+
+
+@pytest.mark.gpu
 def test_chain_speculative_counts():
     b, n, v = 6, 4, 64
     g = torch.Generator(device="cuda").manual_seed(0)

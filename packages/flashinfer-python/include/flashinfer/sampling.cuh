@@ -2394,6 +2394,382 @@ __global__ void __launch_bounds__(kResThreads, 1)
                          pick, n_cand);
 }
 
+// ------------------------------------------------------------------------------------------------
+// Top-p renorm with every row on chip (TopPResidentKernel)
+//
+// The threshold by mass needs the whole row before anything is written, so the row is held
+// (ResidentChunk, one CTA a row) and searched on chip. While it loads, every value is counted in
+// the direct path's bins of 1/16 octave (mass_hist_add's prefix), each bin's 24-bit significands
+// summed exactly (two u32 words: the top 12 bits' sum and the low 12 bits'). Within 17 octaves
+// of the row max a value's fixed-point weight is its significand shifted, so those bins' masses
+// are exact; below, within a bound. The block scans the window below the max for the bins that
+// may hold t (usually one) and the bounds of the row's mass M; one pass over the held row lists
+// the keys in those bins, and t comes from the list by radix rounds of mass, against both ends
+// of the target's bounds: where they agree (the bins exact, the target's uncertainty, a few
+// thousand units of the inexact octaves, inside one step of the mass), t and its kept mass are
+// exact without weighing the row value by value. Otherwise (rare: t deeper than 17 octaves, a
+// list that overflows, a target whose bounds straddle a step, no window: a max below 2^-85 or
+// +inf) the held row is weighed value by value for M, and the rounds run over the list, or over
+// the whole row read again from global memory where the list does not hold t.
+
+/// Keys TopPResidentKernel lists (aliasing its histogram once scanned).
+inline constexpr int kTopPList = 2 * kMassBins;
+/// Bins of the window below the max (exponents emax - 40 .. emax; lower ones weigh 0).
+inline constexpr int kTopPWindow = 41 * kMassPerOctave;
+
+/// Add x to TopPResidentKernel's histogram (kMassBins words of the top 12 bits' sums, then
+/// kMassBins of the low 12 bits'): max(x, 0)'s bin gets its 24-bit significand, exactly (below
+/// 2^30 a word for 2^18 values). Branch-free (the registers' copy is unrolled: its size costs
+/// time): zeros and subnormals go to the exponent-0 bins, +inf to exponent 255's, which no
+/// window reads (42 <= emax < 255); NaN and negatives count as 0.
+__device__ __forceinline__ void topp_hist_add(uint32_t hist_s, float x) {
+  const uint32_t u = __float_as_uint(fmaxf(x, 0.f));
+  const uint32_t at = hist_s + (u >> (23 - kMassMantissa)) * 4;
+  asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(at), "r"(((u >> 12) & 0x7ffu) | 0x800u));
+  asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(at + kMassBins * 4), "r"(u & 4095u));
+}
+
+/// TopPResidentKernel's block-shared state: the window scan's verdict (t's candidate keys [lo,
+/// hi); a, the exact mass above them; the bounds of M) and the select's picks.
+struct TopPShared {
+  uint32_t lo, hi;
+  int w_hi, w_lo;
+  unsigned long long a, m_lo, m_hi;
+  unsigned long long scan[2][kResThreads / 32];
+  uint32_t pick;
+  unsigned long long above, bin;
+  uint32_t n;
+};
+
+/// Bounds of the fixed-point mass of window bin w (from the top; exponent emax's bins first)
+/// of a row max with exponent field emax: significand sum S, weights S 2^d for d = E - emax +
+/// 17 >= 0 (exact: true), else within n (the bin's count, <= the top halves' sum / 2^11) below
+/// floor(S / 2^-d).
+__device__ __forceinline__ bool topp_bin(const uint32_t* hi, const uint32_t* lo, uint32_t emax,
+                                         int w, unsigned long long* l, unsigned long long* h) {
+  const int b = static_cast<int>(emax) * kMassPerOctave + kMassPerOctave - 1 - w;
+  const int d = b / kMassPerOctave - static_cast<int>(emax) + 17;
+  const unsigned long long S = (static_cast<unsigned long long>(hi[b]) << 12) + lo[b];
+  if (d >= 0) {
+    *l = *h = S << d;
+    return true;
+  }
+  const unsigned long long f = S >> -d, n = hi[b] >> 11;
+  *l = f > n ? f - n : 0ull, *h = f;
+  return false;
+}
+
+/*!
+ * @brief Block-wide window scan (42 <= emax < 255): thread i holds window bins 2i and 2i + 1;
+ *   the bounds of the mass at and above each bin by a block scan; t's bins run from the first
+ *   (from the top) whose upper bound may reach the target's lower bound t_lo = floor(p m_lo) +
+ *   1 to the first whose lower bound surely reaches t_hi (none: below the window). Leaves in
+ *   `s`: m_lo, m_hi; lo, hi (keys; lo = hi = 0 where t_lo > m_hi: nothing to list, all kept,
+ *   or where the bins reach below the exact octaves: the exact path decides); a, the mass above
+ *   hi (exact: every bin above hi is). Ends with a barrier.
+ */
+__device__ __forceinline__ void topp_window(const uint32_t* hi, const uint32_t* lo, uint32_t emax,
+                                            float top_p, TopPShared* s) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int w0 = 2 * tid;
+  unsigned long long l0 = 0, h0 = 0, l1 = 0, h1 = 0;
+  bool exact = true;
+  if (w0 < kTopPWindow) {
+    exact = topp_bin(hi, lo, emax, w0, &l0, &h0);
+    exact = topp_bin(hi, lo, emax, w0 + 1, &l1, &h1) && exact;
+  }
+  unsigned long long il = l0 + l1, ih = h0 + h1;  // inclusive scans from thread 0 (the top)
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long a = __shfl_up_sync(0xffffffffu, il, o),
+                             b = __shfl_up_sync(0xffffffffu, ih, o);
+    if (lane >= o) il += a, ih += b;
+  }
+  if (lane == 31) s->scan[0][warp] = il, s->scan[1][warp] = ih;
+  if (tid == 0) s->w_hi = s->w_lo = kTopPWindow;
+  __syncthreads();
+  unsigned long long m_lo = 0, m_hi = 0;
+  for (int v = 0; v < kResThreads / 32; ++v) {
+    if (v < warp) il += s->scan[0][v], ih += s->scan[1][v];
+    m_lo += s->scan[0][v], m_hi += s->scan[1][v];
+  }
+  const unsigned long long t_lo = top_p_limit(top_p, m_lo) + 1, t_hi = top_p_limit(top_p, m_hi) + 1;
+  // Running bounds at and above bins w0 + 1 and w0 (exclusive: minus the bins themselves).
+  if (w0 < kTopPWindow) {
+    if (ih - h1 >= t_lo) atomicMin(&s->w_hi, w0);
+    else if (ih >= t_lo) atomicMin(&s->w_hi, w0 + 1);
+    if (il - l1 >= t_hi) atomicMin(&s->w_lo, w0);
+    else if (il >= t_hi) atomicMin(&s->w_lo, w0 + 1);
+  }
+  __syncthreads();
+  const int w_hi = s->w_hi, w_lo = s->w_lo;
+  if (tid == 0) {
+    s->m_lo = m_lo, s->m_hi = m_hi, s->lo = s->hi = 0u, s->a = 0;
+  }
+  // The thread of w_hi: the mass above it (exact where every bin above is).
+  if (t_lo <= m_hi && (w0 == w_hi || w0 + 1 == w_hi)) {
+    const int top = static_cast<int>(emax) * kMassPerOctave + kMassPerOctave - 1;
+    // t's bins within the exact octaves (18 x 16 bins from the top) and above the window's end.
+    if (w_lo < 18 * kMassPerOctave) {
+      s->hi = static_cast<uint32_t>(top - w_hi + 1) << 20;
+      s->lo = static_cast<uint32_t>(top - w_lo) << 20;
+      s->a = w0 == w_hi ? il - l0 - l1 : il - l1;
+    }
+  }
+  __syncthreads();
+}
+
+/*!
+ * @brief The largest key t in [lo, hi) whose visited keys in [t, hi) weigh at least `target`
+ *   (>= 1; *ok false where all of them weigh less), a key's weight w.fixed(key); returns t and
+ *   the weight of the visited keys in [t, hi) in *kept. Radix rounds of 8 bits below lo's and
+ *   hi - 1's common prefix, each a histogram of the keys that match the digits chosen so far:
+ *   their weights in three u32 words of 14 bits (exact up to 2^18 keys), their count and their
+ *   largest key, so that a chosen bin of one key ends the search. visit(f) calls f(key, valid)
+ *   on whole warps (every lane the same number of times: full-warp intrinsics); a warp whose
+ *   keys share one bin adds once. Block-wide; h: 5 x 256 words.
+ */
+template <typename Visit>
+__device__ uint32_t topp_select(Visit visit, unsigned long long target, uint32_t lo, uint32_t hi,
+                                const RenormMass& w, uint32_t* h, TopPShared* s,
+                                unsigned long long* kept, bool* ok) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const uint32_t span = lo ^ (hi - 1u);
+  int top_bit = span ? 32 - __clz(span) : 0;  // bits below the common prefix
+  const uint32_t low_mask = top_bit >= 32 ? 0xffffffffu : (1u << top_bit) - 1u;
+  uint32_t prefix = lo & ~low_mask, pmask = ~low_mask;
+  *kept = 0;
+  *ok = true;
+  while (top_bit > 0) {
+    const int shift = top_bit > 8 ? top_bit - 8 : 0, width = top_bit - shift;
+    for (int i = tid; i < 5 * 256; i += kResThreads) h[i] = 0;
+    __syncthreads();
+    visit([&](uint32_t q, bool valid) {
+      const bool in = valid && q >= lo && q < hi && (q & pmask) == prefix;
+      const uint32_t d = in ? (q >> shift) & ((1u << width) - 1u) : 256u;
+      const unsigned long long v = in ? w.fixed(q) : 0ull;
+      const uint32_t p0 = static_cast<uint32_t>(v) & 0x3fffu,
+                     p1 = static_cast<uint32_t>(v >> 14) & 0x3fffu,
+                     p2 = static_cast<uint32_t>(v >> 28);
+      if (__match_any_sync(kAll, d) == kAll) {  // (uniform: in too)
+        if (in) {
+          const uint32_t s0 = __reduce_add_sync(kAll, p0), s1 = __reduce_add_sync(kAll, p1),
+                         s2 = __reduce_add_sync(kAll, p2), mx = __reduce_max_sync(kAll, q);
+          if (lane == 0) {
+            atomicAdd(h + d, s0), atomicAdd(h + 256 + d, s1), atomicAdd(h + 512 + d, s2);
+            atomicAdd(h + 768 + d, 32u), atomicMax(h + 1024 + d, mx);
+          }
+        }
+      } else if (in) {
+        atomicAdd(h + d, p0), atomicAdd(h + 256 + d, p1), atomicAdd(h + 512 + d, p2);
+        atomicAdd(h + 768 + d, 1u), atomicMax(h + 1024 + d, q);
+      }
+    });
+    __syncthreads();
+    if (tid < 32) {  // lane l: digits 255 - 8l down to 248 - 8l; the mass above them by a scan
+      auto mass = [h](int d) {
+        return h[d] + (static_cast<unsigned long long>(h[256 + d]) << 14) +
+               (static_cast<unsigned long long>(h[512 + d]) << 28);
+      };
+      unsigned long long sum = 0;
+#pragma unroll 1
+      for (int i = 0; i < 8; ++i) sum += mass(255 - 8 * lane - i);
+      unsigned long long incl = sum;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long y = __shfl_up_sync(kAll, incl, o);
+        if (lane >= o) incl += y;
+      }
+      unsigned long long run = incl - sum;
+      if (run < target && target <= incl) {
+#pragma unroll 1
+        for (int i = 0; i < 8; ++i) {
+          const unsigned long long m = mass(255 - 8 * lane - i);
+          if (target <= run + m) {
+            s->pick = 255 - 8 * lane - i, s->above = run, s->bin = m;
+            break;
+          }
+          run += m;
+        }
+      }
+      if (lane == 31 && incl < target) s->pick = 256u;  // the keys weigh less than the target
+    }
+    __syncthreads();
+    const uint32_t d = s->pick;
+    const unsigned long long above = s->above, bin = s->bin;
+    const uint32_t count = d < 256u ? h[768 + d] : 0u, largest = d < 256u ? h[1024 + d] : 0u;
+    __syncthreads();  // (s and h reusable)
+    if (d == 256u) {
+      *ok = false;
+      break;
+    }
+    target -= above;
+    *kept += above;
+    prefix |= d << shift;
+    pmask |= ((1u << width) - 1u) << shift;
+    top_bit = shift;
+    if (top_bit == 0 || count == 1u) {  // (one key in the bin: it is t)
+      *kept += bin;
+      if (count == 1u) prefix = largest;
+      break;
+    }
+  }
+  return prefix;
+}
+
+/*!
+ * @brief Top-p renorm of float32 probability rows, one CTA a row (chunk = the row, laid out as
+ *   ResidentChunk). The same outputs as TransformKernel, bit for bit: values clamped to 0 (NaN
+ *   counts as 0), fixed-point weights at the row max's scale (fixed_scale), t the largest key
+ *   whose mass at and above reaches floor(top_p M) + 1 (none: everything kept), kept values x *
+ *   (scale / kept mass), others 0. The search: see the section's comment. The registers'
+ *   unrolled code is kept minimal (fetched once per SM: TopKResidentKernel's lesson): the pass
+ *   marks a bit per element in t's bins and reads the marked ones again from the row.
+ */
+template <int kVecs>
+__global__ void __launch_bounds__(kResThreads, 1)
+    TopPResidentKernel(const float* __restrict__ in, int64_t stride, int64_t vocab, int smem_vecs,
+                       TransformParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int T = kResThreads, kWords = (kVecs * 4 + 31) / 32;
+  __shared__ uint32_t hist[2 * kMassBins];  // (hi, lo); then the list
+  __shared__ uint32_t h3[5 * 256];
+  __shared__ unsigned long long red64[T / 32];
+  __shared__ TopPShared sh;
+  const int tid = threadIdx.x;
+  const int64_t row = blockIdx.x;
+  const float* const row_ptr = in + row * stride;
+  const ResidentChunk c = resident_chunk<kVecs>(row_ptr, vocab, vocab / 4, smem_vecs, 0, smem);
+  uint32_t* const hi = hist;
+  uint32_t* const lo = hist + kMassBins;
+  for (int i = tid; i < 2 * kMassBins; i += T) hist[i] = 0;
+  if (tid == 0) sh.n = 0;
+  __syncthreads();
+  pdl_wait();
+  const float top_p = p.top_p(row);
+  auto key = [](float x) { return topk_key<false>(x); };
+  const uint32_t hist_s = static_cast<uint32_t>(__cvta_generic_to_shared(hist));
+  float mx = 0.f;
+  auto add = [&](float4 x) {
+    mx = fmaxf(mx, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+    topp_hist_add(hist_s, x.x), topp_hist_add(hist_s, x.y);
+    topp_hist_add(hist_s, x.z), topp_hist_add(hist_s, x.w);
+  };
+  float4 v[kVecs];
+  resident_load(c, v, add, [&](float4(&r)[kVecs]) {
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j)
+      if (j < c.slots) add(r[j]);
+  });
+  pdl_launch_dependents();
+  const uint32_t max_key = static_cast<uint32_t>(block_all_u64(key(mx), red64, MaxU64{}));
+  const RenormMass w = renorm_mass(max_key);
+  const uint32_t emax = max_key >> 24;
+  const bool window = emax >= 42u && emax < 255u;
+  if (window) {
+    topp_window(hi, lo, emax, top_p, &sh);
+  } else {  // (uniform)
+    if (tid == 0) sh.lo = sh.hi = 0u;
+    __syncthreads();
+  }
+  // Keys in [lo, hi) listed (over the histogram, read by now: topp_window ends with a barrier).
+  const uint32_t klo = sh.lo, khi = sh.hi;
+  uint32_t* const list = hist;
+  if (khi > klo) {
+    const float flo = __uint_as_float(klo >> 1), fhi = __uint_as_float(khi >> 1);
+    auto maybe = [flo, fhi](float x) { return x >= flo && x < fhi; };
+    uint32_t bits[kWords] = {};
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (j < c.slots) {
+        const float4 x = v[j];
+        bits[j * 4 / 32] |= (uint32_t{maybe(x.x)} | uint32_t{maybe(x.y)} << 1 |
+                             uint32_t{maybe(x.z)} << 2 | uint32_t{maybe(x.w)} << 3)
+                            << (j * 4 % 32);
+      }
+    }
+    uint32_t marked = 0;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) marked += __popc(bits[i]);
+    if (marked) {  // the marked elements read again from the row (slot j, element i)
+      const float* const mine = row_ptr + 4 * tid;
+      uint32_t at = atomicAdd(&sh.n, marked);
+#pragma unroll
+      for (int i = 0; i < kWords; ++i)
+        for (uint32_t m = bits[i]; m; m &= m - 1) {
+          const int e = i * 32 + __ffs(m) - 1;
+          if (at < kTopPList) list[at] = key(__ldg(mine + 4 * T * (e >> 2) + (e & 3)));
+          ++at;
+        }
+    }
+    resident_off_registers(c, [&](float4 x) {
+      const float xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (maybe(xs[i])) {
+          const uint32_t at = atomicAdd(&sh.n, 1u);
+          if (at < kTopPList) list[at] = key(xs[i]);
+        }
+    });
+  }
+  __syncthreads();
+  const uint32_t n = sh.n;
+  const bool listed = khi > klo && n <= static_cast<uint32_t>(kTopPList);
+  const int lane = tid & 31;
+  auto over_list = [&](auto f) {  // (whole warps)
+    for (uint32_t i = tid - lane; i < n; i += T) f(i + lane < n ? list[i + lane] : 0u, i + lane < n);
+  };
+  uint32_t t = 0;
+  unsigned long long kept = 0;
+  bool done = false;
+  if (window) {
+    // The target's bounds from M's; t from the list where both give the same (exact) answer.
+    const unsigned long long m_lo = sh.m_lo, m_hi = sh.m_hi, a = sh.a;
+    const unsigned long long t_lo = top_p_limit(top_p, m_lo) + 1, t_hi = top_p_limit(top_p, m_hi) + 1;
+    if (t_lo > m_lo && t_hi > m_hi) {
+      // Everything kept (floor(p M) >= M at both ends: p = 1, or M = 0): inv from M's bounds
+      // where they agree.
+      done = w.inv(m_lo) == w.inv(m_hi);
+      kept = m_lo;
+    } else if (listed && a < t_lo) {
+      bool ok;
+      t = topp_select(over_list, t_lo - a, klo, khi, w, h3, &sh, &kept, &ok);
+      kept += a;
+      done = ok && kept >= t_hi;
+    }
+  }
+  if (!done) {  // (rare) M exactly: the held row weighed value by value
+    unsigned long long m = 0;
+    resident_for_each(c, v, [&](float4 x) {
+      m += (w.fixed(key(x.x)) + w.fixed(key(x.y))) + (w.fixed(key(x.z)) + w.fixed(key(x.w)));
+    });
+    const unsigned long long M = block_all_u64(m, red64, SumU64{});
+    const unsigned long long target = top_p_limit(top_p, M) + 1;
+    t = 0, kept = M;
+    if (target <= M) {
+      bool ok = false;
+      const unsigned long long a = sh.a;
+      if (listed && a < target) {
+        t = topp_select(over_list, target - a, klo, khi, w, h3, &sh, &kept, &ok);
+        kept += a;
+      }
+      if (!ok) {
+        t = topp_select(
+            [&](auto f) {  // (whole warps)
+              for (int64_t i = tid - lane; i < vocab; i += T)
+                f(i + lane < vocab ? key(__ldg(row_ptr + i + lane)) : 0u, i + lane < vocab);
+            },
+            target, 0u, 0xffffffffu, w, h3, &sh, &kept, &ok);
+      }
+    }
+  }
+  const float inv = w.inv(kept);
+  float4* const dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + row * p.out_stride);
+  auto m = [&](float4 x) { return topk_out4<false>(x, t, inv); };
+  resident_store(c, v, dst, m, m);
+}
+
 struct ChainParams {
   const float* draft;   ///< (b, n, V)
   const int32_t* ids;   ///< (b, n)
@@ -2898,6 +3274,7 @@ inline bool run_resident(Kernel kernel, int reserve, int max_cluster, const floa
 inline constexpr int kSoftmaxResidentStatic = 1024;
 inline constexpr int kTopKResidentStatic = kResCandidates * 4 + 4096;
 inline constexpr int kTopKStreamStatic = 2048;
+inline constexpr int kTopPResidentStatic = 2 * kMassBins * 4 + 5 * 256 * 4 + 1536;
 
 /// TopKStreamKernel where it pays and fits (k a scalar that topk_streams: the caller's test):
 /// 16-byte aligned rows in and out, kStreamSmem of shared memory a CTA, and a batch the rules
@@ -2939,6 +3316,15 @@ inline bool topk_stream(const float* in, int64_t stride, int64_t rows, int64_t v
 inline bool transform_resident(const float* in, int64_t stride, int64_t rows, int64_t vocab,
                                const TransformParams& params, bool enable_pdl,
                                cudaStream_t stream, cudaError_t* err) {
+  if (params.kind == kTopPRenorm) {
+    auto* const kernel = &TopPResidentKernel<kResVecs>;
+    return run_resident<1u << 26>(
+        kernel, kTopPResidentStatic, 1, in, stride, rows, vocab, params, err,
+        [&](const ResidentPlan& plan, size_t smem) {
+          return launch_kernel(kernel, dim3(rows), dim3(kResThreads), smem, stream, enable_pdl, in,
+                               stride, vocab, plan.smem_vecs, params);
+        });
+  }
   if (params.kind == kSoftmax) {
     auto* const kernel = &SoftmaxResidentKernel<kResVecs>;
     return run_resident<1u << 31>(
