@@ -1779,6 +1779,38 @@ __global__ void __launch_bounds__(kResThreads, 1)
 #endif
 }
 
+/// Words of a thread's marks over its register slots (resident_mark: bit 4 j + i for slot j,
+/// element i).
+template <int kVecs>
+inline constexpr int kMarkWords = (kVecs * 4 + 31) / 32;
+
+/// A bit an element of this thread's register slots where pred(x) (a pass over the registers
+/// whose unrolled code stays short: the marked elements are then read again from the row,
+/// resident_marked).
+template <int kVecs, typename Pred>
+__device__ __forceinline__ void resident_mark(const ResidentChunk& c, const float4 (&v)[kVecs],
+                                              Pred pred, uint32_t (&bits)[kMarkWords<kVecs>]) {
+#pragma unroll
+  for (int i = 0; i < kMarkWords<kVecs>; ++i) bits[i] = 0;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (j < c.slots) {
+      const float4 x = v[j];
+      bits[j * 4 / 32] |= (uint32_t{pred(x.x)} | uint32_t{pred(x.y)} << 1 |
+                           uint32_t{pred(x.z)} << 2 | uint32_t{pred(x.w)} << 3)
+                          << (j * 4 % 32);
+    }
+  }
+}
+
+/// The element of mark word w's lowest set bit in m, read again from the row at row_ptr (the
+/// chunk of one CTA a row: slot j, element i of thread t is row_ptr[4 (T j + t) + i]).
+__device__ __forceinline__ float resident_marked(const float* row_ptr, uint32_t w, uint32_t m) {
+  const float* const mine = row_ptr + 4 * static_cast<int>(threadIdx.x);
+  const int e = static_cast<int>(w * 32) + __ffs(m) - 1;
+  return __ldg(mine + 4 * kResThreads * (e >> 2) + (e & 3));
+}
+
 /// Candidate keys a TopKResidentKernel CTA lists (16 KB): the keys above the bound.
 inline constexpr int kResCandidates = 4096;
 
@@ -1933,7 +1965,7 @@ __host__ __device__ __forceinline__ bool topk_streams(int k, int64_t vocab) {
  *   bound's (bins, kStreamBins words, a key q in bin min((q >> 16) - lo16, last)): one block
  *   scan finds the bin, one warp ranks the bin's keys (64 at most; more, or the last bin: 0,
  *   the caller's full select). Block-wide; uses `bins` for the bin's keys afterwards, `n_cand`
- *   as their count (every thread has read it), hist[0..15] and pick[0].
+ *   as their count (every thread has read it), hist[0..16] and pick[0].
  */
 __device__ __forceinline__ uint32_t binned_kth(uint32_t* bins, const uint32_t* lkey, uint32_t n,
                                                uint32_t k, uint32_t lo16, uint32_t* hist,
@@ -2209,7 +2241,7 @@ __global__ void __launch_bounds__(kResThreads, 1)
     TopKResidentKernel(const float* __restrict__ in, int64_t stride, int64_t vocab, int smem_vecs,
                        TransformParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int T = kResThreads, kWarps = kResThreads / 32, kWords = (kVecs * 4 + 31) / 32;
+  constexpr int T = kResThreads, kWarps = kResThreads / 32, kWords = kMarkWords<kVecs>;
   __shared__ uint32_t hist[256];
   __shared__ uint32_t cand[kResCandidates];
   __shared__ unsigned long long red64[kWarps];
@@ -2266,25 +2298,13 @@ __global__ void __launch_bounds__(kResThreads, 1)
       // some at L, and NaNs on the mask); the exact key decides after.
       const float Lf = key_value(L);
       auto maybe = [Lf](float x) { return kMask ? !(x < Lf) : x >= Lf; };
-      uint32_t bits[kWords] = {};
-#pragma unroll
-      for (int j = 0; j < kVecs; ++j) {
-        if (j < c.slots) {
-          const float4 x = v[j];
-          bits[j * 4 / 32] |= (uint32_t{maybe(x.x)} | uint32_t{maybe(x.y)} << 1 |
-                               uint32_t{maybe(x.z)} << 2 | uint32_t{maybe(x.w)} << 3)
-                              << (j * 4 % 32);
-        }
-      }
+      uint32_t bits[kWords];
+      resident_mark(c, v, maybe, bits);
       uint32_t any = 0;
 #pragma unroll
       for (int w = 0; w < kWords; ++w) any |= bits[w];
       if (any) {  // the marked elements read again from the row: count, then take
-        const float* const mine = row_ptr + 4 * tid;  // slot j, element i: mine[4 T j + i]
-        auto marked_key = [&](uint32_t w, uint32_t m) {
-          const int e = static_cast<int>(w * 32) + __ffs(m) - 1;
-          return key(__ldg(mine + 4 * T * (e >> 2) + (e & 3)));
-        };
+        auto marked_key = [&](uint32_t w, uint32_t m) { return key(resident_marked(row_ptr, w, m)); };
         uint32_t above = 0;
 #pragma unroll
         for (int w = 0; w < kWords; ++w)
@@ -2632,9 +2652,9 @@ __global__ void __launch_bounds__(kResThreads, 1)
     TopPResidentKernel(const float* __restrict__ in, int64_t stride, int64_t vocab, int smem_vecs,
                        TransformParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int T = kResThreads, kWords = (kVecs * 4 + 31) / 32;
+  constexpr int T = kResThreads, kWords = kMarkWords<kVecs>;
   __shared__ uint32_t hist[2 * kMassBins];  // (hi, lo); then the list
-  __shared__ uint32_t h3[5 * 256];
+  __shared__ uint32_t hsel[5 * 256];  // the select's histograms
   __shared__ unsigned long long red64[T / 32];
   __shared__ TopPShared sh;
   const int tid = threadIdx.x;
@@ -2679,27 +2699,17 @@ __global__ void __launch_bounds__(kResThreads, 1)
   if (khi > klo) {
     const float flo = __uint_as_float(klo >> 1), fhi = __uint_as_float(khi >> 1);
     auto maybe = [flo, fhi](float x) { return x >= flo && x < fhi; };
-    uint32_t bits[kWords] = {};
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      if (j < c.slots) {
-        const float4 x = v[j];
-        bits[j * 4 / 32] |= (uint32_t{maybe(x.x)} | uint32_t{maybe(x.y)} << 1 |
-                             uint32_t{maybe(x.z)} << 2 | uint32_t{maybe(x.w)} << 3)
-                            << (j * 4 % 32);
-      }
-    }
+    uint32_t bits[kWords];
+    resident_mark(c, v, maybe, bits);
     uint32_t marked = 0;
 #pragma unroll
     for (int i = 0; i < kWords; ++i) marked += __popc(bits[i]);
-    if (marked) {  // the marked elements read again from the row (slot j, element i)
-      const float* const mine = row_ptr + 4 * tid;
+    if (marked) {  // the marked elements read again from the row
       uint32_t at = atomicAdd(&sh.n, marked);
 #pragma unroll
       for (int i = 0; i < kWords; ++i)
         for (uint32_t m = bits[i]; m; m &= m - 1) {
-          const int e = i * 32 + __ffs(m) - 1;
-          if (at < kTopPList) list[at] = key(__ldg(mine + 4 * T * (e >> 2) + (e & 3)));
+          if (at < kTopPList) list[at] = key(resident_marked(row_ptr, i, m));
           ++at;
         }
     }
@@ -2734,7 +2744,7 @@ __global__ void __launch_bounds__(kResThreads, 1)
       kept = m_lo;
     } else if (listed && a < t_lo) {
       bool ok;
-      t = topp_select(over_list, t_lo - a, klo, khi, w, h3, &sh, &kept, &ok);
+      t = topp_select(over_list, t_lo - a, klo, khi, w, hsel, &sh, &kept, &ok);
       kept += a;
       done = ok && kept >= t_hi;
     }
@@ -2751,7 +2761,7 @@ __global__ void __launch_bounds__(kResThreads, 1)
       bool ok = false;
       const unsigned long long a = sh.a;
       if (listed && a < target) {
-        t = topp_select(over_list, target - a, klo, khi, w, h3, &sh, &kept, &ok);
+        t = topp_select(over_list, target - a, klo, khi, w, hsel, &sh, &kept, &ok);
         kept += a;
       }
       if (!ok) {
@@ -2760,7 +2770,7 @@ __global__ void __launch_bounds__(kResThreads, 1)
               for (int64_t i = tid - lane; i < vocab; i += T)
                 f(i + lane < vocab ? key(__ldg(row_ptr + i + lane)) : 0u, i + lane < vocab);
             },
-            target, 0u, 0xffffffffu, w, h3, &sh, &kept, &ok);
+            target, 0u, 0xffffffffu, w, hsel, &sh, &kept, &ok);
       }
     }
   }
@@ -3274,7 +3284,7 @@ inline bool run_resident(Kernel kernel, int reserve, int max_cluster, const floa
 inline constexpr int kSoftmaxResidentStatic = 1024;
 inline constexpr int kTopKResidentStatic = kResCandidates * 4 + 4096;
 inline constexpr int kTopKStreamStatic = 2048;
-inline constexpr int kTopPResidentStatic = 2 * kMassBins * 4 + 5 * 256 * 4 + 1536;
+inline constexpr int kTopPResidentStatic = 2 * kMassBins * 4 + 5 * 256 * 4 + 1536;  // (38.4 KB)
 
 /// TopKStreamKernel where it pays and fits (k a scalar that topk_streams: the caller's test):
 /// 16-byte aligned rows in and out, kStreamSmem of shared memory a CTA, and a batch the rules
@@ -3310,9 +3320,9 @@ inline bool topk_stream(const float* in, int64_t stride, int64_t rows, int64_t v
   return go(&TopKStreamKernel<false>, std::integral_constant<unsigned, 1u << 27>{});
 }
 
-/// Softmax (any rows <= SMs: clusters up to 8) and top-k mask / renorm (one CTA a row: rows
-/// beyond half the SMs) of float32 rows on chip, where their plans hold them; top-k with a small
-/// scalar k streams instead (topk_stream).
+/// Softmax (any rows <= SMs: clusters up to 8), top-p renorm and top-k mask / renorm (one CTA a
+/// row: rows beyond half the SMs) of float32 rows on chip, where their plans hold them; top-k
+/// with a small scalar k streams instead (topk_stream).
 inline bool transform_resident(const float* in, int64_t stride, int64_t rows, int64_t vocab,
                                const TransformParams& params, bool enable_pdl,
                                cudaStream_t stream, cudaError_t* err) {
