@@ -705,9 +705,10 @@ def test_top_k_rows_on_chip(op, b, v):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("b, v", [(67, 128256), (128, 128256), (132, 151936), (100, 1000),
-                                  (128, 8), (80, 4096)])
+                                  (128, 8), (80, 4096), (48, 128256), (160, 128256)])
 def test_top_p_renorm_rows_on_chip(b, v):
-    # TopPResidentKernel (float32, vocab % 4 == 0, aligned rows, SMs / 2 < rows <= SMs) against
+    # TopPResidentKernel (float32, vocab % 4 == 0, aligned rows, SMs / 2 < rows <= SMs, or rows
+    # of 64K+ columns with 46K+ elements an SM: 48 and 160 rows of 128256 on an H100) against
     # TransformKernel on the same rows (a stride of v + 1 takes it) and the fixed-point
     # reference, bit for bit: spreads from peaked to flat, ties, NaN, negatives, zero rows, a
     # uniform row (its bin holds the whole row: the list overflows), one value, a row below

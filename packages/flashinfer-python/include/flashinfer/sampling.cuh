@@ -3182,8 +3182,8 @@ cudaError_t Sample(const T* in, int64_t stride, int64_t num_out, int64_t vocab,
 /// `vocab` floats: clusters of C = min(max_cluster, sms / rows) CTAs (one CTA a SM: every row on
 /// chip at once; a smaller C where the device does not hold `rows` such clusters), chunks of
 /// chunk4 float4 of which shared memory holds smem_vecs. cluster 0: not this kernel (vocab % 4,
-/// more rows than SMs, one CTA a row for half the SMs or fewer, or a chunk beyond the registers
-/// and twice the shared memory).
+/// more rows than SMs, one CTA a row for half the SMs or fewer (both allowed with `waves` where
+/// the batch is large), or a chunk beyond the registers and twice the shared memory).
 struct ResidentPlan {
   int cluster = 0;
   int64_t chunk4 = 0;
@@ -3198,12 +3198,23 @@ inline int resident_smem_limit(int optin, int reserve) {
 
 template <typename Fits>
 inline ResidentPlan plan_resident(int64_t vocab, int64_t rows, int sms, int smem_limit,
-                                  int max_cluster, Fits fits) {
-  // One CTA a row (max_cluster 1) pays only where the rows fill more than half the SMs: fewer
-  // rows fit the cluster path's clusters in ~1 wave (at 67 rows, top-k mask 49.1 us on chip
-  // against 55.4 there).
-  if (vocab % 4 != 0 || rows < 1 || rows > sms || (max_cluster == 1 && 2 * rows <= sms))
+                                  int max_cluster, bool waves, Fits fits) {
+  // One CTA a row (max_cluster 1) pays where the rows fill more than half the SMs (at 67 rows,
+  // top-k mask 49.1 us on chip against 55.4 on the cluster path); with `waves`, also in any
+  // batch of long rows (64K+ columns) with 46K+ elements an SM, in waves beyond the SMs. Fewer
+  // fit the cluster path's clusters in ~1 wave. (H100, 128256 columns, top-p renorm p = 0.9 on
+  // the cluster path against one CTA a row: 32 rows 51.2 against 61.0 us, 48 rows 82.4 against
+  // 62.3, 160 rows 177.5 against 139.7, 256 rows 262.4 against 166.5; top-k renorm with a k
+  // tensor of 50: 32 rows 32.0 against 44.2, 48 rows 49.3 / 46.0, 256 rows 153.8 / 132.1, not
+  // taken: a large k's radix rounds there are unmeasured.)
+  if (vocab % 4 != 0 || rows < 1) return {};
+  if (max_cluster == 1) {
+    const bool half = 2 * rows > sms && rows <= sms;
+    if (!half && !(waves && vocab >= 65536 && rows * vocab >= int64_t{46000} * sms)) return {};
+    rows = rows < sms ? rows : sms;  // (one CTA a row: the chunk is the row)
+  } else if (rows > sms) {
     return {};
+  }
   const int64_t regs = int64_t{kResVecs} * kResThreads;
   const int64_t smax = smem_limit / 16;
   const int64_t most = sms / rows < max_cluster ? sms / rows : max_cluster;
@@ -3256,7 +3267,7 @@ inline cudaError_t smem_attributes_once(Kernel kernel, int dev, int bytes) {
 /// untouched; the caller runs TransformKernel). kSet keys the kernel's occupancy answers;
 /// `reserve` its static shared memory (bytes, an upper bound).
 template <unsigned kSet, typename Kernel, typename Launch>
-inline bool run_resident(Kernel kernel, int reserve, int max_cluster, const float* in,
+inline bool run_resident(Kernel kernel, int reserve, int max_cluster, bool waves, const float* in,
                          int64_t stride, int64_t rows, int64_t vocab, const TransformParams& params,
                          cudaError_t* err, Launch launch) {
   if (!float4_rows(in, stride, params)) return false;
@@ -3269,7 +3280,7 @@ inline bool run_resident(Kernel kernel, int reserve, int max_cluster, const floa
   const int limit = resident_smem_limit(optin, reserve);
   // The occupancy query asks with the most shared memory (the attribute it sets stays what every
   // launch needs); one CTA a SM either way, by the registers.
-  const ResidentPlan plan = plan_resident(vocab, rows, sms, limit, max_cluster, [&](int c) {
+  const ResidentPlan plan = plan_resident(vocab, rows, sms, limit, max_cluster, waves, [&](int c) {
     return c == 1 || resident_clusters<kSet>(kernel, dev, c, limit, kResThreads) >= rows;
   });
   if (!plan.cluster) return false;
@@ -3329,7 +3340,7 @@ inline bool transform_resident(const float* in, int64_t stride, int64_t rows, in
   if (params.kind == kTopPRenorm) {
     auto* const kernel = &TopPResidentKernel<kResVecs>;
     return run_resident<1u << 26>(
-        kernel, kTopPResidentStatic, 1, in, stride, rows, vocab, params, err,
+        kernel, kTopPResidentStatic, 1, true, in, stride, rows, vocab, params, err,
         [&](const ResidentPlan& plan, size_t smem) {
           return launch_kernel(kernel, dim3(rows), dim3(kResThreads), smem, stream, enable_pdl, in,
                                stride, vocab, plan.smem_vecs, params);
@@ -3338,7 +3349,7 @@ inline bool transform_resident(const float* in, int64_t stride, int64_t rows, in
   if (params.kind == kSoftmax) {
     auto* const kernel = &SoftmaxResidentKernel<kResVecs>;
     return run_resident<1u << 31>(
-        kernel, kSoftmaxResidentStatic, 8, in, stride, rows, vocab, params, err,
+        kernel, kSoftmaxResidentStatic, 8, false, in, stride, rows, vocab, params, err,
         [&](const ResidentPlan& plan, size_t smem) {
           return launch_kernel_clustered(kernel, dim3(rows * plan.cluster), dim3(kResThreads),
                                          smem, stream, enable_pdl,
@@ -3352,7 +3363,7 @@ inline bool transform_resident(const float* in, int64_t stride, int64_t rows, in
       if (topk_stream(in, stride, rows, vocab, params, enable_pdl, stream, err)) return true;
     auto run = [&](auto* kernel, auto set) {
       return run_resident<decltype(set)::value>(
-          kernel, kTopKResidentStatic, 1, in, stride, rows, vocab, params, err,
+          kernel, kTopKResidentStatic, 1, false, in, stride, rows, vocab, params, err,
           [&](const ResidentPlan& plan, size_t smem) {
             return launch_kernel(kernel, dim3(rows), dim3(kResThreads), smem, stream, enable_pdl,
                                  in, stride, vocab, plan.smem_vecs, params);
