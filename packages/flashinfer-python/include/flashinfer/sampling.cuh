@@ -2428,25 +2428,28 @@ __global__ void __launch_bounds__(kResThreads, 1)
 // of the target's bounds: where they agree (the bins exact, the target's uncertainty, a few
 // thousand units of the inexact octaves, inside one step of the mass), t and its kept mass are
 // exact without weighing the row value by value. Otherwise (rare: t deeper than 17 octaves, a
-// list that overflows, a target whose bounds straddle a step, no window: a max below 2^-85 or
-// +inf) the held row is weighed value by value for M, and the rounds run over the list, or over
+// list that overflows, a target whose bounds straddle a step, no window: a max below 2^-85, or
+// of 2 or more) the held row is weighed value by value for M, and the rounds run over the list, or over
 // the whole row read again from global memory where the list does not hold t.
 
+/// TopPResidentKernel's histogram bins: the 1/16-octave prefixes of the values below 2 (a max
+/// of 2 or more takes the slow path: larger values share the last bin).
+inline constexpr int kTopPBins = 128 * kMassPerOctave;
 /// Keys TopPResidentKernel lists (aliasing its histogram once scanned).
-inline constexpr int kTopPList = 2 * kMassBins;
+inline constexpr int kTopPList = 2 * kTopPBins;
 /// Bins of the window below the max (exponents emax - 40 .. emax; lower ones weigh 0).
 inline constexpr int kTopPWindow = 41 * kMassPerOctave;
 
-/// Add x to TopPResidentKernel's histogram (kMassBins words of the top 12 bits' sums, then
-/// kMassBins of the low 12 bits'): max(x, 0)'s bin gets its 24-bit significand, exactly (below
+/// Add x to TopPResidentKernel's histogram (kTopPBins words of the top 12 bits' sums, then
+/// kTopPBins of the low 12 bits'): max(x, 0)'s bin gets its 24-bit significand, exactly (below
 /// 2^30 a word for 2^18 values). Branch-free (the registers' copy is unrolled: its size costs
-/// time): zeros and subnormals go to the exponent-0 bins, +inf to exponent 255's, which no
-/// window reads (42 <= emax < 255); NaN and negatives count as 0.
+/// time): zeros and subnormals go to the exponent-0 bins, values of 2 and more (+inf too) to the
+/// last bin, which no window reads (42 <= emax < 128); NaN and negatives count as 0.
 __device__ __forceinline__ void topp_hist_add(uint32_t hist_s, float x) {
   const uint32_t u = __float_as_uint(fmaxf(x, 0.f));
-  const uint32_t at = hist_s + (u >> (23 - kMassMantissa)) * 4;
+  const uint32_t at = hist_s + min(u >> (23 - kMassMantissa), uint32_t{kTopPBins - 1}) * 4;
   asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(at), "r"(((u >> 12) & 0x7ffu) | 0x800u));
-  asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(at + kMassBins * 4), "r"(u & 4095u));
+  asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(at + kTopPBins * 4), "r"(u & 4095u));
 }
 
 /// TopPResidentKernel's block-shared state: the window scan's verdict (t's candidate keys [lo,
@@ -2480,7 +2483,7 @@ __device__ __forceinline__ bool topp_bin(const uint32_t* hi, const uint32_t* lo,
 }
 
 /*!
- * @brief Block-wide window scan (42 <= emax < 255): thread i holds window bins 2i and 2i + 1;
+ * @brief Block-wide window scan (42 <= emax < 128): thread i holds window bins 2i and 2i + 1;
  *   the bounds of the mass at and above each bin by a block scan; t's bins run from the first
  *   (from the top) whose upper bound may reach the target's lower bound t_lo = floor(p m_lo) +
  *   1 to the first whose lower bound surely reaches t_hi (none: below the window). Leaves in
@@ -2653,7 +2656,7 @@ __global__ void __launch_bounds__(kResThreads, 1)
                        TransformParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int T = kResThreads, kWords = kMarkWords<kVecs>;
-  __shared__ uint32_t hist[2 * kMassBins];  // (hi, lo); then the list
+  __shared__ uint32_t hist[2 * kTopPBins];  // (hi, lo); then the list
   __shared__ uint32_t hsel[5 * 256];  // the select's histograms
   __shared__ unsigned long long red64[T / 32];
   __shared__ TopPShared sh;
@@ -2662,8 +2665,8 @@ __global__ void __launch_bounds__(kResThreads, 1)
   const float* const row_ptr = in + row * stride;
   const ResidentChunk c = resident_chunk<kVecs>(row_ptr, vocab, vocab / 4, smem_vecs, 0, smem);
   uint32_t* const hi = hist;
-  uint32_t* const lo = hist + kMassBins;
-  for (int i = tid; i < 2 * kMassBins; i += T) hist[i] = 0;
+  uint32_t* const lo = hist + kTopPBins;
+  for (int i = tid; i < 2 * kTopPBins; i += T) hist[i] = 0;
   if (tid == 0) sh.n = 0;
   __syncthreads();
   pdl_wait();
@@ -2686,7 +2689,7 @@ __global__ void __launch_bounds__(kResThreads, 1)
   const uint32_t max_key = static_cast<uint32_t>(block_all_u64(key(mx), red64, MaxU64{}));
   const RenormMass w = renorm_mass(max_key);
   const uint32_t emax = max_key >> 24;
-  const bool window = emax >= 42u && emax < 255u;
+  const bool window = emax >= 42u && emax < 128u;
   if (window) {
     topp_window(hi, lo, emax, top_p, &sh);
   } else {  // (uniform)
@@ -3295,7 +3298,7 @@ inline bool run_resident(Kernel kernel, int reserve, int max_cluster, bool waves
 inline constexpr int kSoftmaxResidentStatic = 1024;
 inline constexpr int kTopKResidentStatic = kResCandidates * 4 + 4096;
 inline constexpr int kTopKStreamStatic = 2048;
-inline constexpr int kTopPResidentStatic = 2 * kMassBins * 4 + 5 * 256 * 4 + 1536;  // (38.4 KB)
+inline constexpr int kTopPResidentStatic = 2 * kTopPBins * 4 + 5 * 256 * 4 + 1536;  // (22.5 KB)
 
 /// TopKStreamKernel where it pays and fits (k a scalar that topk_streams: the caller's test):
 /// 16-byte aligned rows in and out, kStreamSmem of shared memory a CTA, and a batch the rules
