@@ -712,7 +712,7 @@ def test_top_p_renorm_rows_on_chip(b, v):
     # TransformKernel on the same rows (a stride of v + 1 takes it) and the fixed-point
     # reference, bit for bit: spreads from peaked to flat, ties, NaN, negatives, zero rows, a
     # uniform row (its bin holds the whole row: the list overflows), one value, a row below
-    # 2^-85 (no window), sorted rows, top_p from 1e-6 to 1.
+    # 2^-85 and one above 2 (no window), sorted rows, top_p from 1e-6 to 1.
     g = torch.Generator(device="cuda").manual_seed(b + v)
     spread = torch.tensor([0.5, 1.0, 2.0, 3.0, 4.0, 8.0, 16.0], device="cuda")
     spread = spread.repeat(b // 7 + 1)[:b]
@@ -726,6 +726,7 @@ def test_top_p_renorm_rows_on_chip(b, v):
     x[6] = x[6].sort().values
     x[7] *= 2.0**-86 / x[7].max()  # max 2^-86: no window (its scale 2^126 still a float)
     x[8] *= 7.25  # unnormalized
+    x[9] *= 6.0 / x[9].max()  # a max of 2 or more: beyond the histogram (the slow path)
     ps = torch.tensor([0.9, 0.5, 1e-6, 0.999, 1.0, 0.1, 0.7, 1 - 2**-20, 0.95, 0.3, 0.99],
                       device="cuda").repeat(b // 11 + 1)[:b]
     wide = torch.empty(b, v + 1, device="cuda")
