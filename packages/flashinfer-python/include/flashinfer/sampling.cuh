@@ -2429,16 +2429,18 @@ __global__ void __launch_bounds__(kResThreads, 1)
 // thousand units of the inexact octaves, inside one step of the mass), t and its kept mass are
 // exact without weighing the row value by value. Otherwise (rare: t deeper than 17 octaves, a
 // list that overflows, a target whose bounds straddle a step, no window: a max below 2^-85, or
-// of 2 or more) the held row is weighed value by value for M, and the rounds run over the list, or over
-// the whole row read again from global memory where the list does not hold t.
+// of 2 or more) the held row is weighed value by value for M, and the rounds run over the
+// list, or over the whole row read again from global memory where the list does not hold t.
 
 /// TopPResidentKernel's histogram bins: the 1/16-octave prefixes of the values below 2 (a max
 /// of 2 or more takes the slow path: larger values share the last bin).
 inline constexpr int kTopPBins = 128 * kMassPerOctave;
 /// Keys TopPResidentKernel lists (aliasing its histogram once scanned).
 inline constexpr int kTopPList = 2 * kTopPBins;
-/// Bins of the window below the max (exponents emax - 40 .. emax; lower ones weigh 0).
+/// Bins of the window below the max (exponents emax - 40 .. emax; lower ones weigh 0), and its
+/// exact ones (emax - 17 .. emax: a weight is the significand shifted left).
 inline constexpr int kTopPWindow = 41 * kMassPerOctave;
+inline constexpr int kTopPExact = 18 * kMassPerOctave;
 
 /// Add x to TopPResidentKernel's histogram (kTopPBins words of the top 12 bits' sums, then
 /// kTopPBins of the low 12 bits'): max(x, 0)'s bin gets its 24-bit significand, exactly (below
@@ -2465,21 +2467,20 @@ struct TopPShared {
 };
 
 /// Bounds of the fixed-point mass of window bin w (from the top; exponent emax's bins first)
-/// of a row max with exponent field emax: significand sum S, weights S 2^d for d = E - emax +
-/// 17 >= 0 (exact: true), else within n (the bin's count, <= the top halves' sum / 2^11) below
-/// floor(S / 2^-d).
-__device__ __forceinline__ bool topp_bin(const uint32_t* hi, const uint32_t* lo, uint32_t emax,
+/// of a row max with exponent field emax: significand sum S (exact), weights S 2^d for d = E -
+/// emax + 17 >= 0, else within n (the bin's count, <= the top halves' sum / 2^11) below
+/// floor(S / 2^-d) (mass_window_merge's bounds, whose sums are themselves bounds).
+__device__ __forceinline__ void topp_bin(const uint32_t* hi, const uint32_t* lo, uint32_t emax,
                                          int w, unsigned long long* l, unsigned long long* h) {
   const int b = static_cast<int>(emax) * kMassPerOctave + kMassPerOctave - 1 - w;
   const int d = b / kMassPerOctave - static_cast<int>(emax) + 17;
   const unsigned long long S = (static_cast<unsigned long long>(hi[b]) << 12) + lo[b];
   if (d >= 0) {
     *l = *h = S << d;
-    return true;
+  } else {
+    const unsigned long long f = S >> -d, n = hi[b] >> 11;
+    *l = f > n ? f - n : 0ull, *h = f;
   }
-  const unsigned long long f = S >> -d, n = hi[b] >> 11;
-  *l = f > n ? f - n : 0ull, *h = f;
-  return false;
 }
 
 /*!
@@ -2496,10 +2497,9 @@ __device__ __forceinline__ void topp_window(const uint32_t* hi, const uint32_t* 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int w0 = 2 * tid;
   unsigned long long l0 = 0, h0 = 0, l1 = 0, h1 = 0;
-  bool exact = true;
   if (w0 < kTopPWindow) {
-    exact = topp_bin(hi, lo, emax, w0, &l0, &h0);
-    exact = topp_bin(hi, lo, emax, w0 + 1, &l1, &h1) && exact;
+    topp_bin(hi, lo, emax, w0, &l0, &h0);
+    topp_bin(hi, lo, emax, w0 + 1, &l1, &h1);
   }
   unsigned long long il = l0 + l1, ih = h0 + h1;  // inclusive scans from thread 0 (the top)
 #pragma unroll
@@ -2532,8 +2532,8 @@ __device__ __forceinline__ void topp_window(const uint32_t* hi, const uint32_t* 
   // The thread of w_hi: the mass above it (exact where every bin above is).
   if (t_lo <= m_hi && (w0 == w_hi || w0 + 1 == w_hi)) {
     const int top = static_cast<int>(emax) * kMassPerOctave + kMassPerOctave - 1;
-    // t's bins within the exact octaves (18 x 16 bins from the top) and above the window's end.
-    if (w_lo < 18 * kMassPerOctave) {
+    // t's bins within the exact octaves (and so above the window's end).
+    if (w_lo < kTopPExact) {
       s->hi = static_cast<uint32_t>(top - w_hi + 1) << 20;
       s->lo = static_cast<uint32_t>(top - w_lo) << 20;
       s->a = w0 == w_hi ? il - l0 - l1 : il - l1;
