@@ -3088,6 +3088,50 @@ inline cudaError_t sm_count(int dev, int* out) {
   return device_attribute<cudaDevAttrMultiProcessorCount>(dev, out);
 }
 
+/// SampleKernel<float, kFilters, true> (the direct path: each row on chip in a cluster) where
+/// its plan holds the rows. false: not taken (*err untouched). A template declared extern for
+/// top-p below, so that its kernel compiles in a translation unit of its own
+/// (csrc/sampling_top_p_direct.cu) beside top-p's other float32 kernel; the draw's in
+/// csrc/sampling_draw.cu.
+template <unsigned kFilters>
+bool sample_direct(const float* in, int64_t stride, int64_t num_out, int64_t vocab,
+                   const SampleParams& params, bool enable_pdl, cudaStream_t stream,
+                   cudaError_t* err) {
+  int dev = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = sm_count(dev, &sms);
+  if (e != cudaSuccess) {
+    *err = e;
+    return true;
+  }
+  auto* const direct = &SampleKernel<float, kFilters, true>;
+  const RowPlan plan = plan_direct(
+      vocab, num_out, sms,
+      [&](int c, size_t smem) { return resident_clusters<kFilters>(direct, dev, c, smem); },
+      kFilters == kTopPFilters ? kMassHistBytes : 0);
+  // Min-p re-reads its kept steps (refine_block_sums), top-p its row where a candidate is
+  // undecided: with one CTA a row min-p lost to the copy (H100, 256 x 128256: 98.7 vs 89.6
+  // us; benchmarks/notes/sampling-cluster-radix.md).
+  if (params.logits || !plan.cluster || (params.filter != kNoFilter && plan.cluster < 2) ||
+      !rows_vectorizable<float>(in, stride, plan.chunk))
+    return false;
+  e = prepare(direct, plan);
+  if (e == cudaSuccess) {
+    balance_clusters(direct);
+    e = launch_kernel_clustered(direct, dim3(num_out * plan.cluster), dim3(plan.threads),
+                                plan.smem, stream, enable_pdl, plan.cluster, in, stride, vocab,
+                                plan.chunk, true, RowGrid{num_out, 0, nullptr, 0}, params);
+  }
+  *err = e;
+  return true;
+}
+
+/// Declare (PREFIX extern) or define (PREFIX empty) sample_direct<SET>.
+#define FLASHINFER_SAMPLE_DIRECT(PREFIX, SET)                                                      \
+  PREFIX template bool sample_direct<SET>(const float*, int64_t, int64_t, int64_t,                \
+                                          const SampleParams&, bool, cudaStream_t, cudaError_t*);
+FLASHINFER_SAMPLE_DIRECT(extern, kTopPFilters)
+
 /// Launch SampleKernel<T, kFilters> (params.filter is in kFilters). Not inline: the bindings
 /// instantiate each filter set in a translation unit of its own (FLASHINFER_SAMPLE_FILTERS).
 template <typename T, unsigned kFilters>
@@ -3098,29 +3142,10 @@ cudaError_t SampleFilters(const T* in, int64_t stride, int64_t num_out, int64_t 
   if (num_out == 0) return cudaSuccess;
   if constexpr (std::is_same_v<T, float> &&
                 (kFilters == kDrawFilters || kFilters == kTopPFilters)) {
-    int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = sm_count(dev, &sms);
-    if (e != cudaSuccess) return e;
-    auto* const direct = &SampleKernel<T, kFilters, true>;
-    const RowPlan plan = plan_direct(
-        vocab, num_out, sms,
-        [&](int c, size_t smem) { return resident_clusters<kFilters>(direct, dev, c, smem); },
-        kFilters == kTopPFilters ? kMassHistBytes : 0);
-    // Min-p re-reads its kept steps (refine_block_sums), top-p its row where a candidate is
-    // undecided: with one CTA a row min-p lost to the copy (H100, 256 x 128256: 98.7 vs 89.6
-    // us; benchmarks/notes/sampling-cluster-radix.md).
-    if (!scratch.ptr && !params.logits && plan.cluster &&
-        (params.filter == kNoFilter || plan.cluster >= 2) &&
-        rows_vectorizable<float>(in, stride, plan.chunk)) {
-      e = prepare(direct, plan);
-      if (e != cudaSuccess) return e;
-      balance_clusters(direct);
-      return launch_kernel_clustered(direct, dim3(num_out * plan.cluster), dim3(plan.threads),
-                                     plan.smem, stream, enable_pdl, plan.cluster, in, stride,
-                                     vocab, plan.chunk, true, RowGrid{num_out, 0, nullptr, 0},
-                                     params);
-    }
+    cudaError_t e = cudaSuccess;
+    if (!scratch.ptr &&
+        sample_direct<kFilters>(in, stride, num_out, vocab, params, enable_pdl, stream, &e))
+      return e;
   }
   if (scratch.ptr) {  // one CTA per row: Shared and the row's block sums and max keys
     const size_t smem =
@@ -3300,12 +3325,23 @@ inline constexpr int kTopKResidentStatic = kResCandidates * 4 + 4096;
 inline constexpr int kTopKStreamStatic = 2048;
 inline constexpr int kTopPResidentStatic = 2 * kTopPBins * 4 + 5 * 256 * 4 + 1536;  // (22.5 KB)
 
+// The launchers of the on-chip kernels. Templates (with a dummy parameter), so that a translation
+// unit that includes this header compiles their kernels only where it instantiates them: each in
+// a unit of its own (csrc/sampling_resident_*.cu), beside TransformRows<float>'s, which calls
+// them (before this, all seven kernels were compiled in each of the module's 13 units).
+
+/// Declare (PREFIX extern) or define (PREFIX empty) an on-chip launcher: bool NAME<0>(...).
+#define FLASHINFER_RESIDENT(PREFIX, NAME)                                                          \
+  PREFIX template bool NAME<0>(const float*, int64_t, int64_t, int64_t, const TransformParams&,   \
+                               bool, cudaStream_t, cudaError_t*);
+
 /// TopKStreamKernel where it pays and fits (k a scalar that topk_streams: the caller's test):
 /// 16-byte aligned rows in and out, kStreamSmem of shared memory a CTA, and a batch the rules
 /// below give it (any number of rows: beyond the SMs, waves). false: not taken.
-inline bool topk_stream(const float* in, int64_t stride, int64_t rows, int64_t vocab,
-                        const TransformParams& params, bool enable_pdl, cudaStream_t stream,
-                        cudaError_t* err) {
+template <int = 0>
+bool topk_stream(const float* in, int64_t stride, int64_t rows, int64_t vocab,
+                 const TransformParams& params, bool enable_pdl, cudaStream_t stream,
+                 cudaError_t* err) {
   if (!float4_rows(in, stride, params) || vocab % 4 != 0) return false;
   int dev = 0, sms = 0, optin = 0;
   cudaError_t e = device_limits(&dev, &sms, &optin);
@@ -3334,48 +3370,73 @@ inline bool topk_stream(const float* in, int64_t stride, int64_t rows, int64_t v
   return go(&TopKStreamKernel<false>, std::integral_constant<unsigned, 1u << 27>{});
 }
 
-/// Softmax (any rows <= SMs: clusters up to 8), top-p renorm and top-k mask / renorm (one CTA a
-/// row: rows beyond half the SMs) of float32 rows on chip, where their plans hold them; top-k
-/// with a small scalar k streams instead (topk_stream).
+/// Top-p renorm with one CTA a row on chip (TopPResidentKernel; rows in waves beyond the SMs).
+template <int = 0>
+bool topp_resident(const float* in, int64_t stride, int64_t rows, int64_t vocab,
+                   const TransformParams& params, bool enable_pdl, cudaStream_t stream,
+                   cudaError_t* err) {
+  auto* const kernel = &TopPResidentKernel<kResVecs>;
+  return run_resident<1u << 26>(
+      kernel, kTopPResidentStatic, 1, true, in, stride, rows, vocab, params, err,
+      [&](const ResidentPlan& plan, size_t smem) {
+        return launch_kernel(kernel, dim3(rows), dim3(kResThreads), smem, stream, enable_pdl, in,
+                             stride, vocab, plan.smem_vecs, params);
+      });
+}
+
+/// Softmax of rows on chip (SoftmaxResidentKernel: any rows <= SMs, clusters up to 8).
+template <int = 0>
+bool softmax_resident(const float* in, int64_t stride, int64_t rows, int64_t vocab,
+                      const TransformParams& params, bool enable_pdl, cudaStream_t stream,
+                      cudaError_t* err) {
+  auto* const kernel = &SoftmaxResidentKernel<kResVecs>;
+  return run_resident<1u << 31>(
+      kernel, kSoftmaxResidentStatic, 8, false, in, stride, rows, vocab, params, err,
+      [&](const ResidentPlan& plan, size_t smem) {
+        return launch_kernel_clustered(kernel, dim3(rows * plan.cluster), dim3(kResThreads),
+                                       smem, stream, enable_pdl,
+                                       plan.cluster > 1 ? plan.cluster : 0, in, stride, vocab,
+                                       plan.chunk4, plan.smem_vecs, params.temperature,
+                                       static_cast<float*>(params.out), params.out_stride);
+      });
+}
+
+/// Top-k mask / renorm on chip: a small scalar k streams (topk_stream), else one CTA a row
+/// (TopKResidentKernel: rows beyond half the SMs).
+template <int = 0>
+bool topk_resident(const float* in, int64_t stride, int64_t rows, int64_t vocab,
+                   const TransformParams& params, bool enable_pdl, cudaStream_t stream,
+                   cudaError_t* err) {
+  if (!params.top_k.arr && topk_streams(params.top_k.value, vocab))
+    if (topk_stream(in, stride, rows, vocab, params, enable_pdl, stream, err)) return true;
+  auto run = [&](auto* kernel, auto set) {
+    return run_resident<decltype(set)::value>(
+        kernel, kTopKResidentStatic, 1, false, in, stride, rows, vocab, params, err,
+        [&](const ResidentPlan& plan, size_t smem) {
+          return launch_kernel(kernel, dim3(rows), dim3(kResThreads), smem, stream, enable_pdl,
+                               in, stride, vocab, plan.smem_vecs, params);
+        });
+  };
+  if (params.kind == kTopKMask)
+    return run(&TopKResidentKernel<kResVecs, true>, std::integral_constant<unsigned, 1u << 30>{});
+  return run(&TopKResidentKernel<kResVecs, false>, std::integral_constant<unsigned, 1u << 29>{});
+}
+
+FLASHINFER_RESIDENT(extern, topp_resident)
+FLASHINFER_RESIDENT(extern, softmax_resident)
+FLASHINFER_RESIDENT(extern, topk_resident)
+
+/// Softmax, top-p renorm and top-k mask / renorm of float32 rows on chip, where their plans hold
+/// them. false: not taken (*err untouched; the caller runs TransformKernel).
 inline bool transform_resident(const float* in, int64_t stride, int64_t rows, int64_t vocab,
                                const TransformParams& params, bool enable_pdl,
                                cudaStream_t stream, cudaError_t* err) {
-  if (params.kind == kTopPRenorm) {
-    auto* const kernel = &TopPResidentKernel<kResVecs>;
-    return run_resident<1u << 26>(
-        kernel, kTopPResidentStatic, 1, true, in, stride, rows, vocab, params, err,
-        [&](const ResidentPlan& plan, size_t smem) {
-          return launch_kernel(kernel, dim3(rows), dim3(kResThreads), smem, stream, enable_pdl, in,
-                               stride, vocab, plan.smem_vecs, params);
-        });
-  }
-  if (params.kind == kSoftmax) {
-    auto* const kernel = &SoftmaxResidentKernel<kResVecs>;
-    return run_resident<1u << 31>(
-        kernel, kSoftmaxResidentStatic, 8, false, in, stride, rows, vocab, params, err,
-        [&](const ResidentPlan& plan, size_t smem) {
-          return launch_kernel_clustered(kernel, dim3(rows * plan.cluster), dim3(kResThreads),
-                                         smem, stream, enable_pdl,
-                                         plan.cluster > 1 ? plan.cluster : 0, in, stride, vocab,
-                                         plan.chunk4, plan.smem_vecs, params.temperature,
-                                         static_cast<float*>(params.out), params.out_stride);
-        });
-  }
-  if (params.kind == kTopKMask || params.kind == kTopKRenorm) {
-    if (!params.top_k.arr && topk_streams(params.top_k.value, vocab))
-      if (topk_stream(in, stride, rows, vocab, params, enable_pdl, stream, err)) return true;
-    auto run = [&](auto* kernel, auto set) {
-      return run_resident<decltype(set)::value>(
-          kernel, kTopKResidentStatic, 1, false, in, stride, rows, vocab, params, err,
-          [&](const ResidentPlan& plan, size_t smem) {
-            return launch_kernel(kernel, dim3(rows), dim3(kResThreads), smem, stream, enable_pdl,
-                                 in, stride, vocab, plan.smem_vecs, params);
-          });
-    };
-    if (params.kind == kTopKMask)
-      return run(&TopKResidentKernel<kResVecs, true>, std::integral_constant<unsigned, 1u << 30>{});
-    return run(&TopKResidentKernel<kResVecs, false>, std::integral_constant<unsigned, 1u << 29>{});
-  }
+  if (params.kind == kTopPRenorm)
+    return topp_resident(in, stride, rows, vocab, params, enable_pdl, stream, err);
+  if (params.kind == kSoftmax)
+    return softmax_resident(in, stride, rows, vocab, params, enable_pdl, stream, err);
+  if (params.kind == kTopKMask || params.kind == kTopKRenorm)
+    return topk_resident(in, stride, rows, vocab, params, enable_pdl, stream, err);
   return false;
 }
 
