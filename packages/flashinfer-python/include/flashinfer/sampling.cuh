@@ -1961,15 +1961,13 @@ __host__ __device__ __forceinline__ bool topk_streams(int k, int64_t vocab) {
 }
 
 /*!
- * @brief The k-th largest of the n listed keys from their counts by top 16 bits above the
- *   bound's (bins, kStreamBins words, a key q in bin min((q >> 16) - lo16, last)): one block
- *   scan finds the bin, one warp ranks the bin's keys (64 at most; more, or the last bin: 0,
- *   the caller's full select). Block-wide; uses `bins` for the bin's keys afterwards, `n_cand`
- *   as their count (every thread has read it), hist[0..16] and pick[0].
+ * @brief The bin of kStreamBins counts (`bins`, the largest keys in the last) where the count
+ *   from the top reaches k (1 <= k <= the total): into pick[0], and k less the count above it
+ *   into hist[16]. One block suffix scan (each thread 8 bins); uses hist[0..15]; *reset (where
+ *   given) zeroed once every thread has entered. Block-wide.
  */
-__device__ __forceinline__ uint32_t binned_kth(uint32_t* bins, const uint32_t* lkey, uint32_t n,
-                                               uint32_t k, uint32_t lo16, uint32_t* hist,
-                                               uint32_t* pick, uint32_t& n_cand) {
+__device__ __forceinline__ void bins_kth(const uint32_t* bins, uint32_t k, uint32_t* hist,
+                                         uint32_t* pick, uint32_t* reset = nullptr) {
   constexpr int T = kResThreads, kPer = kStreamBins / T;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // Thread t holds bins [kPer t, kPer t + kPer); the counts above them by a suffix scan.
@@ -1983,8 +1981,8 @@ __device__ __forceinline__ uint32_t binned_kth(uint32_t* bins, const uint32_t* l
     if (lane + o < 32) incl += y;
   }
   if (lane == 0) hist[warp] = incl;
-  if (tid == 0) n_cand = 0;
   __syncthreads();
+  if (reset && tid == 0) *reset = 0;
   uint32_t run = incl - sum;
   for (int w = warp + 1; w < T / 32; ++w) run += hist[w];
   if (run < k && k <= run + sum) {
@@ -1995,6 +1993,56 @@ __device__ __forceinline__ uint32_t binned_kth(uint32_t* bins, const uint32_t* l
     }
   }
   __syncthreads();
+}
+
+/*!
+ * @brief What block_kth_key(visit, k, 16, ...) gives (the k-th largest of the keys visit(f)
+ *   hands to f, its top 16 bits exact and the rest 0; k >= 1, at least k keys) in two passes
+ *   without its per-warp bin matching: the keys' top 12 bits counted in `bins` (kStreamBins
+ *   words, zero on entry and again on return; plain shared atomics, a warp's keys falling in
+ *   many bins), the bin by a block scan (bins_kth), then that bin's keys by their next 4 bits.
+ *   Block-wide; uses hist[0..16], hist[32..47] and pick.
+ */
+template <typename Visit>
+__device__ __forceinline__ uint32_t bins_kth16(Visit visit, uint32_t k, uint32_t* bins,
+                                               uint32_t* hist, uint32_t* pick) {
+  const int tid = threadIdx.x;
+  if (tid < 16) hist[32 + tid] = 0;
+  visit([&](uint32_t key) { atomicAdd(&bins[key >> 20], 1u); });
+  __syncthreads();
+  bins_kth(bins, k, hist, pick);
+  const uint32_t bin = pick[0], kb = hist[16];
+  visit([&](uint32_t key) {
+    if ((key >> 20) == bin) atomicAdd(&hist[32 + ((key >> 16) & 15u)], 1u);
+  });
+  for (int i = tid; i < kStreamBins; i += kResThreads) bins[i] = 0;
+  __syncthreads();
+  if (tid == 0) {
+    uint32_t run = 0, d = 0;
+    for (int j = 15; j >= 0; --j) {
+      const uint32_t c = hist[32 + j];
+      if (run < kb && kb <= run + c) d = j;
+      run += c;
+    }
+    pick[1] = d;
+  }
+  __syncthreads();
+  return bin << 20 | pick[1] << 16;
+}
+
+/*!
+ * @brief The k-th largest of the n listed keys from their counts by top 16 bits above the
+ *   bound's (bins, kStreamBins words, a key q in bin min((q >> 16) - lo16, last)): one block
+ *   scan finds the bin (bins_kth), one warp ranks the bin's keys (64 at most; more, or the last
+ *   bin: 0, the caller's full select). Block-wide; uses `bins` for the bin's keys afterwards,
+ *   `n_cand` as their count (every thread has read it), hist[0..16] and pick[0].
+ */
+__device__ __forceinline__ uint32_t binned_kth(uint32_t* bins, const uint32_t* lkey, uint32_t n,
+                                               uint32_t k, uint32_t lo16, uint32_t* hist,
+                                               uint32_t* pick, uint32_t& n_cand) {
+  constexpr int T = kResThreads;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  bins_kth(bins, k, hist, pick, &n_cand);
   const uint32_t bin = pick[0], kb = hist[16];
   if (bin == kStreamBins - 1) {  // (uniform: the caller selects from the whole list)
     __syncthreads();             // (hist and pick read by every thread)
@@ -2087,14 +2135,14 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
   for (int i = tid; i < kStreamBins; i += T) bins[i] = 0;
   cp_async_wait<0>();
   __syncthreads();
-  const uint32_t L = block_kth_key(
+  const uint32_t L = bins_kth16(
       [&](auto f) {
         for (int s = tid; s < pre4; s += T) {
           const float4 x = pre[s];
           f(key(x.x)), f(key(x.y)), f(key(x.z)), f(key(x.w));
         }
       },
-      kk, 16, hist, pick);
+      kk, bins, hist, pick);
   pdl_launch_dependents();
   // Written: what an element not kept becomes (mask -inf, renorm 0). Listed: the keys at or
   // above L and above -inf's.
