@@ -61,11 +61,11 @@ COMPILE_WEIGHTS = {"scale": 5.4, "norm": 12.3, "activation": 9.7, "rope": 24.1,
                    "quantization": 9.8, "page": 7.2, "cascade": 10.1,
                    # the same machine, MAX_JOBS=2: benchmarks/results/2026-11-27-cpu-7353dc7-aot-
                    # sampling-topk-times.json. Sampling: its share in the AOT build itself, where
-                   # modules build two at a time and its 13 units get about one core (alone they
-                   # take both: 62.7 s at 0fa7058): 449.4 s for 4 archs in the release build at
-                   # 5e39186 against 1.87 s per unit of weight for the other modules in it
-                   # (...-cpu-5e39186-fresh-clone-timings.json)
-                   "topk": 14.7, "sampling": 240.0}
+                   # modules build two at a time and its 17 units get about one core: 292.2 s
+                   # for 4 archs in the release build at 36e96fc against 1.73 s per unit of
+                   # weight for the other modules in it (...-cpu-36e96fc-fresh-clone-timings.json;
+                   # 449.4 s at 5e39186, when each unit also compiled the on-chip kernels)
+                   "topk": 14.7, "sampling": 168.8}
 #: Every attention variant is one instantiation of the same source: 13-25 s per arch in the same
 #: measurements, whatever the head_dim, mask or position encoding (the spread is the machine's).
 ATTENTION_WEIGHT = 18.0
