@@ -2035,7 +2035,8 @@ __device__ __forceinline__ uint32_t bins_kth16(Visit visit, uint32_t k, uint32_t
  *   bound's (bins, kStreamBins words, a key q in bin min((q >> 16) - lo16, last)): one block
  *   scan finds the bin (bins_kth), one warp ranks the bin's keys (64 at most; more, or the last
  *   bin: 0, the caller's full select). Block-wide; uses `bins` for the bin's keys afterwards,
- *   `n_cand` as their count (every thread has read it), hist[0..16] and pick[0].
+ *   `n_cand` as their count (zeroed once every thread has entered, so the caller's read of the
+ *   list's count before the call stays valid), hist[0..16] and pick[0].
  */
 __device__ __forceinline__ uint32_t binned_kth(uint32_t* bins, const uint32_t* lkey, uint32_t n,
                                                uint32_t k, uint32_t lo16, uint32_t* hist,
