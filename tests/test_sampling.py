@@ -938,6 +938,20 @@ def test_top_k_sampling_exact_draw(v):
     assert (a == b).float().mean() >= 0.9
 
 
+def _capture(fns):
+    """(graph, outputs) of `fns` captured in one CUDA graph, after a warm-up on a side stream."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [f() for f in fns]
+    return graph, outs
+
+
 @pytest.mark.gpu
 def test_cuda_graph_capture_and_replay():
     probs = _probs(64, 32000)
@@ -950,15 +964,7 @@ def test_cuda_graph_capture_and_replay():
         lambda: sampling.softmax(probs),
     ]
     eager = [f() for f in fns]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [f() for f in fns]
+    graph, outs = _capture(fns)
     graph.replay()
     for a, b in zip(outs, eager):
         assert torch.equal(a, b)
@@ -973,15 +979,8 @@ def test_cuda_graph_capture_with_generator():
     every capture registers; torch requires a custom generator to be registered with the graph):
     every replay samples anew, and the samples stay in the kept set."""
     probs = _probs(64, 32000)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        sampling.top_p_sampling_from_probs(probs, 0.9)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = sampling.top_p_sampling_from_probs(probs, 0.9)
-        out_plain = sampling.sampling_from_probs(probs)
+    graph, (out, out_plain) = _capture([lambda: sampling.top_p_sampling_from_probs(probs, 0.9),
+                                        lambda: sampling.sampling_from_probs(probs)])
     graph.replay()
     first = out.clone()
     graph.replay()
@@ -1000,17 +999,9 @@ def test_cuda_graph_replay_reads_the_generators_graph_state():
     ops = [lambda: sampling.top_p_sampling_from_probs(probs, 0.9),
            lambda: sampling.top_k_sampling_from_probs(probs, 50),
            lambda: sampling.sampling_from_probs(probs)]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for op in ops:
-            op()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        with torch.cuda.graph(graph):
-            outs = [op() for op in ops]
+        graph, outs = _capture(ops)
     torch.cuda.manual_seed(7)
     graph.replay()
     replayed = [o.clone() for o in outs]
