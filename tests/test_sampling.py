@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import warnings
 
 import pytest
 import torch
@@ -937,6 +938,20 @@ def test_top_k_sampling_exact_draw(v):
     assert (a == b).float().mean() >= 0.9
 
 
+def _capture(fns):
+    """(graph, outputs) of `fns` captured in one CUDA graph, after a warm-up on a side stream."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [f() for f in fns]
+    return graph, outs
+
+
 @pytest.mark.gpu
 def test_cuda_graph_capture_and_replay():
     probs = _probs(64, 32000)
@@ -949,15 +964,7 @@ def test_cuda_graph_capture_and_replay():
         lambda: sampling.softmax(probs),
     ]
     eager = [f() for f in fns]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [f() for f in fns]
+    graph, outs = _capture(fns)
     graph.replay()
     for a, b in zip(outs, eager):
         assert torch.equal(a, b)
@@ -968,25 +975,70 @@ def test_cuda_graph_capture_and_replay():
 
 @pytest.mark.gpu
 def test_cuda_graph_capture_with_generator():
-    """During capture the seed/offset are drawn on the device from the default generator (which
+    """During capture the seed/offset come from the default generator's graph-safe state (which
     every capture registers; torch requires a custom generator to be registered with the graph):
     every replay samples anew, and the samples stay in the kept set."""
     probs = _probs(64, 32000)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        sampling.top_p_sampling_from_probs(probs, 0.9)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = sampling.top_p_sampling_from_probs(probs, 0.9)
-        out_plain = sampling.sampling_from_probs(probs)
+    graph, (out, out_plain) = _capture([lambda: sampling.top_p_sampling_from_probs(probs, 0.9),
+                                        lambda: sampling.sampling_from_probs(probs)])
     graph.replay()
     first = out.clone()
     graph.replay()
     assert not torch.equal(out, first)
     keep = ref_top_p_keep(probs, 0.9, 1e-6)
     assert keep.gather(1, out.long()[:, None]).all() and out_plain.shape == (64,)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_reads_the_generators_graph_state():
+    """A seedless op captured in a graph reads the generator's graph-safe state as torch's own
+    kernels do (the graph's seed and offset, set before each replay, plus the offset within the
+    graph; csrc/torch_rng.cc), not a node of its own: after the same manual_seed a replay draws
+    exactly what eager calls draw, op by op, and no fallback warning is raised."""
+    probs = _probs(64, 32000)
+    ops = [lambda: sampling.top_p_sampling_from_probs(probs, 0.9),
+           lambda: sampling.top_k_sampling_from_probs(probs, 50),
+           lambda: sampling.sampling_from_probs(probs)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        graph, outs = _capture(ops)
+    torch.cuda.manual_seed(7)
+    graph.replay()
+    replayed = [o.clone() for o in outs]
+    torch.cuda.manual_seed(7)
+    eager = [op() for op in ops]
+    for a, b in zip(replayed, eager):
+        assert torch.equal(a, b)
+    graph.replay()  # the generator advanced: new draws
+    assert not torch.equal(outs[0], replayed[0])
+    torch.cuda.manual_seed(7)
+    graph.replay()
+    assert all(torch.equal(a, b) for a, b in zip(outs, replayed))
+
+
+def test_captured_rng_without_the_torch_glue_falls_back_with_a_warning(monkeypatch):
+    """Where the torch glue module can't be built (no compiler, JIT disabled), a captured op
+    draws its seed and offset in a node of its own, and says so once."""
+    sampling._warn_no_graph_philox.cache_clear()
+    monkeypatch.setattr(sampling, "_graph_philox", lambda: OSError("no compiler"))
+    g = torch.Generator().manual_seed(0)
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        s, o, seed, offset = sampling._captured_rng(g, 32, torch.device("cpu"))
+    assert (s, o) == (0, 0) and seed.shape == offset.shape == (1,)
+    assert seed.dtype == offset.dtype == torch.int64
+    sampling._warn_no_graph_philox.cache_clear()
+
+
+def test_the_torch_glue_is_keyed_by_torch_and_never_precompiled():
+    """csrc/torch_rng.cc is built against the installed torch's C++ API: its key holds torch's
+    version and ABI, and the jit-cache wheel (the AOT registry) does not hold it."""
+    from flashinfer import aot
+    from flashinfer.jit.torch_rng import gen_torch_rng_module
+
+    spec = gen_torch_rng_module()
+    assert f"-DFLASHINFER_TORCH_VERSION={torch.__version__}" in spec.extra_cflags
+    assert f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}" in spec.extra_cflags
+    assert not spec.precompiled and spec.name not in {s.name for s in aot.registered_specs()}
 
 
 @pytest.mark.gpu

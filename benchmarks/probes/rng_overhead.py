@@ -1,7 +1,8 @@
 """What the RNG source costs a captured sampling call (128 x 128256 fp32, bench_sampling's
-inputs and timer): the generator path (during capture, (seed, offset) drawn on the device from
-the generator: one more kernel in the graph), int seed/offset, and seed/offset tensors, next to
-the generator draw alone.
+inputs and timer): the generator path (during capture, the generator's graph-safe state read by
+the kernel: csrc/torch_rng.cc), the same with that op forced unavailable (the fallback: (seed,
+offset) drawn on the device by torch.randint, one more kernel in the graph), int seed/offset,
+and seed/offset tensors, next to the generator draw alone.
 
     python benchmarks/probes/rng_overhead.py OUT.json [--no-pdl]
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -41,10 +43,22 @@ def main() -> None:
                                                     device="cuda", generator=gen),
         "random_ (2,) alone": lambda: buf.random_(generator=gen),
     }
+    def randint_fallback(fn, *args):
+        real = flashinfer.sampling._graph_philox
+        flashinfer.sampling._graph_philox = lambda: RuntimeError("forced by the probe")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                return fn(probs, *args)
+        finally:
+            flashinfer.sampling._graph_philox = real
+
     for op, args in (("sampling_from_probs", ()), ("min_p_sampling_from_probs", (0.1,)),
-                     ("top_p_sampling_from_probs", (0.9,))):
+                     ("top_p_sampling_from_probs", (0.9,)), ("top_k_sampling_from_probs", (50,))):
         fn = getattr(flashinfer, op)
         cases[f"{op} generator"] = lambda fn=fn, args=args: fn(probs, *args)
+        cases[f"{op} generator, randint fallback"] = (
+            lambda fn=fn, args=args: randint_fallback(fn, *args))
         cases[f"{op} int seed"] = lambda fn=fn, args=args: fn(probs, *args, seed=7, offset=0)
         cases[f"{op} tensor seed"] = lambda fn=fn, args=args: fn(probs, *args, seed=seed_t,
                                                                  offset=off_t)

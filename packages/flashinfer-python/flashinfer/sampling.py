@@ -11,14 +11,16 @@ offset then advances by the op's increment rounded up to 4 (``B`` for sampling/m
 for top-p/top-k/top-k-top-p, ``B V`` for sampling from logits, ``b (n + 1)`` for chain
 speculative sampling). Nothing synchronizes with the host unless ``check_nan=True``, so every op
 can be captured in a CUDA graph; during capture (where torch refuses to read a generator's
-offset) the seed and offset are drawn on the device from the generator, so each replay samples
-anew. ``seed``/``offset`` tensors are read by the kernel, so they can change between replays.
+offset) the kernel reads the generator's graph-safe state as torch's own kernels do, so each
+replay samples anew. ``seed``/``offset`` tensors are read by the kernel, so they can change
+between replays.
 """
 
 from __future__ import annotations
 
 import functools
 import numbers
+import warnings
 from typing import Optional, Union
 
 import torch
@@ -27,6 +29,7 @@ from . import knobs
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_cuda, check_dtype, check_tensor, resolve_pdl
 from .api_logging import flashinfer_api
 from .jit.sampling import gen_sampling_module
+from .jit.torch_rng import gen_torch_rng_module
 
 __all__ = [
     "softmax",
@@ -186,17 +189,45 @@ def _rng(generator, seed, offset, increment: int, device: torch.device):
         index = device.index if device.index is not None else torch.cuda.current_device()
         generator = torch.cuda.default_generators[index]
     if torch.cuda.is_current_stream_capturing():
-        # torch refuses to read a generator's offset during capture. Draw (seed, offset) on the
-        # device from the generator instead (graph-safe: every replay draws new samples). The
-        # default generator is registered with every capture; torch requires a custom one to be
-        # registered with the graph (measured: an unregistered one raises "Attempt to increase
-        # offset for a CUDA generator not in capture mode").
-        t = torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=device,
-                          generator=generator)
-        return 0, 0, t[:1], t[1:]
+        return _captured_rng(generator, (increment + 3) // 4 * 4, device)
     s, o = generator.initial_seed(), generator.get_offset()
     generator.set_offset(o + (increment + 3) // 4 * 4)
     return _i64(s), _i64(o), None, None
+
+
+def _captured_rng(generator, increment: int, device: torch.device):
+    """_rng during CUDA-graph capture, where torch refuses to read a generator's offset: the
+    generator's graph-safe state, as torch's own kernels take it (the graph's seed and offset
+    tensors, which torch sets before each replay, and the offset within the graph), so every
+    replay draws anew and the graph holds no extra node. The default generator is registered
+    with every capture; torch requires a custom one to be registered with the graph."""
+    op = _graph_philox()
+    if isinstance(op, Exception):
+        # No compiler or no JIT (jit-cache users): a node drawing (seed, offset) on the device
+        # instead, ~8-10 us more per op in a graph (H100; record ...-sampling-seedless-capture).
+        _warn_no_graph_philox(str(op))
+        t = torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=device,
+                          generator=generator)
+        return 0, 0, t[:1], t[1:]
+    seed, offset, intragraph = op(generator, increment)
+    return 0, _i64(intragraph), seed, offset
+
+
+@functools.cache
+def _graph_philox():
+    """torch's graph-safe Philox state as an op (csrc/torch_rng.cc), or why it can't load."""
+    try:
+        gen_torch_rng_module().build_and_load().register_ops()
+        return torch.ops.flashinfer_rng.graph_philox
+    except (OSError, RuntimeError) as e:  # JitError is a RuntimeError
+        return e
+
+
+@functools.cache
+def _warn_no_graph_philox(error: str) -> None:
+    warnings.warn(f"flashinfer.sampling: torch's graph-safe RNG state is unavailable ({error}); "
+                  "seedless sampling ops captured in a CUDA graph draw their seed and offset in "
+                  "an extra graph node", RuntimeWarning, stacklevel=4)
 
 
 def _i64(v: int) -> int:

@@ -139,7 +139,9 @@ struct Philox {
   }
 };
 
-/// Philox (seed, offset), as scalars or as int64/uint64 device tensors of length 1 or B.
+/// Philox (seed, offset), as scalars or as int64/uint64 device tensors of length 1 or B; with an
+/// offset tensor, `offset` is added to it (torch's graph-safe state: the graph's offset and the
+/// offset within the graph).
 struct RngArgs {
   const int64_t* seed_arr = nullptr;
   const int64_t* offset_arr = nullptr;
@@ -150,7 +152,7 @@ struct RngArgs {
   __device__ __forceinline__ Philox make(int64_t row, uint64_t skip = 0) const {
     const uint64_t s = seed_arr ? static_cast<uint64_t>(seed_arr[seed_len == 1 ? 0 : row]) : seed;
     const uint64_t o =
-        offset_arr ? static_cast<uint64_t>(offset_arr[offset_len == 1 ? 0 : row]) : offset;
+        (offset_arr ? static_cast<uint64_t>(offset_arr[offset_len == 1 ? 0 : row]) : 0) + offset;
     return Philox(s, static_cast<uint64_t>(row), o + skip);
   }
 };
