@@ -62,6 +62,12 @@ def main() -> None:
         cases[f"{op} int seed"] = lambda fn=fn, args=args: fn(probs, *args, seed=7, offset=0)
         cases[f"{op} tensor seed"] = lambda fn=fn, args=args: fn(probs, *args, seed=seed_t,
                                                                  offset=off_t)
+    # A 1 x 128 row: the kernel's own time is a few us, so what a graph that follows the
+    # generator adds at replay (torch's replay prologue for the graph's RNG state) shows.
+    tiny = torch.softmax(torch.randn(1, 128, device="cuda"), -1)
+    cases["sampling_from_probs 1x128 generator"] = lambda: flashinfer.sampling_from_probs(tiny)
+    cases["sampling_from_probs 1x128 int seed"] = lambda: flashinfer.sampling_from_probs(
+        tiny, seed=7, offset=0)
     rows = {}
     for name, fn in cases.items():
         us, mode = bench_sampling.time_us(fn)

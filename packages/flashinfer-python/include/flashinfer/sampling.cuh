@@ -1943,6 +1943,46 @@ __device__ __forceinline__ float4 topk_out4(float4 x, uint32_t t, float inv) {
   return make_float4(one(x.x), one(x.y), one(x.z), one(x.w));
 }
 
+/// A bulk copy (the TMA engine: one instruction, no load slots) of `bytes` (a multiple of 16)
+/// from global `src` to shared address `dst`, under L2 policy `policy`, completing on the
+/// mbarrier at shared address `bar`. sm_90+.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+#endif
+}
+
+/// One thread: the mbarrier at shared address `bar` initialized for one arrival, which it makes
+/// now, expecting `bytes` from bulk_load. sm_90+.
+__device__ __forceinline__ void bulk_expect(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+
+/// Wait until the bulk_expect phase of the mbarrier at shared address `bar` has completed.
+__device__ __forceinline__ void bulk_wait(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar)
+        : "memory");
+  }
+#endif
+}
+
 /// topk_stream_row: the largest and smallest prefix it reads first (float4: 32K and 4K
 /// elements; 128 KB of shared memory at most) and its list of (key, index) pairs (64 KB).
 inline constexpr int kStreamPrefix4 = 8192;
@@ -2123,12 +2163,25 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
   const uint32_t pre_s = static_cast<uint32_t>(__cvta_generic_to_shared(pre));
   for (int s = tid; s < pre4; s += T) cp_async16(pre_s + s * 16, src + s, first);
   cp_async_commit();
-  // The stream's first two batches (U float4 a thread each) in flight during the bound.
+  // The stream's first two batches (U float4 a thread each) in flight during the bound, and
+  // (sm_90) after them x4 float4 bulk-copied into the prefix buffer's unused part once the
+  // prefix is in: HBM busy during the bound without load instructions beside its atomics.
+  // The registers stream the rest: their position `at` is the row's float4 `at` before the
+  // copied part (xbeg), `at + x4` after it.
+  const int xbeg = pre4 + 2 * U * T;
+  int x4 = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  x4 = max(0, min(kStreamPrefix4 - pre4, n4 - xbeg));
+#endif
+  __shared__ __align__(8) uint64_t xbar;
+  const uint32_t xbar_s = static_cast<uint32_t>(__cvta_generic_to_shared(&xbar));
+  auto real = [xbeg, x4](int at) { return at < xbeg ? at : at + x4; };
   float4 a[U], b[U];
   auto load = [&](float4(&r)[U], int at) {
+    const int ra = real(at);
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (at + u * T + tid < n4) r[u] = ld_row(src + at + u * T + tid, first);
+      if (ra + u * T + tid < n4) r[u] = ld_row(src + ra + u * T + tid, first);
   };
   load(a, pre4);
   load(b, pre4 + U * T);
@@ -2136,6 +2189,13 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
   for (int i = tid; i < kStreamBins; i += T) bins[i] = 0;
   cp_async_wait<0>();
   __syncthreads();
+  if (tid == 0 && x4) {
+    constexpr int kPiece = 1024;  // float4 a bulk copy (16 KB)
+    bulk_expect(xbar_s, static_cast<uint32_t>(x4) * 16u);
+    for (int s = 0; s < x4; s += kPiece)
+      bulk_load(pre_s + (pre4 + s) * 16, src + xbeg + s,
+                static_cast<uint32_t>(min(kPiece, x4 - s)) * 16u, xbar_s, first);
+  }
   const uint32_t L = bins_kth16(
       [&](auto f) {
         for (int s = tid; s < pre4; s += T) {
@@ -2176,16 +2236,22 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
     list4(x, s, lo, true);
   };
   for (int s = tid; s < pre4; s += T) process(pre[s], s);
-  // Each batch processed, then its registers load the batch two ahead.
+  // Each batch processed, then its registers load the batch two ahead; the copied part after
+  // the first two.
   auto step = [&](float4(&r)[U], int at) {
+    const int ra = real(at);
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (at + u * T + tid < n4) process(r[u], at + u * T + tid);
+      if (ra + u * T + tid < n4) process(r[u], ra + u * T + tid);
     load(r, at + 2 * U * T);
   };
-  for (int base = pre4; base < n4; base += 2 * U * T) {
+  for (int base = pre4; base < n4 - x4; base += 2 * U * T) {
     step(a, base);
     step(b, base + U * T);
+    if (base == pre4 && x4) {
+      bulk_wait(xbar_s);
+      for (int s = tid; s < x4; s += T) process(pre[pre4 + s], xbeg + s);
+    }
   }
   __syncthreads();
   uint32_t n = n_cand;
