@@ -188,10 +188,11 @@ def _rng(generator, seed, offset, increment: int, device: torch.device):
     if generator is None:
         index = device.index if device.index is not None else torch.cuda.current_device()
         generator = torch.cuda.default_generators[index]
+    step = (increment + 3) // 4 * 4
     if torch.cuda.is_current_stream_capturing():
-        return _captured_rng(generator, (increment + 3) // 4 * 4, device)
+        return _captured_rng(generator, step, device)
     s, o = generator.initial_seed(), generator.get_offset()
-    generator.set_offset(o + (increment + 3) // 4 * 4)
+    generator.set_offset(o + step)
     return _i64(s), _i64(o), None, None
 
 

@@ -47,6 +47,7 @@
 #include <cstdint>
 
 #include "launch.cuh"
+#include "mbarrier.cuh"
 #include "sampling_common.cuh"
 
 namespace flashinfer {
@@ -1943,46 +1944,6 @@ __device__ __forceinline__ float4 topk_out4(float4 x, uint32_t t, float inv) {
   return make_float4(one(x.x), one(x.y), one(x.z), one(x.w));
 }
 
-/// A bulk copy (the TMA engine: one instruction, no load slots) of `bytes` (a multiple of 16)
-/// from global `src` to shared address `dst`, under L2 policy `policy`, completing on the
-/// mbarrier at shared address `bar`. sm_90+.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
-                                          uint32_t bar, uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-      "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-      : "memory");
-#endif
-}
-
-/// One thread: the mbarrier at shared address `bar` initialized for one arrival, which it makes
-/// now, expecting `bytes` from bulk_load. sm_90+.
-__device__ __forceinline__ void bulk_expect(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-#endif
-}
-
-/// Wait until the bulk_expect phase of the mbarrier at shared address `bar` has completed.
-__device__ __forceinline__ void bulk_wait(uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar)
-        : "memory");
-  }
-#endif
-}
-
 /// topk_stream_row: the largest and smallest prefix it reads first (float4: 32K and 4K
 /// elements; 128 KB of shared memory at most) and its list of (key, index) pairs (64 KB).
 inline constexpr int kStreamPrefix4 = 8192;
@@ -2174,7 +2135,6 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
   x4 = max(0, min(kStreamPrefix4 - pre4, n4 - xbeg));
 #endif
   __shared__ __align__(8) uint64_t xbar;
-  const uint32_t xbar_s = static_cast<uint32_t>(__cvta_generic_to_shared(&xbar));
   auto real = [xbeg, x4](int at) { return at < xbeg ? at : at + x4; };
   float4 a[U], b[U];
   auto load = [&](float4(&r)[U], int at) {
@@ -2191,10 +2151,12 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
   __syncthreads();
   if (tid == 0 && x4) {
     constexpr int kPiece = 1024;  // float4 a bulk copy (16 KB)
-    bulk_expect(xbar_s, static_cast<uint32_t>(x4) * 16u);
+    mbar_init(&xbar, 1);
+    mbar_fence_init();
+    mbar_arrive_expect_tx(&xbar, static_cast<uint32_t>(x4) * 16u);
     for (int s = 0; s < x4; s += kPiece)
-      bulk_load(pre_s + (pre4 + s) * 16, src + xbeg + s,
-                static_cast<uint32_t>(min(kPiece, x4 - s)) * 16u, xbar_s, first);
+      bulk_load(pre + pre4 + s, src + xbeg + s, static_cast<uint32_t>(min(kPiece, x4 - s)) * 16u,
+                &xbar, first);
   }
   const uint32_t L = bins_kth16(
       [&](auto f) {
@@ -2249,7 +2211,7 @@ __device__ __forceinline__ void topk_stream_row(const float4* __restrict__ src, 
     step(a, base);
     step(b, base + U * T);
     if (base == pre4 && x4) {
-      bulk_wait(xbar_s);
+      mbar_wait(&xbar, 0);
       for (int s = tid; s < x4; s += T) process(pre[pre4 + s], xbeg + s);
     }
   }

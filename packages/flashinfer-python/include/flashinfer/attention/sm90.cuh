@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../mbarrier.cuh"
 #include "mma.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -20,40 +21,17 @@ namespace flashinfer {
 namespace attn {
 namespace sm90 {
 
-// ---- mbarriers (one 64-bit word in shared memory each) -------------------------------------
+// ---- mbarriers (one 64-bit word in shared memory each): mbarrier.cuh ---------------------------
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
+using flashinfer::mbar_arrive;
+using flashinfer::mbar_arrive_expect_tx;
+using flashinfer::mbar_init;
+using flashinfer::mbar_wait;
 
 /// An arrival on `bar` once every cp.async this thread has issued so far has landed (counted
 /// against the barrier's expected arrivals: "noinc").
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
-               : "memory");
-}
-
-/// Block until phase `parity` (0 or 1) of `bar` has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-/// An arrival on `bar` that also expects `bytes` more from async copies (TMA) in this phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
-               "r"(bytes)
                : "memory");
 }
 
