@@ -694,42 +694,100 @@ __device__ __forceinline__ int64_t block_locate(const RowCtx& ctx, uint32_t t,
   return -1;  // unreachable: the warp's mass exceeds local
 }
 
+/// The warps that weigh a row's block sums together in locate_in_row (named barrier 1), and the
+/// most blocks a row may have there (their sums staged in Shared::mass, the 32-block totals in
+/// Shared::cnt): rows of up to 786432 columns take the direct path.
+inline constexpr int kLocateWarps = 4;
+inline constexpr int kLocateMaxBlocks = 1536;
+static_assert(sizeof(Shared::mass) >= kLocateMaxBlocks * sizeof(float) &&
+                  sizeof(Shared::cnt) >= kLocateMaxBlocks / 32 * sizeof(unsigned long long),
+              "locate_in_row's staging");
+
+/// Zero what locate_in_row staged in Shared::cnt and ::mass (clean before a radix search).
+/// Block-wide; ends with a barrier.
+__device__ __forceinline__ void clear_locate_staging(const RowCtx& ctx, int64_t vocab) {
+  const int nb = static_cast<int>((vocab + kBlockCols - 1) / kBlockCols), ng = (nb + 31) / 32;
+  float* stage = reinterpret_cast<float*>(ctx.s->mass);
+  auto* gtot = reinterpret_cast<unsigned long long*>(ctx.s->cnt);
+  for (int i = ctx.tid; i < 32 * ng; i += ctx.nthreads) stage[i] = 0.f;
+  for (int i = ctx.tid; i < ng; i += ctx.nthreads) gtot[i] = 0ull;
+  __syncthreads();
+}
+
 /*!
- * @brief Warp-wide, after block_prefix_peers (the ranks' masses in wsum[16 + r], every rank's
- *   block sums final) on the direct path (ctx.vals: this rank's chunk of the row in global
- *   memory): the draw with 32-bit uniform r from the whole row, located by any CTA of the group:
- *   the rank by the ranks' masses, the block by a scan of that rank's block weights (its sums
- *   read over DSMEM, 4 loads a lane in flight), the element by block_column on that rank's
- *   chunk. The same column as block_locate on the rank that owns it (the same integers); the
- *   column and its value on the lane that finds it, -1 elsewhere.
+ * @brief On the direct path, by the threads tid < 32 kLocateWarps of a CTA once every rank's
+ *   block sums are final (fill_block_sums's t = 0 sums since the exchange of the max,
+ *   refine_block_sums's after a group barrier; ctx.vals: this rank's chunk of the row in global
+ *   memory): the draw with 32-bit uniform r from the whole row, no block prefix and no group
+ *   barrier. Warp w reads the block sums of groups w, w + kLocateWarps, ... of 32 consecutive
+ *   blocks from the ranks that own them (DSMEM, coalesced), stages them in shared memory with
+ *   each group's fixed-point total; after one barrier of those warps, each warp that `draws`
+ *   adds the totals into K and finds target = floor(r K / 2^32): the group, the block in it, and
+ *   the element by block_column (keys >= t kept). The integers are block_locate's (K and the
+ *   weights before the block), so the column is the one the owning rank's block_locate finds.
+ *   Returns it and its value on the lane that finds it, -1 elsewhere, where K = 0 and on the
+ *   warps that only weigh; *K_out (drawing warps): K.
  */
-__device__ __forceinline__ int64_t locate_in_row(const RowCtx& ctx, int64_t vocab,
-                                                 unsigned long long K, uint32_t r, float* value) {
-  const int lane = ctx.tid & 31;
-  const unsigned long long target = __umul64hi(K, static_cast<unsigned long long>(r) << 32);
-  unsigned long long local = target;
-  int rr = 0;
-  for (; rr < ctx.csize - 1; ++rr) {
-    const unsigned long long m = ctx.s->wsum[16 + rr];
-    if (local < m) break;
-    local -= m;
-  }
-  RowCtx o = ctx;  // rank rr's chunk
-  o.n = static_cast<int>(rank_columns(ctx, vocab, rr, &o.begin));
-  o.vals = ctx.vals + (o.begin - ctx.begin);
-  const int nb = num_blocks(o);
-  const float* ps = peer(ctx, block_sums(ctx), rr);
-  for (int b0 = 0; b0 < nb; b0 += 128) {
-    float w4[4];
-    lane_block_sums4(ps, b0, nb, lane, w4);
+__device__ __forceinline__ int64_t locate_in_row(const RowCtx& ctx, int64_t vocab, uint32_t t,
+                                                 uint32_t r, bool draws, float* value,
+                                                 unsigned long long* K_out = nullptr) {
+  const int lane = ctx.tid & 31, warp = ctx.tid >> 5;
+  // Every rank's chunk but the last holds nbr whole blocks (plan_direct; one CTA: all of the
+  // row's): block g of the row is block g % nbr of rank g / nbr.
+  const int64_t chunk = ctx.rank ? ctx.begin / ctx.rank : ctx.n;
+  const int nbr = static_cast<int>((chunk + kBlockCols - 1) / kBlockCols);
+  const int nb = static_cast<int>((vocab + kBlockCols - 1) / kBlockCols), ng = (nb + 31) / 32;
+  const float* sums = block_sums(ctx);
+  // (Staged where the radix search counts: clear_locate_staging before a search.)
+  float* stage = reinterpret_cast<float*>(ctx.s->mass);
+  auto* gtot = reinterpret_cast<unsigned long long*>(ctx.s->cnt);
+  for (int g0 = warp; g0 < ng; g0 += 2 * kLocateWarps) {  // two groups' loads in flight
+    const int gr[2] = {g0, g0 + kLocateWarps};
+    float x[2];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const WarpFind f = warp_find(ctx.fixed(w4[k]), local);
-      if (f.src >= 0) return block_column(o, 0, b0 + 32 * k + f.src, local - f.before, value);
-      local -= f.before;
+    for (int k = 0; k < 2; ++k) {
+      const int g = 32 * gr[k] + lane;
+      x[k] = g < nb ? *peer(ctx, sums + g % nbr, g / nbr) : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if (gr[k] >= ng) break;
+      stage[32 * gr[k] + lane] = x[k];
+      const unsigned long long w = ctx.fixed(x[k]);
+      unsigned long long tot;
+      if (!__any_sync(0xffffffffu, (w >> 51) != 0)) {
+        // A block weighs below 2^51 (its sum is at most 512 times the row max, which scales
+        // below 2^41): the total of two 26-bit halves in u32 warp reductions, exactly.
+        const unsigned lo = __reduce_add_sync(0xffffffffu, static_cast<unsigned>(w) & 0x3ffffffu);
+        const unsigned hi = __reduce_add_sync(0xffffffffu, static_cast<unsigned>(w >> 26));
+        tot = (static_cast<unsigned long long>(hi) << 26) + lo;
+      } else {  // +inf sums (fixed() saturates): the u64 sum, wrapping as elsewhere
+        tot = warp_sum_u(w);
+      }
+      if (lane == 0) gtot[gr[k]] = tot;
     }
   }
-  return -1;  // unreachable: the rank's mass exceeds local
+  asm volatile("bar.sync 1, %0;" ::"n"(32 * kLocateWarps) : "memory");
+  if (!draws) return -1;
+  unsigned long long K = 0;
+  for (int c = lane; c < ng; c += 32) K += gtot[c];
+  K = warp_sum_u(K);
+  if (K_out) *K_out = K;
+  if (K == 0) return -1;
+  unsigned long long local = __umul64hi(K, static_cast<unsigned long long>(r) << 32);
+  for (int c0 = 0; c0 < ng; c0 += 32) {  // the group, then the block in it
+    const WarpFind f = warp_find(c0 + lane < ng ? gtot[c0 + lane] : 0ull, local);
+    if (f.src < 0) {
+      local -= f.before;
+      continue;
+    }
+    const int grp = c0 + f.src;
+    const WarpFind b = warp_find(ctx.fixed(stage[32 * grp + lane]), local - f.before);
+    RowCtx o = ctx;  // the whole row
+    o.vals = ctx.vals - ctx.begin, o.begin = 0, o.n = static_cast<int>(vocab);
+    return block_column(o, t, 32 * grp + b.src, local - f.before - b.before, value);
+  }
+  return -1;  // unreachable: target < K
 }
 
 /// Sums over the row's group of this CTA's arr[j], j < N, into s->cand_sum (every thread may
@@ -816,8 +874,9 @@ __device__ __forceinline__ unsigned top_p_one(const RowCtx& ctx, uint32_t key, f
  *   asks mass_verdict about the exchanged keys first; an undecided candidate (its prefix holds
  *   the threshold) gets top_p_one's pass for it alone, and only one that pass leaves undecided
  *   the counting pass. The samples are the counting pass's, bit for bit. The direct kernel
- *   (kDirect) takes the block prefix from the peers' block sums (block_prefix_peers) and each
- *   candidate's value from its locate.
+ *   (kDirect) has its locating warps weigh the row's block sums together (locate_in_row: no
+ *   block prefix, no group barrier before the locates) and takes each candidate's value from
+ *   its locate.
  *   Returns true when one was kept (*col its column on the CTA that writes it, -1 on the
  *   others; *arrived: the CTA arrived at the kernel's last cluster barrier, as soon as the
  *   histogram kept a candidate on the direct path) or the row has no mass (*col 0 on rank 0);
@@ -828,43 +887,49 @@ __device__ __forceinline__ unsigned top_p_one(const RowCtx& ctx, uint32_t key, f
 template <bool kDirect>
 __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
                                                 const RngArgs& rng_args, int64_t row,
-                                                float mx, bool probs, int64_t vocab,
+                                                float mx, int64_t vocab,
                                                 int64_t* col, bool* arrived) {
   Shared* s = ctx.s;
   constexpr int C = kTopPCandidates;
   *col = -1;
   *arrived = false;
-  // Probabilities: every rank's block sums are final since the exchange of the max, and on the
-  // direct path every CTA can read the row: each locates every candidate itself (no exchange of
-  // the keys). (The direct kernel only: in the copy kernel, at its register cap, the same code
-  // spills.)
-  const bool anywhere = kDirect && probs;
+  // The direct path (probabilities only: sample_direct): every rank's block sums are final
+  // since the exchange of the max, and every CTA can read the row: each locates every candidate
+  // itself (no exchange of the keys). (The direct kernel only: in the copy kernel, at its
+  // register cap, the same code spills.)
+  constexpr bool anywhere = kDirect;
+  static_assert(kLocateWarps == C, "the locating warps weigh the row's blocks together");
   // The direct path's histogram bounds (mass_window): most candidates decided without a pass.
   // Where every CTA locates every candidate, the warps above the locating ones merge the window
   // while the first candidates are located.
   const bool window = ctx.hist != nullptr && top_p < 1.f;
   bool hist = !anywhere && window && mass_window(ctx, mx);
   const uint32_t emax = __float_as_uint(mx) >> 23;
-  const DrawPrefix d = anywhere ? block_prefix_peers(ctx, vocab, false) : block_prefix(ctx, 0, false);
-  if (d.K == 0) {  // nothing to draw from
-    if (ctx.rank == 0 && ctx.tid == 0) *col = 0;
-    return true;
+  // Where every CTA locates every candidate, the locating warps weigh the row's blocks
+  // themselves (locate_in_row): no block prefix, no group barrier before the locates.
+  DrawPrefix d{};
+  if (!anywhere) {
+    d = block_prefix(ctx, 0, false);
+    if (d.K == 0) {  // nothing to draw from
+      if (ctx.rank == 0 && ctx.tid == 0) *col = 0;
+      return true;
+    }
   }
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
   unsigned long long limit = 0;  // floor(p K): after the first counting pass's exchange
   bool counted = false;          // K summed (the first counting pass)
   for (int pass = 0; pass < kTopPPasses; ++pass) {
-    // Peers read cand_key before the last barrier of the previous pass: safe to reset.
-    if (ctx.tid < C) s->cand_col[ctx.tid] = -1, s->cand_key[ctx.tid] = 0;
-    __syncthreads();
     if (anywhere) {  // warp j locates candidate j (every CTA every candidate)
       CM part{0, 0};
       if (warp < C) {
         Philox rng = rng_args.make(row, static_cast<uint64_t>(pass) * C);
         uint32_t u = rng.next();
         for (int j = 1; j <= warp; ++j) u = rng.next();
+        // The previous pass's verdicts read cand_col / cand_sum before its last barrier.
+        if (lane == 0) s->cand_col[warp] = -1;
+        __syncwarp();
         float x;
-        const int64_t c = locate_in_row(ctx, vocab, d.K, u, &x);
+        const int64_t c = locate_in_row(ctx, vocab, 0, u, true, &x);
         if (c >= 0) s->cand_col[warp] = c, s->cand_sum[warp] = ctx.key(x);
       } else if (pass == 0 && window) {
         part = mass_window_merge(ctx, mx, C * 32);
@@ -875,6 +940,9 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
         __syncthreads();
       }
     } else {
+      // Peers read cand_key before the last barrier of the previous pass: safe to reset.
+      if (ctx.tid < C) s->cand_col[ctx.tid] = -1, s->cand_key[ctx.tid] = 0;
+      __syncthreads();
       Philox rng = rng_args.make(row, static_cast<uint64_t>(pass) * C);
 #pragma unroll
       for (int j = 0; j < C; ++j) {
@@ -882,6 +950,10 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
         if (c >= 0)
           s->cand_col[j] = c, s->cand_key[j] = ctx.key(ctx.val(static_cast<int>(c - ctx.begin)));
       }
+    }
+    if (anywhere && s->cand_col[0] < 0) {  // K = 0 (else every locate finds): nothing to draw
+      if (ctx.rank == 0 && ctx.tid == 0) *col = 0;
+      return true;
     }
     // The CTA that writes a kept candidate: the one that drew it, or rank 0 where every CTA
     // located every candidate.
@@ -963,6 +1035,9 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
       }
     }
   }
+  // The radix search that follows counts in Shared::cnt and ::mass from zero: locate_in_row's
+  // staging there cleared (every read of it precedes the passes' last barriers).
+  if (anywhere) clear_locate_staging(ctx, vocab);
   return false;
 }
 
@@ -1055,7 +1130,8 @@ __device__ __forceinline__ void group_max_nan_lo(const RowCtx& ctx, float mx, fl
 
 /// Load, filter and draw one token for output row `out_row`. Group-wide. Returns whether this
 /// CTA arrived at the cluster barrier (block_prefix): the kernel then waits on it to exit.
-template <typename T, unsigned kFilters, bool kHist = false>
+/// kDirect: SampleKernel's direct path (float32 probabilities read where they lie).
+template <typename T, unsigned kFilters, bool kDirect = false>
 __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in, int64_t stride,
                                            int64_t vocab, bool vec, const SampleParams& p,
                                            int64_t out_row) {
@@ -1068,6 +1144,8 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
   auto stamp = [](SampleTrace e) {  // the trace probe: the draw set's kernels only
     if (kFilters == kDrawFilters) trace(e);
   };
+  // Top-p on the direct path: the mass histogram of the streaming pass.
+  constexpr bool kHist = kDirect && kFilters == kTopPFilters;
   // The draw's block sums in the first pass (top-p's rejection draws its candidates from them);
   // the top-k filters sum none (kBlockDraw).
   const bool sums_first = kBlockDraw<kFilters>;
@@ -1133,8 +1211,8 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
       mx = dead ? 0.f : 1.f;
     }
     ctx.scale = fixed_scale(mx);
-    if (is(kTopP) && top_p_rejection<kHist>(ctx, p.top_p(out_row), p.rng, out_row, mx, is_probs,
-                                            vocab, &col, &arrived)) {
+    if (is(kTopP) && top_p_rejection<kDirect>(ctx, p.top_p(out_row), p.rng, out_row, mx, vocab,
+                                              &col, &arrived)) {
       if (col >= 0) write_sample(p.out, p.out_64, p.valid, out_row, col, true);
       return arrived;
     }
@@ -1211,13 +1289,31 @@ __device__ __forceinline__ bool sample_row(RowCtx& ctx, const T* __restrict__ in
         fill_block_sums(ctx, t, [](float x) { return x; });
       }
       stamp(kTraceRefined);
-      // The t = 0 sums of probabilities are final since the exchange of the max.
-      const DrawPrefix d = sums_first && is_probs && t == 0 ? block_prefix_peers(ctx, vocab)
-                                                            : block_prefix(ctx, 0);
-      stamp(kTracePrefixed);
-      arrived = ctx.clustered;
-      col = block_locate(ctx, t, d, r);
-      K = d.K;
+      if constexpr (kDirect) {
+        // Rank 0's warp 0 draws from the whole row (locate_in_row, its first kLocateWarps
+        // warps weighing the blocks) once every rank's sums are final: the t = 0 sums since the
+        // exchange of the max, refined ones after a group barrier.
+        // (Top-p's fallback: its radix search's last DSMEM reads of the peers' Shared::cnt and
+        // ::mass, which locate_in_row reuses, are done too.)
+        if (t != 0 || kFilters != kDrawFilters) row_sync(ctx);
+        stamp(kTracePrefixed);
+        K = 1;
+        if (ctx.rank == 0 && ctx.tid < 32 * kLocateWarps) {
+          float x;
+          col = locate_in_row(ctx, vocab, t, r, ctx.tid < 32, &x, &K);
+        }
+        // After its reads of the peers' sums: the peers exit once every thread has arrived.
+        if (ctx.clustered) cluster_arrive();
+        arrived = ctx.clustered;
+      } else {
+        // The t = 0 sums of probabilities are final since the exchange of the max.
+        const DrawPrefix d = sums_first && is_probs && t == 0 ? block_prefix_peers(ctx, vocab)
+                                                              : block_prefix(ctx, 0);
+        stamp(kTracePrefixed);
+        arrived = ctx.clustered;
+        col = block_locate(ctx, t, d, r);
+        K = d.K;
+      }
     } else {
       col = draw(ctx, t, r, 0, &K);
     }
@@ -1268,7 +1364,7 @@ __global__ void __launch_bounds__(kThreads, (kSampleCtasPerSm<kFilters, kDirect>
   ctx.direct = kDirect;
   if constexpr (kHist) ctx.hist = hist, ctx.hist_shift = mass_hist_shift(vocab);
   // Peers may still read this CTA's shared memory until they arrive.
-  if (sample_row<T, kFilters, kHist>(ctx, in, stride, vocab, vec, p, row_of(g, ctx))) {
+  if (sample_row<T, kFilters, kDirect>(ctx, in, stride, vocab, vec, p, row_of(g, ctx))) {
     cluster_wait();
   } else {
     row_sync(ctx);
@@ -3190,6 +3286,7 @@ bool sample_direct(const float* in, int64_t stride, int64_t num_out, int64_t voc
   // undecided: with one CTA a row min-p lost to the copy (H100, 256 x 128256: 98.7 vs 89.6
   // us; benchmarks/notes/sampling-cluster-radix.md).
   if (params.logits || !plan.cluster || (params.filter != kNoFilter && plan.cluster < 2) ||
+      ceil_div(vocab, kBlockCols) > kLocateMaxBlocks ||
       !rows_vectorizable<float>(in, stride, plan.chunk))
     return false;
   e = prepare(direct, plan);
