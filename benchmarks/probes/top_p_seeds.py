@@ -1,12 +1,17 @@
-"""Top-p sampling's time over explicit seeds (rows of 128256 fp32, bench_sampling's inputs): on
-the direct path a row runs a counting pass only where a candidate falls into the histogram bin
-of its threshold, which depends on the seed, so one seed's time says little. Also p = 1 (no
-verdict) and plain sampling, the floors top-p's extra work stands on.
+"""Top-p and min-p sampling's time over explicit seeds (rows of 128256 fp32, bench_sampling's
+inputs): on the direct path a top-p row runs a counting pass only where a candidate falls into
+the histogram bin of its threshold, which depends on the seed, so one seed's time says little
+(the peer's rejection rounds depend on its draws too). Also p = 1 (no verdict) and plain
+sampling, the floors top-p's extra work stands on; with --graph-ops, K seedless calls (the
+default generator) captured in one graph, per call: a graph that follows the generator pays
+torch's replay prologue once, whatever K.
 
     python benchmarks/probes/top_p_seeds.py OUT.json [--batches 64,128] [--seeds 8]
+        [--graph-ops 1,8]
 
 Times with bench_sampling.time_us (one CUDA-graph replay per timing after an L2 flush, median of
-60); prints a line per (op, batch, seed) and writes them as JSON.
+60); prints a line per (op, batch, seed) and writes them as JSON. Runs with whichever
+flashinfer is importable (ours, or the peer's on its path).
 """
 
 from __future__ import annotations
@@ -29,6 +34,19 @@ def _ops(fi, probs):
         ("sampling_from_probs", lambda s: fi.sampling_from_probs(probs, seed=s, offset=0)),
         ("top_p 1.0", lambda s: fi.top_p_sampling_from_probs(probs, 1.0, seed=s, offset=0)),
         ("top_p 0.9", lambda s: fi.top_p_sampling_from_probs(probs, 0.9, seed=s, offset=0)),
+        ("min_p 0.1", lambda s: fi.min_p_sampling_from_probs(probs, 0.1, seed=s, offset=0)),
+    ]
+
+
+#: The ops timed over --seeds seeds (the others over 2): their time depends on the draws.
+SPREAD = ("top_p 0.9", "min_p 0.1")
+
+
+def _generator_ops(fi, probs):
+    """(name, fn) for the seedless calls (the default generator) timed K to a graph."""
+    return [
+        ("top_p 0.9", lambda: fi.top_p_sampling_from_probs(probs, 0.9)),
+        ("min_p 0.1", lambda: fi.min_p_sampling_from_probs(probs, 0.1)),
     ]
 
 
@@ -37,6 +55,8 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--batches", default="64,128,256")
     ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--graph-ops", default="",
+                    help="comma-separated K: also time K seedless calls in one graph (per call)")
     a = ap.parse_args()
     import flashinfer
 
@@ -44,12 +64,18 @@ def main() -> None:
     for b in map(int, a.batches.split(",")):
         for name, op in _ops(flashinfer, bench_sampling._inputs(b)[1]):
             times = []
-            for seed in range(a.seeds if name == "top_p 0.9" else 2):
+            for seed in range(a.seeds if name in SPREAD else 2):
                 us, mode = bench_sampling.time_us(lambda seed=seed, op=op: op(seed))
                 times.append(round(us, 2))
                 rows.append({"op": name, "batch": b, "seed": seed, "median_us": round(us, 2)})
             print(f"{name:<20} {b:4d}  median {statistics.median(times):7.1f} us  "
                   f"min {min(times):7.1f}  max {max(times):7.1f}  {times}", flush=True)
+        for k in [int(x) for x in a.graph_ops.split(",") if x]:
+            for name, op in _generator_ops(flashinfer, bench_sampling._inputs(b)[1]):
+                us, mode = bench_sampling.time_us(lambda op=op, k=k: [op() for _ in range(k)])
+                rows.append({"op": f"{name} generator", "batch": b, "graph_ops": k,
+                             "median_us": round(us / k, 2)})
+                print(f"{name} generator x{k:<3} {b:4d}  {us / k:7.1f} us a call", flush=True)
         torch.cuda.empty_cache()
     Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "timing": mode,
                                        "rows": rows}, indent=1))
