@@ -501,17 +501,17 @@ __device__ __forceinline__ void load_chunk(const RowCtx& ctx, const T* row, bool
 /// (one 4-byte load and the loop's address and bound work per element) were 35% of the top-k
 /// kernel's instructions (ncu source counts, H100, benchmarks/notes/sampling-cluster-radix.md).
 /// On the direct path (the input row in global memory, negatives read as 0): fq(quad) for every
-/// quad of the chunk, 4 loads in flight a thread, then ft(x) for the values of the tail.
-template <typename FQ, typename FT>
+/// quad of the chunk, kInFlight loads in flight a thread, then ft(x) for the values of the tail.
+template <int kInFlight = 4, typename FQ, typename FT>
 __device__ __forceinline__ void for_each_direct_quad(const RowCtx& ctx, FQ fq, FT ft) {
   const int n4 = ctx.n / 4;
   int i = ctx.tid;
-  for (; i + 3 * ctx.nthreads < n4; i += 4 * ctx.nthreads) {
-    float4 x[4];
+  for (; i + (kInFlight - 1) * ctx.nthreads < n4; i += kInFlight * ctx.nthreads) {
+    float4 x[kInFlight];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) x[u] = ctx.quad_col(4 * (i + u * ctx.nthreads));
+    for (int u = 0; u < kInFlight; ++u) x[u] = ctx.quad_col(4 * (i + u * ctx.nthreads));
 #pragma unroll
-    for (int u = 0; u < 4; ++u) fq(x[u]);
+    for (int u = 0; u < kInFlight; ++u) fq(x[u]);
   }
   for (; i < n4; i += ctx.nthreads) fq(ctx.quad_col(4 * i));
   for (int j = n4 * 4 + ctx.tid; j < ctx.n; j += ctx.nthreads) ft(ctx.val(j));
