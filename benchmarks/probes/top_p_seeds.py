@@ -29,25 +29,19 @@ import bench_sampling  # noqa: E402
 
 
 def _ops(fi, probs):
-    """(name, fn(seed)) for the timed ops on `probs`."""
+    """(name, fn(**rng)) for the timed ops on `probs`: rng is seed / offset, or nothing (the
+    default generator)."""
     return [
-        ("sampling_from_probs", lambda s: fi.sampling_from_probs(probs, seed=s, offset=0)),
-        ("top_p 1.0", lambda s: fi.top_p_sampling_from_probs(probs, 1.0, seed=s, offset=0)),
-        ("top_p 0.9", lambda s: fi.top_p_sampling_from_probs(probs, 0.9, seed=s, offset=0)),
-        ("min_p 0.1", lambda s: fi.min_p_sampling_from_probs(probs, 0.1, seed=s, offset=0)),
+        ("sampling_from_probs", lambda **rng: fi.sampling_from_probs(probs, **rng)),
+        ("top_p 1.0", lambda **rng: fi.top_p_sampling_from_probs(probs, 1.0, **rng)),
+        ("top_p 0.9", lambda **rng: fi.top_p_sampling_from_probs(probs, 0.9, **rng)),
+        ("min_p 0.1", lambda **rng: fi.min_p_sampling_from_probs(probs, 0.1, **rng)),
     ]
 
 
-#: The ops timed over --seeds seeds (the others over 2): their time depends on the draws.
+#: The ops timed over --seeds seeds (the others over 2) and, with --graph-ops, seedless: their
+#: time depends on the draws.
 SPREAD = ("top_p 0.9", "min_p 0.1")
-
-
-def _generator_ops(fi, probs):
-    """(name, fn) for the seedless calls (the default generator) timed K to a graph."""
-    return [
-        ("top_p 0.9", lambda: fi.top_p_sampling_from_probs(probs, 0.9)),
-        ("min_p 0.1", lambda: fi.min_p_sampling_from_probs(probs, 0.1)),
-    ]
 
 
 def main() -> None:
@@ -62,16 +56,17 @@ def main() -> None:
 
     rows = []
     for b in map(int, a.batches.split(",")):
-        for name, op in _ops(flashinfer, bench_sampling._inputs(b)[1]):
+        ops = _ops(flashinfer, bench_sampling._inputs(b)[1])
+        for name, op in ops:
             times = []
             for seed in range(a.seeds if name in SPREAD else 2):
-                us, mode = bench_sampling.time_us(lambda seed=seed, op=op: op(seed))
+                us, mode = bench_sampling.time_us(lambda seed=seed, op=op: op(seed=seed, offset=0))
                 times.append(round(us, 2))
                 rows.append({"op": name, "batch": b, "seed": seed, "median_us": round(us, 2)})
             print(f"{name:<20} {b:4d}  median {statistics.median(times):7.1f} us  "
                   f"min {min(times):7.1f}  max {max(times):7.1f}  {times}", flush=True)
         for k in [int(x) for x in a.graph_ops.split(",") if x]:
-            for name, op in _generator_ops(flashinfer, bench_sampling._inputs(b)[1]):
+            for name, op in ((n, f) for n, f in ops if n in SPREAD):
                 us, mode = bench_sampling.time_us(lambda op=op, k=k: [op() for _ in range(k)])
                 rows.append({"op": f"{name} generator", "batch": b, "graph_ops": k,
                              "median_us": round(us / k, 2)})

@@ -549,10 +549,15 @@ __device__ __forceinline__ DrawPrefix block_prefix(const RowCtx& ctx, int slot, 
   return d;
 }
 
+/// The columns of a full chunk of the row (every rank's but the last; one CTA: the row's).
+__device__ __forceinline__ int64_t full_chunk(const RowCtx& ctx) {
+  return ctx.rank ? ctx.begin / ctx.rank : ctx.n;
+}
+
 /// The columns of rank r's chunk of the row (every rank's chunk but the last is full).
 __device__ __forceinline__ int64_t rank_columns(const RowCtx& ctx, int64_t vocab, int r,
                                                 int64_t* begin) {
-  const int64_t chunk = ctx.rank ? ctx.begin / ctx.rank : ctx.n;
+  const int64_t chunk = full_chunk(ctx);
   *begin = r * chunk;
   return min(chunk, vocab - *begin);
 }
@@ -703,14 +708,25 @@ static_assert(sizeof(Shared::mass) >= kLocateMaxBlocks * sizeof(float) &&
                   sizeof(Shared::cnt) >= kLocateMaxBlocks / 32 * sizeof(unsigned long long),
               "locate_in_row's staging");
 
+/// Where locate_in_row stages a row's nb block sums (in groups of 32, ng of them) and the groups'
+/// fixed-point totals: where the radix search counts (clear_locate_staging before a search).
+struct LocateStaging {
+  float* sums;
+  unsigned long long* totals;
+  int nb, ng;
+};
+__device__ __forceinline__ LocateStaging locate_staging(const RowCtx& ctx, int64_t vocab) {
+  const int nb = static_cast<int>((vocab + kBlockCols - 1) / kBlockCols);
+  return LocateStaging{reinterpret_cast<float*>(ctx.s->mass),
+                       reinterpret_cast<unsigned long long*>(ctx.s->cnt), nb, (nb + 31) / 32};
+}
+
 /// Zero what locate_in_row staged in Shared::cnt and ::mass (clean before a radix search).
 /// Block-wide; ends with a barrier.
 __device__ __forceinline__ void clear_locate_staging(const RowCtx& ctx, int64_t vocab) {
-  const int nb = static_cast<int>((vocab + kBlockCols - 1) / kBlockCols), ng = (nb + 31) / 32;
-  float* stage = reinterpret_cast<float*>(ctx.s->mass);
-  auto* gtot = reinterpret_cast<unsigned long long*>(ctx.s->cnt);
-  for (int i = ctx.tid; i < 32 * ng; i += ctx.nthreads) stage[i] = 0.f;
-  for (int i = ctx.tid; i < ng; i += ctx.nthreads) gtot[i] = 0ull;
+  const LocateStaging st = locate_staging(ctx, vocab);
+  for (int i = ctx.tid; i < 32 * st.ng; i += ctx.nthreads) st.sums[i] = 0.f;
+  for (int i = ctx.tid; i < st.ng; i += ctx.nthreads) st.totals[i] = 0ull;
   __syncthreads();
 }
 
@@ -734,13 +750,12 @@ __device__ __forceinline__ int64_t locate_in_row(const RowCtx& ctx, int64_t voca
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5;
   // Every rank's chunk but the last holds nbr whole blocks (plan_direct; one CTA: all of the
   // row's): block g of the row is block g % nbr of rank g / nbr.
-  const int64_t chunk = ctx.rank ? ctx.begin / ctx.rank : ctx.n;
-  const int nbr = static_cast<int>((chunk + kBlockCols - 1) / kBlockCols);
-  const int nb = static_cast<int>((vocab + kBlockCols - 1) / kBlockCols), ng = (nb + 31) / 32;
+  const int nbr = static_cast<int>((full_chunk(ctx) + kBlockCols - 1) / kBlockCols);
+  const LocateStaging st = locate_staging(ctx, vocab);
+  const int nb = st.nb, ng = st.ng;
+  float* stage = st.sums;
+  unsigned long long* gtot = st.totals;
   const float* sums = block_sums(ctx);
-  // (Staged where the radix search counts: clear_locate_staging before a search.)
-  float* stage = reinterpret_cast<float*>(ctx.s->mass);
-  auto* gtot = reinterpret_cast<unsigned long long*>(ctx.s->cnt);
   for (int g0 = warp; g0 < ng; g0 += 2 * kLocateWarps) {  // two groups' loads in flight
     const int gr[2] = {g0, g0 + kLocateWarps};
     float x[2];

@@ -7,14 +7,11 @@
 
 #include <cstdint>
 
+#include "../mbarrier.cuh"  // smem_addr
 #include "../vec.cuh"
 
 namespace flashinfer {
 namespace attn {
-
-__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
 
 /// 16-byte asynchronous copy; with `pred` false the destination is zero-filled and nothing is
 /// read (rows past the end of a sequence must be zeros, not garbage: 0 * NaN is NaN).
