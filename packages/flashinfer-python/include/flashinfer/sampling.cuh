@@ -251,6 +251,9 @@ inline constexpr int kMassMantissa = 4;
 inline constexpr int kMassPerOctave = 1 << kMassMantissa;
 inline constexpr int kMassBins = 256 * kMassPerOctave;
 inline constexpr int kMassWindow = 41 * kMassPerOctave;
+/// Ranks whose histogram reads mass_window_merge has in flight at once (a cluster's 8 at most:
+/// one DSMEM round trip; two ranks at a time cost 1.5 us at 128 x 128256, H100, wave 32).
+inline constexpr int kMergeRanks = 8;
 /// Shared memory of the direct top-p kernel's histogram and window scans.
 inline constexpr size_t kMassHistBytes =
     kMassBins * sizeof(uint32_t) + (2 * kMassWindow + 2) * sizeof(unsigned long long);
@@ -314,16 +317,20 @@ __device__ __forceinline__ CM mass_window_merge(const RowCtx& ctx, float mx, int
 #pragma unroll
         for (int i = 0; i < 8; ++i) H[i] += h[i];
       };
-      for (int r = 0; r < ctx.csize; r += 2) {  // two ranks' reads in flight
-        const uint4* a = reinterpret_cast<const uint4*>(peer(ctx, ctx.hist + b0, r));
-        const uint4 x0 = a[0], y0 = a[1];
-        uint4 x1 = make_uint4(0u, 0u, 0u, 0u), y1 = x1;
-        if (r + 1 < ctx.csize) {
-          const uint4* b = reinterpret_cast<const uint4*>(peer(ctx, ctx.hist + b0, r + 1));
-          x1 = b[0], y1 = b[1];
+      // kMergeRanks ranks' reads in flight: a DSMEM round trip while the peers' SMs still
+      // stream is slow, and the merge runs beside the locates.
+      for (int r = 0; r < ctx.csize; r += kMergeRanks) {
+        uint4 x[kMergeRanks], y[kMergeRanks];
+#pragma unroll
+        for (int k = 0; k < kMergeRanks; ++k) {
+          x[k] = y[k] = make_uint4(0u, 0u, 0u, 0u);
+          if (r + k < ctx.csize) {
+            const uint4* a = reinterpret_cast<const uint4*>(peer(ctx, ctx.hist + b0, r + k));
+            x[k] = a[0], y[k] = a[1];
+          }
         }
-        add(x0, y0);
-        add(x1, y1);
+#pragma unroll
+        for (int k = 0; k < kMergeRanks; ++k) add(x[k], y[k]);
       }
     }
     const int d = (b0 / kMassPerOctave) - static_cast<int>(emax) + 17;  // -23 .. 17, one octave
@@ -856,8 +863,11 @@ __device__ __forceinline__ unsigned top_p_one(const RowCtx& ctx, uint32_t key, f
     const unsigned long long w = ctx.fixed(x);
     acc += ctx.key(x) > key ? w : 0ull;
   };
-  // 8 loads in flight a thread: the pass runs for one row while the others are done, so
-  // HBM latency, not bandwidth, sets its time (~31 quads a thread at 128256 columns in 3).
+  // 8 loads a batch: the pass runs for one row while the others are done, so HBM latency, not
+  // bandwidth, sets its time (~31 quads a thread at 128256 columns in clusters of 4). (The
+  // compiler keeps ~4 in flight at the kernel's register cap; all 8 in flight by one asm block,
+  // with or without a bulk L2 prefetch of the chunk, spilled and was slower for every seed:
+  // wave 32.)
   for_each_direct_quad<8>(
       ctx, [&](float4 x) { add(a[0], x.x), add(a[1], x.y), add(a[2], x.z), add(a[3], x.w); },
       [&](float x) { add(a[0], x); });
