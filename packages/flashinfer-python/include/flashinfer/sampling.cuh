@@ -376,21 +376,17 @@ __device__ __forceinline__ bool mass_window_scan(const RowCtx& ctx, float mx, CM
   return emax >= 42u && emax < 255u;
 }
 
-/*!
- * @brief Group-wide, after the exchange that follows fill_block_sums<true> (every rank's
- *   histogram is complete): merge the group's histograms over the window below the row max
+/*
+ * mass_window (mass_window_merge, then mass_window_scan). Group-wide, after the exchange that
+ *   follows fill_block_sums<true> (every rank's histogram is complete): merge the group's histograms over the window below the row max
  *   `mx` (>= 0) and scan the bounds of the exact fixed-point masses (fixed(), scale 2^(40 - e))
  *   from the top into mass_scan. In a bin of exponent E with sum H (shift sh): the values'
  *   significands sum to S in [H 2^sh, H 2^sh + n (2^sh - 1)], n <= H >> (23 - sh) values; with
  *   d = E - Emax + 17 their weights sum to S 2^d exactly (d >= 0), else to within n below
  *   floor(S / 2^-d). Returns false where the bounds do not hold (a max below 2^-85, whose
  *   subnormals may weigh something, or not finite): no verdict is then asked. Ends with a
- *   barrier. (mass_window_merge, then mass_window_scan: the direct top-p kernel runs the merge
- *   on the warps that do not locate candidates.)
+ *   barrier. The direct top-p kernel runs the merge on the warps that do not locate candidates.
  */
-__device__ __forceinline__ bool mass_window(const RowCtx& ctx, float mx, int first = 0) {
-  return mass_window_scan(ctx, mx, mass_window_merge(ctx, mx, first), first);
-}
 
 /// top_p_rejection's limit floor(p K), computed as its exact test computes it (monotone in K).
 __device__ __forceinline__ unsigned long long top_p_limit(float top_p, unsigned long long K) {
@@ -585,8 +581,7 @@ __device__ __forceinline__ void lane_block_sums4(const float* sums, int b0, int 
  *   are block_prefix's, bit for bit, with one group barrier less. Warp w adds ranks w, w + 8,
  *   ... into wsum[16 + rank] (ranks <= 16; wsum[0, 8) hold the warps' own masses).
  */
-__device__ __forceinline__ DrawPrefix block_prefix_peers(const RowCtx& ctx, int64_t vocab,
-                                                         bool last = true) {
+__device__ __forceinline__ DrawPrefix block_prefix_peers(const RowCtx& ctx, int64_t vocab) {
   static_assert(kThreads / 32 <= 16, "wsum[16 + rank] past the warps' slots");
   const float* sums = block_sums(ctx);
   const int lane = ctx.tid & 31, warp = ctx.tid >> 5, nw = ctx.nthreads >> 5;
@@ -618,7 +613,7 @@ __device__ __forceinline__ DrawPrefix block_prefix_peers(const RowCtx& ctx, int6
   }
   d.K = K;
   d.before = before + warp_before;
-  if (last && ctx.clustered) cluster_arrive();
+  if (ctx.clustered) cluster_arrive();
   return d;
 }
 
@@ -929,8 +924,8 @@ __device__ __forceinline__ bool top_p_rejection(const RowCtx& ctx, float top_p,
   // The direct path's histogram bounds (mass_window): most candidates decided without a pass.
   // Where every CTA locates every candidate, the warps above the locating ones merge the window
   // while the first candidates are located.
-  const bool window = ctx.hist != nullptr && top_p < 1.f;
-  bool hist = !anywhere && window && mass_window(ctx, mx);
+  const bool window = ctx.hist != nullptr && top_p < 1.f;  // (the direct path's only)
+  bool hist = false;
   const uint32_t emax = __float_as_uint(mx) >> 23;
   // Where every CTA locates every candidate, the locating warps weigh the row's blocks
   // themselves (locate_in_row): no block prefix, no group barrier before the locates.
