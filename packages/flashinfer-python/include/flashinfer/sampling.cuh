@@ -2841,16 +2841,18 @@ __device__ uint32_t topp_select(Visit visit, unsigned long long target, uint32_t
  *   ResidentChunk). The same outputs as TransformKernel, bit for bit: values clamped to 0 (NaN
  *   counts as 0), fixed-point weights at the row max's scale (fixed_scale), t the largest key
  *   whose mass at and above reaches floor(top_p M) + 1 (none: everything kept), kept values x *
- *   (scale / kept mass), others 0. The search: see the section's comment. The registers'
- *   unrolled code is kept minimal (fetched once per SM: TopKResidentKernel's lesson): the pass
- *   marks a bit per element in t's bins and reads the marked ones again from the row.
+ *   (scale / kept mass), others 0. The search: see the section's comment. The listing pass
+ *   counts the registers' candidates, then lists them from the registers (unrolled, ~0.8K
+ *   instructions: 2.3 us faster at p = 0.9 than re-reading bit-marked ones from the row, whose
+ *   lines the load had read evict-first; the code fetch is not what costs here: a second
+ *   listing pass in the same launch costs what the first does).
  */
 template <int kVecs>
 __global__ void __launch_bounds__(kResThreads, 1)
     TopPResidentKernel(const float* __restrict__ in, int64_t stride, int64_t vocab, int smem_vecs,
                        TransformParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int T = kResThreads, kWords = kMarkWords<kVecs>;
+  constexpr int T = kResThreads;
   __shared__ uint32_t hist[2 * kTopPBins];  // (hi, lo); then the list
   __shared__ uint32_t hsel[5 * 256];  // the select's histograms
   __shared__ unsigned long long red64[T / 32];
@@ -2897,19 +2899,23 @@ __global__ void __launch_bounds__(kResThreads, 1)
   if (khi > klo) {
     const float flo = __uint_as_float(klo >> 1), fhi = __uint_as_float(khi >> 1);
     auto maybe = [flo, fhi](float x) { return x >= flo && x < fhi; };
-    uint32_t bits[kWords];
-    resident_mark(c, v, maybe, bits);
+    // The registers' candidates counted, then listed from the registers (invalid slots hold
+    // -inf: never candidates).
     uint32_t marked = 0;
 #pragma unroll
-    for (int i = 0; i < kWords; ++i) marked += __popc(bits[i]);
-    if (marked) {  // the marked elements read again from the row
+    for (int j = 0; j < kVecs; ++j)
+      marked += (uint32_t{maybe(v[j].x)} + uint32_t{maybe(v[j].y)}) +
+                (uint32_t{maybe(v[j].z)} + uint32_t{maybe(v[j].w)});
+    if (marked) {
       uint32_t at = atomicAdd(&sh.n, marked);
-#pragma unroll
-      for (int i = 0; i < kWords; ++i)
-        for (uint32_t m = bits[i]; m; m &= m - 1) {
-          if (at < kTopPList) list[at] = key(resident_marked(row_ptr, i, m));
+      auto put = [&](float x) {
+        if (maybe(x)) {
+          if (at < kTopPList) list[at] = key(x);
           ++at;
         }
+      };
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) put(v[j].x), put(v[j].y), put(v[j].z), put(v[j].w);
     }
     resident_off_registers(c, [&](float4 x) {
       const float xs[4] = {x.x, x.y, x.z, x.w};
