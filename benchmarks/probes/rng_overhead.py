@@ -2,7 +2,8 @@
 inputs and timer): the generator path (during capture, the generator's graph-safe state read by
 the kernel: csrc/torch_rng.cc), the same with that op forced unavailable (the fallback: (seed,
 offset) drawn on the device by torch.randint, one more kernel in the graph), int seed/offset,
-and seed/offset tensors, next to the generator draw alone.
+and seed/offset tensors, next to the generator draw alone and torch's own uniform_ against a
+fill_ (what any graph that follows the generator pays at replay).
 
     python benchmarks/probes/rng_overhead.py OUT.json [--no-pdl]
 """
@@ -38,10 +39,15 @@ def main() -> None:
     off_t = torch.tensor([0], dtype=torch.int64, device="cuda")
     gen = torch.cuda.default_generators[torch.cuda.current_device()]
     buf = torch.empty(2, dtype=torch.int64, device="cuda")
+    one = torch.empty(1, device="cuda")
     cases = {
         "randint (2,) alone": lambda: torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64,
                                                     device="cuda", generator=gen),
         "random_ (2,) alone": lambda: buf.random_(generator=gen),
+        # torch's own draw against a node that draws nothing: a graph that follows the
+        # generator pays torch's replay prologue (the graph's seed and offset set) whoever draws.
+        "torch uniform_ (1,) alone": lambda: one.uniform_(generator=gen),
+        "torch fill_ (1,) alone": lambda: one.fill_(1.0),
     }
     def randint_fallback(fn, *args):
         real = flashinfer.sampling._graph_philox
