@@ -115,6 +115,32 @@ def test_top_k_unrepresentative_first_tile(dtype, order, d, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tie", [TopKTieBreak.SMALL, TopKTieBreak.LARGE])
+@pytest.mark.parametrize("rows,d,k,levels,order", [
+    (1, 256000, 2048, 0, None), (2, 128256, 50, 0, None), (4, 65536, 2048, 0, None),
+    (3, 128256, 2048, 6, None), (1, 70001, 1, 0, None), (2, 65536, 2048, 0, "ascending"),
+    (1, 100000, 3000, 0, None), (5, 16384, 100, 0, None)])
+def test_top_k_cluster_rows_match_single_cta_rows(dtype, tie, rows, d, k, levels, order):
+    # A few long rows take a cluster of CTAs a row on SM90 (the rows' chunks walked apart, the
+    # stashes gathered by rank 0); 200 rows take one CTA a row. Both give the same results, bit
+    # for bit, whatever path each row takes inside (stash, ordered walks, rank 0 alone).
+    torch.manual_seed(rows + d + k + levels)
+    if levels:
+        x = torch.randint(0, levels, (rows, d), device="cuda").to(dtype)
+    else:
+        x = torch.randn(rows, d, device="cuda").to(dtype)
+    if order:
+        x = torch.sort(x, dim=-1).values
+    many = x.repeat((200 + rows - 1) // rows, 1)[:200]
+    for sorted_ in (False, True):
+        v1, i1 = flashinfer.top_k(x, k, sorted=sorted_, tie_break=tie)
+        v2, i2 = flashinfer.top_k(many, k, sorted=sorted_, tie_break=tie)
+        check_top_k(x, v1, i1, k, int(tie), sorted_)
+        assert torch.equal(i1, i2[:rows]) and torch.equal(v1, v2[:rows])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d,k", [(6, 2), (7, 7), (9, 3)])
 def test_top_k_rows_shorter_than_a_vector(dtype, d, k):
     torch.manual_seed(d)
