@@ -59,29 +59,4 @@ cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, 
 
 inline constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/// Clusters of `cluster_x` CTAs of `kernel` that one wave holds (cudaOccupancyMaxActiveClusters),
-/// or minus the CUDA error code where the query is refused.
-template <class Kernel>
-int max_active_clusters(Kernel* kernel, unsigned cluster_x, dim3 block, size_t smem) {
-  if (cluster_x > 8) {
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (err != cudaSuccess) return -int(err);
-  }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(cluster_x, 1);
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = cluster_x;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  int clusters = 0;
-  cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-  return err == cudaSuccess ? clusters : -int(err);
-}
-
 }  // namespace flashinfer

@@ -3237,6 +3237,17 @@ inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem, int thr
     const int k = known[dev][c].load(std::memory_order_relaxed);
     if (k) return k - 1;
   }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(c);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = c;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
   int n = 0;
   // The launch's attributes (prepare, balance_clusters), the carveout included. (H100, 128256
   // columns, the default placement: 124 resident clusters of 3 of the 80-register top-p
@@ -3247,7 +3258,7 @@ inline int resident_clusters(Kernel kernel, int dev, int c, size_t smem, int thr
                            static_cast<int>(smem)) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                            cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-      (n = max_active_clusters(kernel, static_cast<unsigned>(c), dim3(threads), smem)) < 0) {
+      cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();  // a failed query leaves no sticky error: plan without it
     n = 0;
   }

@@ -357,9 +357,6 @@ __global__ void __launch_bounds__(kThreads, 1) TopKKernel(const Params P) {
 /// Rows at least this long are split over the CTAs of a cluster (TopKClusterKernel): a chunk of
 /// 4096+ elements a CTA.
 constexpr int kClusterMinChunk = 4096;
-/// TopKClusterKernel's static shared memory, an upper bound (rank 0's peer_n, peer_at, gather:
-/// 80 B), that its launch takes from the row cache (a multiple of 16).
-constexpr int kClusterStaticBytes = 256;
 
 /*!
  * @brief One row per cluster of C CTAs (small batches of long rows: a CTA a row leaves most SMs
@@ -493,12 +490,24 @@ int cluster_size(const Params& P, int dev, int smem) {
   std::atomic<int>* known = dev < kDevices ? &fits[dev][C] : nullptr;
   if (known && known->load(std::memory_order_relaxed)) return known->load() == 1 ? C : 1;
   auto kernel = detail::TopKClusterKernel<T>;
-  const bool ok =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
-          cudaSuccess &&
-      max_active_clusters(kernel, static_cast<unsigned>(C), dim3(kThreads),
-                          static_cast<size_t>(smem)) >= 1;
-  if (!ok) (void)cudaGetLastError();  // a refused query leaves no sticky error: one CTA a row
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  int clusters = 0;
+  if (e == cudaSuccess) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(C);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = static_cast<size_t>(smem);
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = C;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  }
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  const bool ok = e == cudaSuccess && clusters >= 1;
   if (known) known->store(ok ? 1 : 2);
   return ok ? C : 1;
 }
@@ -527,18 +536,16 @@ cudaError_t TopK(Params P, cudaStream_t stream) {
   P.cache_vecs = static_cast<int>(row_vecs < room ? row_vecs : room);
   const size_t smem = fixed + static_cast<size_t>(P.cache_vecs) * 16;
   if (smem > static_cast<size_t>(smem_optin)) return cudaErrorInvalidConfiguration;
-  // The cluster kernel's static shared memory comes out of the row cache.
-  constexpr int kVecs = detail::kClusterStaticBytes / 16;
-  const size_t csmem = smem - detail::kClusterStaticBytes;
-  const int C = P.cache_vecs > kVecs ? cluster_size<T>(P, dev, static_cast<int>(csmem)) : 1;
+  // The cluster kernel's static shared memory (~100 B) comes out of the row cache.
+  const int C = P.cache_vecs > 16 ? cluster_size<T>(P, dev, static_cast<int>(smem) - 256) : 1;
   if (C > 1) {
-    P.cache_vecs -= kVecs;
+    P.cache_vecs -= 16;
     auto kernel = detail::TopKClusterKernel<T>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(csmem));
+                               static_cast<int>(smem) - 256);
     if (err != cudaSuccess) return err;
-    return launch_kernel_clustered(kernel, dim3(P.num_rows * C), dim3(kThreads), csmem, stream,
-                                   false, static_cast<unsigned>(C), P);
+    return launch_kernel_clustered(kernel, dim3(P.num_rows * C), dim3(kThreads), smem - 256,
+                                   stream, false, static_cast<unsigned>(C), P);
   }
   auto kernel = detail::TopKKernel<T>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

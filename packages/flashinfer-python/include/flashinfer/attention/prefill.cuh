@@ -1098,6 +1098,31 @@ __global__ void __launch_bounds__(KT::kThreads, KT::kMinBlocks)
   pdl_launch_dependents();
 }
 
+/// Clusters of `cluster_x` CTAs of `kernel` that one wave holds (cudaOccupancyMaxActiveClusters),
+/// or minus the CUDA error code where the query is refused.
+template <class Kernel>
+int max_active_clusters(Kernel* kernel, unsigned cluster_x, dim3 block, size_t smem) {
+  if (cluster_x > 8) {
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return -int(err);
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(cluster_x, 1);
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = cluster_x;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  return err == cudaSuccess ? clusters : -int(err);
+}
+
 /*!
  * @brief Whether one wave holds grid.y clusters of grid.x CTAs of `kernel` (clusters of more
  *   than 8 CTAs are non-portable; compute capability 9.0 and up). Asked once per device and
